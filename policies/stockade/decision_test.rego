@@ -1,0 +1,97 @@
+package stockade_test
+
+import data.stockade
+
+_input(tool, taint) := {
+	"subject": {"agent": "a", "principal": "p@example.com", "labels": {}},
+	"session": {"id": "s-1", "taint": taint, "call_count": 0, "trusted_context": []},
+	"tool": tool,
+	"args": {},
+	"provenance": {},
+	"rate": {},
+	"approval": null,
+	"now": "2026-11-22T10:00:00Z",
+}
+
+_tool(caps, risk) := {"name": "t", "capabilities": caps, "risk": risk, "limits": {}, "executor": "python"}
+
+test_low_risk_tool_is_allowed if {
+	d := stockade.decision with input as _input(_tool([], "low"), [])
+	d.outcome == "allow"
+	d.reasons == []
+}
+
+test_medium_risk_read_is_allowed if {
+	d := stockade.decision with input as _input(_tool(["reads_untrusted"], "medium"), [])
+	d.outcome == "allow"
+}
+
+test_high_risk_needs_approval if {
+	d := stockade.decision with input as _input(_tool([], "high"), [])
+	d.outcome == "require_approval"
+	d.reasons[0].code == "approval.high_risk"
+}
+
+test_critical_risk_needs_approval if {
+	d := stockade.decision with input as _input(_tool(["mutates_state"], "critical"), [])
+	d.outcome == "require_approval"
+}
+
+test_financial_needs_approval_even_at_low_risk if {
+	d := stockade.decision with input as _input(_tool(["financial"], "low"), [])
+	d.outcome == "require_approval"
+	d.reasons == [{"code": "approval.financial", "message": "financial tools need a human"}]
+}
+
+test_send_external_on_clean_session_is_allowed if {
+	d := stockade.decision with input as _input(_tool(["sends_external"], "medium"), [])
+	d.outcome == "allow"
+}
+
+test_send_external_after_untrusted_needs_approval if {
+	d := stockade.decision with input as _input(_tool(["sends_external"], "medium"), ["untrusted_content"])
+	d.outcome == "require_approval"
+	d.reasons[0].code == "approval.external_after_untrusted"
+}
+
+test_unknown_capability_is_denied if {
+	d := stockade.decision with input as _input(_tool(["teleports"], "low"), [])
+	d.outcome == "deny"
+	d.reasons[0].code == "capability.unknown"
+}
+
+test_unknown_capability_combination_is_denied if {
+	d := stockade.decision with input as _input(_tool(["reads_private", "sends_external"], "low"), [])
+	d.outcome == "deny"
+	d.reasons[0].code == "capability.combination_denied"
+}
+
+test_unknown_risk_is_denied if {
+	d := stockade.decision with input as _input(_tool([], "extreme"), [])
+	d.outcome == "deny"
+	d.reasons[0].code == "risk.unknown"
+}
+
+test_deny_wins_over_approval if {
+	d := stockade.decision with input as _input(_tool(["financial", "teleports"], "critical"), [])
+	d.outcome == "deny"
+}
+
+test_missing_tool_is_default_deny if {
+	d := stockade.decision with input as {}
+	d.outcome == "deny"
+	d.reasons[0].code == "policy.default_deny"
+}
+
+test_limits_default_from_catalog if {
+	d := stockade.decision with input as _input(_tool([], "low"), [])
+	d.obligations.limits.timeout_s == 10
+	d.obligations.limits.memory_mb == 256
+}
+
+test_limits_take_tool_defaults_capped_by_maxima if {
+	tool := object.union(_tool([], "low"), {"limits": {"timeout_s": 5, "memory_mb": 99999}})
+	d := stockade.decision with input as _input(tool, [])
+	d.obligations.limits.timeout_s == 5
+	d.obligations.limits.memory_mb == 1024
+}

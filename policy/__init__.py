@@ -1,0 +1,52 @@
+"""Decide tool calls with Rego.
+
+``policy`` loads the Rego in ``policies/``, evaluates ``data.stockade.decision`` for a
+:class:`PolicyInput` and returns a :class:`Decision`. It imports nothing else of stockade.
+"""
+
+import os
+
+# Must be set before regorus loads: otherwise every engine error carries a long Rust
+# backtrace and costs time (the variable is read once and cached).
+os.environ.setdefault("RUST_BACKTRACE", "0")
+
+from policy.base import (
+    Decision,
+    EgressRule,
+    Limits,
+    Obligations,
+    Outcome,
+    PolicyEngine,
+    PolicyInput,
+    Reason,
+    SessionInfo,
+    SubjectInfo,
+    ToolInfo,
+)
+from policy.bundle import PolicyBundle, load_bundle
+from policy.config import PolicySettings
+from policy.embedded import EmbeddedEngine
+from policy.errors import PolicyBundleError, PolicyError
+from policy.testing import RegoTestResult, run_rego_tests
+
+__all__ = [
+    "Decision",
+    "EgressRule",
+    "EmbeddedEngine",
+    "Limits",
+    "Obligations",
+    "Outcome",
+    "PolicyBundle",
+    "PolicyBundleError",
+    "PolicyEngine",
+    "PolicyError",
+    "PolicyInput",
+    "PolicySettings",
+    "Reason",
+    "RegoTestResult",
+    "SessionInfo",
+    "SubjectInfo",
+    "ToolInfo",
+    "load_bundle",
+    "run_rego_tests",
+]

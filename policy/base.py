@@ -1,0 +1,150 @@
+"""The policy seam: what Rego sees (`PolicyInput`), what it answers (`Decision`), and the
+`PolicyEngine` Protocol every backend implements."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SubjectInfo(_Frozen):
+    """Who is calling: the agent and the human principal it acts for."""
+
+    agent: str
+    principal: str
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class SessionInfo(_Frozen):
+    """The session's state as far as policy is concerned."""
+
+    id: str
+    taint: list[str] = Field(default_factory=list)
+    call_count: int = 0
+    trusted_context: list[str] = Field(default_factory=list)
+
+
+class ToolInfo(_Frozen):
+    """The registered tool, as policy needs it."""
+
+    name: str
+    capabilities: list[str]
+    risk: str
+    limits: dict[str, float] = Field(default_factory=dict)
+    executor: str = "command"
+
+
+class PolicyInput(_Frozen):
+    """Everything a policy may look at for one call; the ``input`` document of the Rego query."""
+
+    subject: SubjectInfo
+    session: SessionInfo
+    tool: ToolInfo
+    args: dict[str, Any]
+    provenance: dict[str, list[str]] = Field(default_factory=dict)
+    rate: dict[str, int] = Field(default_factory=dict)
+    approval: dict[str, Any] | None = None
+    now: str
+
+
+class Outcome(StrEnum):
+    """What policy decided for the call."""
+
+    ALLOW = "allow"
+    DENY = "deny"
+    REQUIRE_APPROVAL = "require_approval"
+
+
+class Reason(_Frozen):
+    """A stable, documented reason code with a human message (the message is for the audit log)."""
+
+    code: str = Field(min_length=1, max_length=128)
+    message: str = ""
+
+
+class Limits(_Frozen):
+    """Resource limits for one run; absent fields fall back to the tool's defaults."""
+
+    timeout_s: float | None = Field(default=None, gt=0)
+    memory_mb: int | None = Field(default=None, gt=0)
+    cpus: float | None = Field(default=None, gt=0)
+    pids: int | None = Field(default=None, gt=0)
+    output_bytes: int | None = Field(default=None, gt=0)
+
+
+class EgressRule(_Frozen):
+    """One host the call may reach through the egress proxy."""
+
+    host: str
+    port: int = Field(ge=1, le=65535)
+    methods: list[str] = Field(default_factory=list)
+
+
+class CredentialGrant(_Frozen):
+    """A credential policy grants to this call."""
+
+    name: str
+    scopes: list[str] = Field(default_factory=list)
+    ttl_s: int = Field(default=60, gt=0)
+
+
+class SandboxObligation(_Frozen):
+    """Constraints policy puts on where the call runs."""
+
+    min_tier: str | None = None
+
+
+class Obligations(_Frozen):
+    """What the router must enforce if it runs the call."""
+
+    limits: Limits = Field(default_factory=Limits)
+    egress: list[EgressRule] = Field(default_factory=list)
+    credentials: list[CredentialGrant] = Field(default_factory=list)
+    sandbox: SandboxObligation = Field(default_factory=SandboxObligation)
+
+
+class Decision(_Frozen):
+    """The value of ``data.stockade.decision``, validated; plus the revision that produced it."""
+
+    outcome: Outcome
+    reasons: list[Reason] = Field(default_factory=list)
+    obligations: Obligations = Field(default_factory=Obligations)
+    policy_revision: str = ""
+
+    @property
+    def reason_codes(self) -> list[str]:
+        """The codes only: what the agent is allowed to see."""
+        return [r.code for r in self.reasons]
+
+
+def deny(code: str, message: str, *, revision: str = "") -> Decision:
+    """A deny decision with one reason; used wherever the engine fails closed."""
+    return Decision(outcome=Outcome.DENY, reasons=[Reason(code=code, message=message)], policy_revision=revision)
+
+
+@runtime_checkable
+class PolicyEngine(Protocol):
+    """**Protocol**: decides calls. ``decide`` never raises: any failure is a deny (``policy.error``)."""
+
+    @property
+    def revision(self) -> str:
+        """sha256 over the loaded policy files and data."""
+        ...
+
+    async def decide(self, policy_input: PolicyInput) -> Decision:
+        """Evaluate the entrypoint for ``policy_input``."""
+        ...
+
+    async def reload(self) -> str:
+        """Load the policy directory again; keep the old policy on any error. Returns the revision."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release the engine."""
+        ...

@@ -1,0 +1,24 @@
+"""Settings owned by the policy package (composed into the router's settings)."""
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+def _shipped_policies() -> Path:
+    # The project's own policies/, next to the packages; operators point STOCKADE_POLICY__DIR elsewhere.
+    return Path(__file__).resolve().parent.parent / "policies"
+
+
+class PolicySettings(BaseModel):
+    """Where the Rego lives and how big it and its inputs may be."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    engine: Literal["embedded"] = "embedded"
+    dir: Path = Field(default_factory=_shipped_policies)
+    entrypoint: str = "data.stockade.decision"
+    # regorus has no evaluation timeout: bound what it is given instead.
+    max_policy_bytes: int = 1 << 20
+    max_input_bytes: int = 2 << 20
