@@ -11,6 +11,7 @@ import os
 os.environ.setdefault("RUST_BACKTRACE", "0")
 
 from policy.base import (
+    CredentialGrant,
     Decision,
     EgressRule,
     Limits,
@@ -22,6 +23,7 @@ from policy.base import (
     SessionInfo,
     SubjectInfo,
     ToolInfo,
+    deny,
 )
 from policy.bundle import PolicyBundle, load_bundle
 from policy.config import PolicySettings
@@ -30,6 +32,7 @@ from policy.errors import PolicyBundleError, PolicyError
 from policy.testing import RegoTestResult, run_rego_tests
 
 __all__ = [
+    "CredentialGrant",
     "Decision",
     "EgressRule",
     "EmbeddedEngine",
@@ -47,6 +50,7 @@ __all__ = [
     "SessionInfo",
     "SubjectInfo",
     "ToolInfo",
+    "deny",
     "load_bundle",
     "run_rego_tests",
 ]

@@ -1,0 +1,18 @@
+"""The audit log: every decision and every output, hash-chained, verifiable and queryable."""
+
+from router.audit.base import GENESIS_HASH, AuditEvent, AuditFilter, AuditLog, EventKind, VerifyReport
+from router.audit.chain import canonical, event_hash, sha256_hex
+from router.audit.jsonl import JsonlAuditLog
+
+__all__ = [
+    "GENESIS_HASH",
+    "AuditEvent",
+    "AuditFilter",
+    "AuditLog",
+    "EventKind",
+    "JsonlAuditLog",
+    "VerifyReport",
+    "canonical",
+    "event_hash",
+    "sha256_hex",
+]

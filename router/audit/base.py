@@ -1,0 +1,88 @@
+"""The audit seam: the event record (a superset of OPA's decision-log event) and the
+`AuditLog` Protocol."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+EventKind = Literal["decision", "approval", "credential", "execution", "egress", "error"]
+GENESIS_HASH = "0" * 64
+
+
+class AuditEvent(BaseModel):
+    """One audit record. OPA's fields (``decision_id`` … ``metrics``) so OPA tooling reads it,
+    plus stockade's, plus the chain (``seq``, ``prev_hash``, ``hash``), which the log fills in."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    decision_id: str
+    timestamp: str
+    path: str = "stockade/decision"
+    input: dict[str, Any] | None = None
+    result: dict[str, Any] | None = None
+    bundles: dict[str, dict[str, str]] = Field(default_factory=dict)
+    labels: dict[str, str] = Field(default_factory=dict)
+    metrics: dict[str, float] = Field(default_factory=dict)
+    kind: EventKind
+    session_id: str | None = None
+    call_id: str | None = None
+    tool: str | None = None
+    agent: str | None = None
+    outcome: str
+    seq: int = 0
+    prev_hash: str = ""
+    hash: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AuditFilter:
+    """What `AuditLog.query` selects; every set field must match."""
+
+    since: datetime | None = None
+    until: datetime | None = None
+    session_id: str | None = None
+    agent: str | None = None
+    tool: str | None = None
+    outcome: str | None = None
+    decision_id: str | None = None
+    kind: str | None = None
+    limit: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyReport:
+    """The result of checking the chain. ``broken_seq`` is the first seq that does not check out."""
+
+    ok: bool
+    events: int
+    head_seq: int
+    head_hash: str
+    broken_seq: int | None = None
+    line: int | None = None
+    problem: str = ""
+
+
+@runtime_checkable
+class AuditLog(Protocol):
+    """**Protocol**: an append-only, hash-chained log of audit events."""
+
+    async def append(self, event: AuditEvent) -> AuditEvent:
+        """Chain and persist ``event``; returns it with ``seq``, ``prev_hash`` and ``hash``.
+        Durable before it returns. Raises `AuditError` if it cannot be written."""
+        ...
+
+    async def query(self, where: AuditFilter) -> list[AuditEvent]:
+        """Events matching ``where``, oldest first."""
+        ...
+
+    async def verify(self) -> VerifyReport:
+        """Check every event's hash, sequence and link to its predecessor."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release the log."""
+        ...

@@ -1,0 +1,231 @@
+"""The ``stockade`` command line.
+
+Exit codes: 0 success; 1 the thing checked failed (a Rego test, a broken audit chain);
+2 bad usage or input that could not be read (a policy that does not load, an unreadable log).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from policy import PolicyBundleError, PolicyInput, PolicySettings, run_rego_tests
+from router.audit import AuditFilter, JsonlAuditLog
+from router.errors import AuditError, StockadeError
+from router.logging import configure_logging
+from router.settings import Settings
+
+app = typer.Typer(
+    name="stockade",
+    help="Agent control plane: validate, decide (Rego), sandbox and audit every tool call.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+policy_app = typer.Typer(help="Test and evaluate the Rego policies.", no_args_is_help=True)
+audit_app = typer.Typer(help="Verify and query the audit log.", no_args_is_help=True)
+app.add_typer(policy_app, name="policy")
+app.add_typer(audit_app, name="audit")
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False)
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
+PolicyDir = Annotated[Path | None, typer.Option("--dir", help="Policy directory (default: STOCKADE_POLICY__DIR).")]
+AuditPath = Annotated[Path | None, typer.Option("--path", help="Audit log (default: STOCKADE_AUDIT__PATH).")]
+
+
+def _settings(ctx: typer.Context) -> Settings:
+    settings: Settings = ctx.obj
+    return settings
+
+
+@app.callback()
+def main(ctx: typer.Context) -> None:
+    """Read settings from STOCKADE_* variables once and configure logging."""
+    settings = Settings()
+    configure_logging(settings.log_format, settings.log_level)
+    ctx.obj = settings
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    err.print(f"[red]error:[/red] {message}", markup=True)
+    return typer.Exit(code)
+
+
+def _emit_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
+
+
+# -- demo ---------------------------------------------------------------------------------
+
+
+@app.command()
+def demo(
+    ctx: typer.Context,
+    audit_path: Annotated[
+        Path | None, typer.Option("--audit-path", help="Where the demo writes its audit log (default: a new file).")
+    ] = None,
+) -> None:
+    """Run one agent session end to end with real sandboxed runs and show the audit trail."""
+    from router.demo import run_demo  # the demo pulls in more than other commands need
+
+    try:
+        code = asyncio.run(run_demo(_settings(ctx), out, audit_path))
+    except StockadeError as exc:
+        raise _fail(str(exc)) from exc
+    raise typer.Exit(code)
+
+
+# -- policy -------------------------------------------------------------------------------
+
+
+def _policy_settings(ctx: typer.Context, directory: Path | None) -> PolicySettings:
+    base = _settings(ctx).policy
+    return base.model_copy(update={"dir": directory}) if directory else base
+
+
+@policy_app.command("test")
+def policy_test(ctx: typer.Context, directory: PolicyDir = None, as_json: JsonFlag = False) -> None:
+    """Run every test_* rule in *_test.rego under the policy directory; exit 1 if any fails."""
+    settings = _policy_settings(ctx, directory)
+    try:
+        results = run_rego_tests(settings.dir, max_bytes=settings.max_policy_bytes)
+    except PolicyBundleError as exc:
+        raise _fail(str(exc)) from exc
+    failed = [r for r in results if not r.passed]
+    if as_json:
+        _emit_json([{"file": r.file, "test": r.name, "passed": r.passed, "ms": r.duration_ms, "error": r.error}
+                    for r in results])
+    else:
+        for r in results:
+            mark = "[green]PASS[/green]" if r.passed else "[red]FAIL[/red]"
+            out.print(f"{mark} {r.file}::{r.name} ({r.duration_ms:.2f} ms)")
+            if r.error:
+                out.print(f"     {r.error.splitlines()[-1] if r.error.splitlines() else r.error}", markup=False)
+        out.print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
+    if not results:
+        raise _fail(f"no test_* rules found in *_test.rego under {settings.dir}", 1)
+    raise typer.Exit(1 if failed else 0)
+
+
+@policy_app.command("eval")
+def policy_eval(
+    ctx: typer.Context,
+    input_file: Annotated[Path, typer.Argument(help="JSON file holding a PolicyInput ('-' for stdin).")],
+    directory: PolicyDir = None,
+) -> None:
+    """Evaluate the decision for one input on the compiled path and print it as JSON."""
+    from policy import EmbeddedEngine
+
+    raw = sys.stdin.read() if str(input_file) == "-" else input_file.read_text()
+    try:
+        policy_input = PolicyInput.model_validate_json(raw)
+    except ValueError as exc:
+        raise _fail(f"{input_file} is not a valid PolicyInput: {exc}") from exc
+    try:
+        engine = EmbeddedEngine(_policy_settings(ctx, directory))
+    except PolicyBundleError as exc:
+        raise _fail(str(exc)) from exc
+    _emit_json(engine.evaluate(policy_input).model_dump(mode="json"))
+
+
+# -- audit --------------------------------------------------------------------------------
+
+
+def _audit_log(ctx: typer.Context, path: Path | None) -> JsonlAuditLog:
+    settings = _settings(ctx).audit
+    target = path or settings.path
+    if not target.exists():
+        raise _fail(f"no audit log at {target}; pass --path or set STOCKADE_AUDIT__PATH")
+    return JsonlAuditLog(target, durability=settings.durability)
+
+
+@audit_app.command("verify")
+def audit_verify(ctx: typer.Context, path: AuditPath = None, as_json: JsonFlag = False) -> None:
+    """Check every event's hash, sequence and link; exit 1 and name the first broken seq if tampered."""
+    log = _audit_log(ctx, path)
+    try:
+        report = log.verify_sync()
+    except AuditError as exc:
+        raise _fail(str(exc)) from exc
+    if as_json:
+        _emit_json({"ok": report.ok, "events": report.events, "head_seq": report.head_seq,
+                    "head_hash": report.head_hash, "broken_seq": report.broken_seq, "line": report.line,
+                    "problem": report.problem})
+    elif report.ok:
+        out.print(f"[green]OK[/green] {log.path}: {report.events} events, chain intact, "
+                  f"head seq {report.head_seq} {report.head_hash[:16]}…")
+    else:
+        out.print(f"[red]BROKEN[/red] {log.path}: at seq {report.broken_seq} (line {report.line}): "
+                  f"{report.problem}. {report.events} events before it verify.")
+    raise typer.Exit(0 if report.ok else 1)
+
+
+def _when(value: str | None, option: str) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise _fail(f"{option} {value!r} is not an ISO 8601 time such as 2026-11-22T10:00:00Z") from exc
+    if parsed.tzinfo is None:
+        raise _fail(f"{option} {value!r} needs a timezone, e.g. 2026-11-22T10:00:00Z")
+    return parsed
+
+
+@audit_app.command("query")
+def audit_query(
+    ctx: typer.Context,
+    path: AuditPath = None,
+    since: Annotated[str | None, typer.Option(help="Only events at or after this ISO 8601 time.")] = None,
+    until: Annotated[str | None, typer.Option(help="Only events at or before this ISO 8601 time.")] = None,
+    session: Annotated[str | None, typer.Option(help="Only this session id.")] = None,
+    agent: Annotated[str | None, typer.Option(help="Only this agent.")] = None,
+    tool: Annotated[str | None, typer.Option(help="Only this tool.")] = None,
+    outcome: Annotated[str | None, typer.Option(help="Only this outcome (allow, deny, ok, timeout, ...).")] = None,
+    decision_id: Annotated[str | None, typer.Option("--decision-id", help="Only this decision.")] = None,
+    kind: Annotated[str | None, typer.Option(help="Only this kind (decision, execution, error, ...).")] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="At most this many events.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """List audit events matching every given filter, oldest first."""
+    where = AuditFilter(
+        since=_when(since, "--since"), until=_when(until, "--until"), session_id=session, agent=agent, tool=tool,
+        outcome=outcome, decision_id=decision_id, kind=kind, limit=limit,
+    )  # fmt: skip
+    try:
+        events = _audit_log(ctx, path).query_sync(where)
+    except AuditError as exc:
+        raise _fail(str(exc)) from exc
+    if as_json:
+        _emit_json([e.model_dump(mode="json") for e in events])
+        return
+    out.print(audit_table(events))
+
+
+def audit_table(events: list[Any]) -> Table:
+    """The audit events as a table, one row per event."""
+    table = Table(show_lines=False, pad_edge=False)
+    for column in ("seq", "time", "kind", "tool", "outcome", "decision"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("reasons / detail", overflow="fold", min_width=24)
+    for e in events:
+        result = e.result or {}
+        detail = ", ".join(r["code"] for r in result.get("reasons", [])) or result.get("code") or result.get(
+            "detail", ""
+        )
+        table.add_row(str(e.seq), e.timestamp[11:19], e.kind, (e.tool or "")[:16], e.outcome, e.decision_id[:8],
+                      str(detail)[:80])
+    return table
+
+
+if __name__ == "__main__":
+    app()

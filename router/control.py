@@ -1,0 +1,427 @@
+"""The control plane: every tool call goes through `ControlPlane`.
+
+    call(session, tool, args)
+      1. registry: find the tool, parse and validate args ......... InvalidCall (audited, nothing runs)
+      2. session: load taint, counters, trusted context
+      3. policy: decide ............................................ any engine error → deny (policy.error)
+      4. audit: append the decision ................................ audit down → deny, nothing runs
+      5. deny → Denied; require_approval → Pending; external → AwaitingReport
+      6. runner: run in the sandbox with limits from tool ⊕ obligations
+      7. session: taint from the tool's capabilities
+      8. audit: append the execution (verdict, usage, output and digests)
+      9. return ToolResult
+
+Every event of one call shares its ``decision_id``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets
+import time
+import uuid
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any, Self
+
+import structlog
+
+import policy as policy_pkg
+import runner as runner_pkg
+from policy import Decision, Outcome, PolicyEngine, PolicyInput, SessionInfo, SubjectInfo, ToolInfo
+from router.audit import AuditEvent, AuditLog, JsonlAuditLog, sha256_hex
+from router.errors import (
+    AuditError,
+    FieldProblem,
+    InvalidCall,
+    PolicyError,
+    SandboxError,
+    SandboxUnavailable,
+    StockadeError,
+)
+from router.results import DecisionResult, RunUsage, ToolResult
+from router.sessions import UNTRUSTED_CONTENT, PendingExternal, Session, SessionStore
+from router.settings import Settings
+from router.tools import (
+    CommandExecutor,
+    ExternalExecutor,
+    PythonExecutor,
+    RegisteredTool,
+    ToolRegistry,
+    ToolSpec,
+    command_argv,
+    parse_args,
+    validate_args,
+)
+
+log = structlog.get_logger(__name__)
+
+VERSION = "0.1.0"
+_TIER_RANK = {"bwrap": 0, "docker": 1, "gvisor": 2}
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
+
+
+class _Call:
+    """One call in flight: the ids and facts every audit event of it shares."""
+
+    __slots__ = ("args", "argv", "call_id", "canonical_args", "decision_id", "session", "tool")
+
+    def __init__(self, session: Session, tool: RegisteredTool, args: dict[str, Any], canonical_args: str) -> None:
+        self.session = session
+        self.tool = tool
+        self.args = args
+        self.canonical_args = canonical_args
+        self.argv: tuple[str, ...] = ()
+        self.call_id = "c-" + secrets.token_hex(8)
+        self.decision_id = str(uuid.uuid4())
+
+
+class ControlPlane:
+    """Registers tools, opens sessions, and decides, runs and audits every tool call."""
+
+    def __init__(self, settings: Settings, *, policy: PolicyEngine, sandbox: runner_pkg.Sandbox, audit: AuditLog) -> None:
+        self.settings = settings
+        self.policy = policy
+        self.sandbox = sandbox
+        self.audit = audit
+        self.registry = ToolRegistry()
+        self.sessions = SessionStore()
+        self._labels = {"instance": settings.instance, "version": VERSION}
+
+    @classmethod
+    def from_settings(cls, settings: Settings | None = None) -> ControlPlane:
+        """The embedded defaults: in-process Rego, bubblewrap, JSONL audit log.
+
+        Raises:
+            PolicyError: the policy directory does not load.
+            SandboxUnavailable: the configured tier is unknown.
+        """
+        settings = settings or Settings()
+        try:
+            engine = policy_pkg.EmbeddedEngine(settings.policy)
+        except policy_pkg.PolicyBundleError as exc:
+            raise PolicyError(str(exc)) from exc
+        try:
+            sandbox = runner_pkg.make_sandbox(settings.runner)
+        except runner_pkg.SandboxUnavailable as exc:
+            raise SandboxUnavailable(str(exc)) from exc
+        audit = JsonlAuditLog(settings.audit.path, durability=settings.audit.durability)
+        return cls(settings, policy=engine, sandbox=sandbox, audit=audit)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop sandboxes and close the policy engine and the audit log."""
+        await self.sandbox.aclose()
+        await self.policy.aclose()
+        await self.audit.aclose()
+
+    # -- registration and sessions -------------------------------------------------------
+
+    async def register(self, spec: ToolSpec | Mapping[str, Any]) -> ToolSpec:
+        """Register a tool. Raises `InvalidToolSpec` or `DuplicateTool`."""
+        registered = self.registry.register(spec)
+        log.info("tool_registered", tool=registered.name, risk=registered.risk, executor=registered.executor.kind)
+        return registered
+
+    async def open_session(self, agent: str, principal: str, trusted_context: list[str] | None = None) -> str:
+        """Open a session for one agent task; returns its id."""
+        session = self.sessions.open(agent, principal, trusted_context or [])
+        log.info("session_opened", session_id=session.id, agent=agent)
+        return session.id
+
+    async def close_session(self, session_id: str) -> None:
+        """Close a session; pending external calls in it can no longer be reported."""
+        self.sessions.close(session_id)
+
+    async def reload_policy(self) -> str:
+        """Reload the policy directory; the old policy stays on any error. Returns the revision."""
+        try:
+            return await self.policy.reload()
+        except policy_pkg.PolicyBundleError as exc:
+            raise PolicyError(str(exc)) from exc
+
+    # -- the pipeline -------------------------------------------------------------------
+
+    async def decide(self, session_id: str, tool: str, args: Mapping[str, Any] | str | bytes) -> DecisionResult:
+        """Decide a call without running it. The decision is audited like any other."""
+        call = await self._prepare(session_id, tool, args)
+        decision = await self._decide_and_audit(call, mode="decide")
+        return DecisionResult(decision_id=call.decision_id, outcome=decision.outcome.value, reasons=decision.reason_codes)
+
+    async def call(self, session_id: str, tool: str, args: Mapping[str, Any] | str | bytes) -> ToolResult:
+        """Validate, decide, run and audit one tool call.
+
+        Raises:
+            SessionNotFound: no such session.
+            InvalidCall, ToolNotFound: the call is malformed (audited; nothing ran).
+        """
+        call = await self._prepare(session_id, tool, args)
+        with structlog.contextvars.bound_contextvars(
+            decision_id=call.decision_id, session_id=call.session.id, tool=call.tool.spec.name
+        ):
+            call.session.call_count += 1
+            decision = await self._decide_and_audit(call, mode="call")
+            if isinstance(decision, _AuditFailed):
+                return self._result(call, "denied", reasons=["audit.unavailable"])
+            if decision.outcome is Outcome.DENY:
+                log.info("tool_call_denied", reasons=decision.reason_codes)
+                return self._result(call, "denied", reasons=decision.reason_codes)
+            if decision.outcome is Outcome.REQUIRE_APPROVAL:
+                log.info("tool_call_held_for_approval", reasons=decision.reason_codes)
+                return self._result(call, "pending_approval", reasons=decision.reason_codes)
+            if isinstance(call.tool.spec.executor, ExternalExecutor):
+                self.sessions.expect_report(
+                    PendingExternal(call.session.id, call.call_id, call.decision_id, call.tool.spec.name)
+                )
+                return self._result(call, "awaiting_report")
+            return await self._run(call, decision)
+
+    async def report(self, session_id: str, call_id: str, output: Any) -> ToolResult:
+        """Record the output of an allowed ``external`` call; each call_id is reported once.
+
+        Raises:
+            SessionNotFound, InvalidCall: unknown session or call, oversized or non-JSON output.
+            AuditError: the output could not be recorded (the call stays reportable).
+        """
+        session = self.sessions.get(session_id)
+        try:
+            encoded = json.dumps(output, sort_keys=True, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise InvalidCall(
+                f"reported output is not JSON-serialisable ({exc})", [FieldProblem("output", "not JSON")]
+            ) from exc
+        if len(encoded.encode()) > self.settings.max_report_bytes:
+            raise InvalidCall(
+                f"reported output is {len(encoded.encode())} bytes, over the {self.settings.max_report_bytes}-byte "
+                "cap: report less or raise STOCKADE_MAX_REPORT_BYTES",
+                [FieldProblem("output", "over the cap")],
+            )
+        pending = self.sessions.take_report(session.id, call_id)
+        tool = self.registry.get(pending.tool)
+        event = self._event(
+            "execution",
+            pending.decision_id,
+            session,
+            tool.spec.name,
+            pending.call_id,
+            outcome="reported",
+            result={"output": output, "output_sha256": sha256_hex(encoded.encode())},
+        )
+        try:
+            await self.audit.append(event)
+        except AuditError:
+            self.sessions.expect_report(pending)
+            raise
+        self._taint(session, tool.spec)
+        return ToolResult(
+            status="completed", decision_id=pending.decision_id, call_id=pending.call_id, tool=tool.spec.name,
+            verdict="reported", output=output,
+        )  # fmt: skip
+
+    # -- steps --------------------------------------------------------------------------
+
+    async def _prepare(self, session_id: str, tool_name: str, raw_args: Mapping[str, Any] | str | bytes) -> _Call:
+        session = self.sessions.get(session_id)
+        try:
+            tool = self.registry.get(tool_name)
+            args, canonical_args = parse_args(tool.spec.name, raw_args, self.settings.max_args_bytes)
+            validate_args(tool, args)
+            call = _Call(session, tool, args, canonical_args)
+            if isinstance(tool.spec.executor, CommandExecutor):
+                call.argv = command_argv(tool.spec.executor, args)
+        except StockadeError as exc:
+            await self._audit_rejection(session, tool_name, exc)
+            raise
+        return call
+
+    async def _audit_rejection(self, session: Session, tool_name: object, exc: StockadeError) -> None:
+        name = tool_name if isinstance(tool_name, str) and len(tool_name) <= 256 else repr(tool_name)[:256]
+        event = self._event(
+            "error", str(uuid.uuid4()), session, name, None,
+            outcome="invalid", result={"code": exc.code, "message": str(exc)},
+        )  # fmt: skip
+        try:
+            await self.audit.append(event)
+        except AuditError as audit_exc:
+            log.error("audit_append_failed", error=str(audit_exc), rejected=exc.code)
+        log.info("tool_call_rejected", code=exc.code, error=str(exc), session_id=session.id)
+
+    async def _decide_and_audit(self, call: _Call, *, mode: str) -> Decision | _AuditFailed:
+        spec = call.tool.spec
+        policy_input = PolicyInput(
+            subject=SubjectInfo(agent=call.session.agent, principal=call.session.principal),
+            session=SessionInfo(
+                id=call.session.id,
+                taint=sorted(call.session.taint),
+                call_count=call.session.call_count,
+                trusted_context=call.session.trusted_context,
+            ),
+            tool=ToolInfo(
+                name=spec.name,
+                capabilities=list(spec.capabilities),
+                risk=spec.risk,
+                limits=spec.sandbox.limits.model_dump(),
+                executor=spec.executor.kind,
+            ),
+            args=call.args,
+            now=_now(),
+        )
+        started = time.perf_counter_ns()
+        try:
+            decision = await self.policy.decide(policy_input)
+        except Exception as exc:  # a backend that breaks its contract still fails closed
+            log.error("policy_engine_raised", error=str(exc))
+            decision = policy_pkg.deny("policy.error", f"policy engine raised: {exc}", revision=self.policy.revision)
+        elapsed = time.perf_counter_ns() - started
+        decision = self._check_tier(spec, decision)
+        event = self._event(
+            "decision", call.decision_id, call.session, spec.name, call.call_id,
+            outcome=decision.outcome.value,
+            input=policy_input.model_dump(mode="json"),
+            result={**decision.model_dump(mode="json", exclude={"policy_revision"}), "mode": mode},
+            bundles={"policies": {"revision": decision.policy_revision}},
+            metrics={"timer_policy_eval_ns": float(elapsed)},
+        )  # fmt: skip
+        try:
+            await self.audit.append(event)
+        except AuditError as exc:
+            log.error("audit_append_failed", error=str(exc), decision_id=call.decision_id)
+            return _AuditFailed()
+        return decision
+
+    def _check_tier(self, spec: ToolSpec, decision: Decision) -> Decision:
+        """Deny, never downgrade, when the tool or policy needs a tier this router does not run."""
+        if decision.outcome is Outcome.DENY or isinstance(spec.executor, ExternalExecutor):
+            return decision
+        wanted = [spec.sandbox.tier]
+        if decision.obligations.sandbox.min_tier is not None:
+            wanted.append(decision.obligations.sandbox.min_tier)
+        have = _TIER_RANK.get(self.sandbox.tier, -1)
+        for tier in wanted:
+            if _TIER_RANK.get(tier, 99) > have:
+                return policy_pkg.deny(
+                    "sandbox.unavailable",
+                    f"needs the {tier} tier; this router runs {self.sandbox.tier}",
+                    revision=decision.policy_revision,
+                )
+        return decision
+
+    async def _run(self, call: _Call, decision: Decision) -> ToolResult:
+        spec = call.tool.spec
+        limits = _limits(spec, decision)
+        if isinstance(spec.executor, PythonExecutor):
+            job = runner_pkg.python_job(
+                spec.executor.source, spec.executor.entrypoint, call.args,
+                interpreter=self.settings.runner.python, limits=limits,
+            )  # fmt: skip
+        else:
+            job = runner_pkg.SandboxSpec(argv=call.argv, limits=limits)
+        started = time.perf_counter_ns()
+        try:
+            run = await self.sandbox.run(job)
+        except runner_pkg.SandboxError as exc:
+            code = "sandbox.unavailable" if isinstance(exc, runner_pkg.SandboxUnavailable) else "sandbox.error"
+            log.error("sandbox_failed", error=str(exc))
+            event = self._event(
+                "execution", call.decision_id, call.session, spec.name, call.call_id,
+                outcome="error", result={"code": code, "message": str(exc)},
+            )  # fmt: skip
+            with contextlib.suppress(AuditError):
+                await self.audit.append(event)
+            return self._result(call, "error", reasons=[code])
+        elapsed = time.perf_counter_ns() - started
+        self._taint(call.session, spec)
+
+        verdict, output, reasons = run.verdict.value, None, []
+        if isinstance(spec.executor, PythonExecutor) and run.verdict is runner_pkg.Verdict.OK:
+            try:
+                output = runner_pkg.parse_result(run.stdout)
+            except ValueError:
+                verdict, reasons = "error", ["output.malformed"]
+        elif run.verdict is runner_pkg.Verdict.OK:
+            output = _text(run.stdout)
+        usage = RunUsage(wall_ms=run.usage.wall_s * 1000, cpu_ms=run.usage.cpu_s * 1000, max_rss_kb=run.usage.max_rss_kb)
+        event = self._event(
+            "execution", call.decision_id, call.session, spec.name, call.call_id,
+            outcome=verdict,
+            result={
+                "verdict": verdict, "exit_code": run.exit_code, "detail": run.detail, "tier": run.tier,
+                "usage": usage.model_dump(), "limits": _limits_doc(limits),
+                "stdout": _text(run.stdout), "stderr": _text(run.stderr),
+                "stdout_sha256": sha256_hex(run.stdout), "stderr_sha256": sha256_hex(run.stderr),
+            },
+            metrics={"timer_run_ns": float(elapsed)},
+        )  # fmt: skip
+        try:
+            await self.audit.append(event)
+        except AuditError as exc:
+            # The output is withheld: nothing leaves the router without an audit record.
+            log.error("audit_append_failed", error=str(exc), decision_id=call.decision_id)
+            return self._result(call, "denied", reasons=["audit.unavailable"])
+        log.info("tool_call_completed", verdict=verdict, wall_ms=round(usage.wall_ms, 2))
+        return ToolResult(
+            status="completed", decision_id=call.decision_id, call_id=call.call_id, tool=spec.name,
+            reasons=reasons, verdict=verdict, exit_code=run.exit_code, output=output,
+            stdout=_text(run.stdout), stderr=_text(run.stderr), usage=usage, tier=run.tier,
+        )  # fmt: skip
+
+    # -- helpers ------------------------------------------------------------------------
+
+    @staticmethod
+    def _taint(session: Session, spec: ToolSpec) -> None:
+        if "reads_untrusted" in spec.capabilities:
+            session.taint.add(UNTRUSTED_CONTENT)
+
+    @staticmethod
+    def _result(call: _Call, status: Any, reasons: list[str] | None = None) -> ToolResult:
+        return ToolResult(
+            status=status, decision_id=call.decision_id, call_id=call.call_id, tool=call.tool.spec.name,
+            reasons=reasons or [],
+        )  # fmt: skip
+
+    def _event(
+        self, kind: Any, decision_id: str, session: Session, tool: str, call_id: str | None, **fields: Any
+    ) -> AuditEvent:
+        return AuditEvent(
+            kind=kind, decision_id=decision_id, timestamp=_now(), session_id=session.id, agent=session.agent,
+            tool=tool, call_id=call_id, labels=self._labels, **fields,
+        )  # fmt: skip
+
+
+class _AuditFailed:
+    """Marker: the decision could not be audited, so the call is denied."""
+
+
+def _limits(spec: ToolSpec, decision: Decision) -> runner_pkg.ResourceLimits:
+    tool = spec.sandbox.limits
+    granted = decision.obligations.limits
+    return runner_pkg.ResourceLimits(
+        timeout_s=granted.timeout_s or tool.timeout_s,
+        memory_mb=granted.memory_mb or tool.memory_mb,
+        cpus=granted.cpus or tool.cpus,
+        pids=granted.pids or tool.pids,
+        output_bytes=granted.output_bytes or tool.output_bytes,
+    )
+
+
+def _limits_doc(limits: runner_pkg.ResourceLimits) -> dict[str, float]:
+    return {
+        "timeout_s": limits.timeout_s, "memory_mb": limits.memory_mb, "cpus": limits.cpus,
+        "pids": limits.pids, "output_bytes": limits.output_bytes,
+    }  # fmt: skip

@@ -1,0 +1,102 @@
+"""The exceptions a stockade user sees.
+
+    StockadeError
+     ├── InvalidCall              arguments, payload or tool name are wrong; nothing ran
+     ├── ToolNotFound             no tool of that name is registered
+     ├── InvalidToolSpec          a registration is malformed
+     │    └── DuplicateTool       a tool of that name is already registered
+     ├── SessionNotFound          no open session with that id
+     ├── PolicyError              the policy cannot be loaded
+     │    └── PolicyUnavailable   no policy is in force
+     ├── SandboxError             the sandbox itself failed
+     │    └── SandboxUnavailable  the tier cannot run on this host
+     └── AuditError               the audit log cannot be written or read
+
+Each message names the thing that is wrong and what to do about it. Exceptions from the
+``policy`` and ``runner`` packages and from libraries are translated into these at the seam.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class StockadeError(Exception):
+    """Base class of every error stockade raises to its users."""
+
+    code = "stockade.error"
+
+
+@dataclass(frozen=True, slots=True)
+class FieldProblem:
+    """One thing wrong with a call: where (``args.to``), and what."""
+
+    field: str
+    problem: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.problem}"
+
+
+class InvalidCall(StockadeError):
+    """The call is malformed; the message names each bad field and how to fix it. Nothing ran."""
+
+    code = "call.invalid"
+
+    def __init__(self, message: str, problems: list[FieldProblem] | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems or []
+
+
+class ToolNotFound(StockadeError):
+    """No tool of that name is registered."""
+
+    code = "tool.not_found"
+
+
+class InvalidToolSpec(StockadeError):
+    """A tool registration is malformed."""
+
+    code = "tool.invalid_spec"
+
+
+class DuplicateTool(InvalidToolSpec):
+    """A tool of that name is already registered."""
+
+    code = "tool.duplicate"
+
+
+class SessionNotFound(StockadeError):
+    """No open session with that id."""
+
+    code = "session.not_found"
+
+
+class PolicyError(StockadeError):
+    """The policy cannot be loaded or compiled; the old policy, if any, stays in force."""
+
+    code = "policy.error"
+
+
+class PolicyUnavailable(PolicyError):
+    """No policy is in force, so nothing can be decided."""
+
+    code = "policy.unavailable"
+
+
+class SandboxError(StockadeError):
+    """The sandbox itself failed (not the tool)."""
+
+    code = "sandbox.error"
+
+
+class SandboxUnavailable(SandboxError):
+    """The sandbox tier cannot run on this host."""
+
+    code = "sandbox.unavailable"
+
+
+class AuditError(StockadeError):
+    """The audit log cannot be written or read; calls are denied until it can."""
+
+    code = "audit.unavailable"

@@ -1,0 +1,43 @@
+"""The one settings object, read from ``STOCKADE_*`` environment variables (``__`` nests).
+
+``STOCKADE_POLICY__DIR=/etc/stockade/policies`` sets ``settings.policy.dir``. Built once in the
+entrypoint and passed down; nothing else reads the environment.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from policy import PolicySettings
+from runner import RunnerSettings
+
+
+class AuditSettings(BaseModel):
+    """Where the audit log lives and how durable each append is."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: Path = Path("var/audit.jsonl")
+    # "fsync": an event is on disk before the call it records proceeds (the default).
+    # "relaxed": written to the OS only; an operator's explicit choice, named as such.
+    durability: Literal["fsync", "relaxed"] = "fsync"
+
+
+class Settings(BaseSettings):
+    """Everything configurable about a stockade router."""
+
+    model_config = SettingsConfigDict(env_prefix="STOCKADE_", env_nested_delimiter="__", extra="ignore", frozen=True)
+
+    policy: PolicySettings = Field(default_factory=PolicySettings)
+    runner: RunnerSettings = Field(default_factory=RunnerSettings)
+    audit: AuditSettings = Field(default_factory=AuditSettings)
+    log_format: Literal["console", "json"] = "console"
+    log_level: Literal["debug", "info", "warning", "error"] = "warning"
+    max_args_bytes: int = Field(default=1 << 20, gt=0)
+    max_report_bytes: int = Field(default=1 << 20, gt=0)
+    instance: str = Field(default_factory=socket.gethostname)

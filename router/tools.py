@@ -1,0 +1,294 @@
+"""The tool registry: `ToolSpec` (what a framework registers) and argument validation.
+
+Arguments are checked against the tool's JSON Schema (Draft 2020-12, formats checked) before
+anything else happens; each problem is reported with the field's path (``args.to``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from router.errors import DuplicateTool, FieldProblem, InvalidCall, InvalidToolSpec, ToolNotFound
+
+Capability = Literal["reads_private", "reads_untrusted", "sends_external", "mutates_state", "financial", "executes_code"]
+Risk = Literal["low", "medium", "high", "critical"]
+
+TOOL_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
+_PLACEHOLDER = re.compile(r"^\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+_MAX_PROBLEMS = 10
+
+
+def show(value: object, limit: int = 60) -> str:
+    """A value for an error message: repr'd (so newlines and control characters can't forge log
+    lines) and cut to ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CommandExecutor(_Frozen):
+    """Run a program. Items of ``argv`` that are exactly ``{name}`` are replaced by that argument's
+    value as one whole argv item (never through a shell); an absent optional argument drops its item."""
+
+    kind: Literal["command"] = "command"
+    argv: list[str] = Field(min_length=1)
+
+
+class PythonExecutor(_Frozen):
+    """Run ``entrypoint(**args)`` from ``source`` inside the sandbox; its return value (JSON) is the output."""
+
+    kind: Literal["python"] = "python"
+    source: str = Field(min_length=1, max_length=1 << 20)
+    entrypoint: str = Field(default="main", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class ExternalExecutor(_Frozen):
+    """The framework runs the tool itself and reports the output; the router decides and records."""
+
+    kind: Literal["external"] = "external"
+
+
+Executor = Annotated[CommandExecutor | PythonExecutor | ExternalExecutor, Field(discriminator="kind")]
+
+
+class ToolLimits(_Frozen):
+    """The tool's default limits; policy may lower them (it caps them by its maxima)."""
+
+    timeout_s: float = Field(default=10.0, gt=0, le=3600)
+    memory_mb: int = Field(default=256, gt=0)
+    cpus: float = Field(default=1.0, gt=0)
+    pids: int = Field(default=64, gt=0)
+    output_bytes: int = Field(default=1 << 20, gt=0)
+
+
+class SandboxDefaults(_Frozen):
+    """Where and how the tool runs unless policy says otherwise."""
+
+    tier: Literal["bwrap", "docker", "gvisor"] = "bwrap"
+    limits: ToolLimits = Field(default_factory=ToolLimits)
+
+
+class CredentialRef(_Frozen):
+    """A credential the tool may need; policy decides whether a call gets it."""
+
+    name: str
+    scopes: list[str] = Field(default_factory=list)
+
+
+class ToolSpec(_Frozen):
+    """A tool as registered by an agent framework (DESIGN.md §4)."""
+
+    name: str
+    description: str = Field(min_length=1, max_length=4096)
+    input_schema: dict[str, Any]
+    capabilities: list[Capability] = Field(default_factory=list)
+    risk: Risk
+    executor: Executor
+    sandbox: SandboxDefaults = Field(default_factory=SandboxDefaults)
+    credentials: list[CredentialRef] = Field(default_factory=list)
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_plain(cls, name: str) -> str:
+        if not TOOL_NAME.match(name):
+            raise ValueError(
+                f"tool name {show(name)} must start with a letter and use only letters, digits, '_' or '-' "
+                "(at most 64; no '/', '.', spaces or other path characters)"
+            )
+        return name
+
+    @field_validator("input_schema")
+    @classmethod
+    def _schema_is_valid(cls, schema: dict[str, Any]) -> dict[str, Any]:
+        try:
+            Draft202012Validator.check_schema(schema)
+        except SchemaError as exc:
+            where = "/".join(str(p) for p in exc.path) or "(root)"
+            raise ValueError(f"input_schema is not valid JSON Schema at {where}: {exc.message}") from exc
+        if schema.get("type") != "object":
+            raise ValueError('input_schema must describe an object: set "type": "object"')
+        return schema
+
+    @field_validator("capabilities")
+    @classmethod
+    def _capabilities_are_a_set(cls, caps: list[str]) -> list[str]:
+        return sorted(set(caps))
+
+    @model_validator(mode="after")
+    def _placeholders_are_arguments(self) -> ToolSpec:
+        if isinstance(self.executor, CommandExecutor):
+            properties = self.input_schema.get("properties", {})
+            for item in self.executor.argv:
+                match = _PLACEHOLDER.match(item)
+                if match and match.group(1) not in properties:
+                    raise ValueError(f"argv placeholder {item} names no property of input_schema")
+        return self
+
+
+class RegisteredTool:
+    """A registered `ToolSpec` with its compiled validator."""
+
+    __slots__ = ("spec", "validator")
+
+    def __init__(self, spec: ToolSpec) -> None:
+        self.spec = spec
+        self.validator = Draft202012Validator(spec.input_schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+
+
+class ToolRegistry:
+    """The tools this router knows, by name."""
+
+    def __init__(self) -> None:
+        self._tools: dict[str, RegisteredTool] = {}
+
+    def register(self, spec: ToolSpec | Mapping[str, Any]) -> ToolSpec:
+        """Add a tool.
+
+        Raises:
+            InvalidToolSpec: the spec is malformed (the message lists each field).
+            DuplicateTool: a tool of that name is already registered.
+        """
+        if not isinstance(spec, ToolSpec):
+            try:
+                spec = ToolSpec.model_validate(spec)
+            except ValidationError as exc:
+                problems = [
+                    f"{'.'.join(str(p) for p in e['loc']) or '(spec)'}: {e['msg']}" for e in exc.errors()[:_MAX_PROBLEMS]
+                ]
+                raise InvalidToolSpec("invalid tool spec: " + "; ".join(problems)) from exc
+        if spec.name in self._tools:
+            raise DuplicateTool(
+                f"tool {spec.name!r} is already registered; pick another name or unregister it first"
+            )
+        self._tools[spec.name] = RegisteredTool(spec)
+        return spec
+
+    def unregister(self, name: str) -> None:
+        """Remove a tool; unknown names raise `ToolNotFound`."""
+        if self._tools.pop(name, None) is None:
+            raise ToolNotFound(f"no tool named {show(name)} is registered")
+
+    def get(self, name: object) -> RegisteredTool:
+        """The tool called ``name``.
+
+        Raises:
+            InvalidCall: ``name`` is not a plain tool name (path characters, wrong type).
+            ToolNotFound: no such tool.
+        """
+        if not isinstance(name, str) or not TOOL_NAME.match(name):
+            raise InvalidCall(
+                f"tool name {show(name)} is not a valid tool name: use letters, digits, '_' or '-' only",
+                [FieldProblem("tool", "not a valid tool name")],
+            )
+        tool = self._tools.get(name)
+        if tool is None:
+            known = ", ".join(sorted(self._tools)[:20]) or "none"
+            raise ToolNotFound(f"no tool named {name!r} is registered (registered: {known})")
+        return tool
+
+    def list(self) -> list[ToolSpec]:
+        return [t.spec for t in self._tools.values()]
+
+
+def parse_args(tool: str, raw: Mapping[str, Any] | str | bytes, max_bytes: int) -> tuple[dict[str, Any], str]:
+    """Arguments as a JSON object, and their canonical JSON text.
+
+    Raises:
+        InvalidCall: not JSON, not an object, not JSON-serialisable, or over ``max_bytes``.
+    """
+    if isinstance(raw, str | bytes):
+        if len(raw) > max_bytes:
+            raise _too_big(tool, len(raw), max_bytes)
+        try:
+            value = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            where = f" at line {exc.lineno} column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
+            raise InvalidCall(
+                f"arguments for {tool!r} are not valid JSON{where}: send a JSON object such as {{\"x\": 1}}",
+                [FieldProblem("args", "not valid JSON")],
+            ) from exc
+    else:
+        value = raw
+    if not isinstance(value, Mapping):
+        raise InvalidCall(
+            f"arguments for {tool!r} must be a JSON object, not {type(value).__name__}",
+            [FieldProblem("args", "not an object")],
+        )
+    try:
+        canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidCall(
+            f"arguments for {tool!r} are not JSON-serialisable ({exc}): use strings, numbers, booleans, "
+            "null, lists and objects only",
+            [FieldProblem("args", "not JSON-serialisable")],
+        ) from exc
+    if len(canonical.encode()) > max_bytes:
+        raise _too_big(tool, len(canonical.encode()), max_bytes)
+    return dict(value), canonical
+
+
+def _too_big(tool: str, size: int, max_bytes: int) -> InvalidCall:
+    return InvalidCall(
+        f"arguments for {tool!r} are {size} bytes, over the {max_bytes}-byte cap: send less, "
+        "or raise STOCKADE_MAX_ARGS_BYTES",
+        [FieldProblem("args", f"{size} bytes, over the cap")],
+    )
+
+
+def validate_args(tool: RegisteredTool, args: dict[str, Any]) -> None:
+    """Check ``args`` against the tool's schema.
+
+    Raises:
+        InvalidCall: listing each failing field (``args.to: 5 is not of type 'string'``).
+    """
+    errors = sorted(tool.validator.iter_errors(args), key=lambda e: (list(map(str, e.absolute_path)), e.message))
+    if not errors:
+        return
+    problems = []
+    for error in errors[:_MAX_PROBLEMS]:
+        path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
+        message = error.message if len(error.message) <= 200 else error.message[:197] + "..."
+        problems.append(FieldProblem(f"args{path}", message))
+    more = f" (and {len(errors) - _MAX_PROBLEMS} more)" if len(errors) > _MAX_PROBLEMS else ""
+    raise InvalidCall(
+        f"invalid arguments for tool {tool.spec.name!r}: "
+        + "; ".join(map(str, problems))
+        + more
+        + " — fix them to match the tool's input_schema",
+        problems,
+    )
+
+
+def command_argv(executor: CommandExecutor, args: dict[str, Any]) -> tuple[str, ...]:
+    """``executor.argv`` with each ``{name}`` item replaced by that argument, as one argv item.
+
+    Raises:
+        InvalidCall: an argument used in argv is an object or a list.
+    """
+    argv: list[str] = []
+    for item in executor.argv:
+        match = _PLACEHOLDER.match(item)
+        if not match:
+            argv.append(item)
+            continue
+        name = match.group(1)
+        if name not in args or args[name] is None:
+            continue
+        value = args[name]
+        if isinstance(value, dict | list):
+            raise InvalidCall(
+                f"argument {name!r} is used as a command-line item and must be a string, number or boolean",
+                [FieldProblem(f"args.{name}", "must be a scalar")],
+            )
+        argv.append(json.dumps(value) if isinstance(value, bool) else str(value))
+    return tuple(argv)

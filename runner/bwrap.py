@@ -1,0 +1,310 @@
+"""The ``bwrap`` tier: bubblewrap, no daemon, started as an unprivileged host uid.
+
+Each run gets new user, pid, net, ipc, uts and cgroup namespaces, read-only binds of only the
+system paths in settings, a private size-capped tmpfs, an empty environment (bwrap itself is
+started under ``env={}``: its own pid 1 would otherwise keep the caller's environment where
+the tool can read it), rlimits, a wall-clock timeout that kills the whole tree, and output
+read with a byte cap while it streams.
+
+The child is driven from the event loop without threads: pipes and a pidfd are watched with
+``add_reader``, and the exit is reaped with ``os.wait4`` so CPU time and max RSS come from the
+kernel's accounting of the whole sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import structlog
+
+from runner.base import ResourceLimits, RunResult, SandboxSpec, Usage, Verdict
+from runner.config import RunnerSettings
+from runner.errors import SandboxError, SandboxUnavailable
+
+log = structlog.get_logger(__name__)
+
+_SANDBOX_ID = "65534"  # the tool sees itself as nobody:nogroup
+_READ_CHUNK = 65536
+_DRAIN_AFTER_EXIT_S = 0.5
+_MEMORY_MARKERS = (b"MemoryError", b"Cannot allocate memory", b"std::bad_alloc", b"out of memory")
+_MERGED_USR = ("bin", "lib", "lib32", "lib64", "libx32", "sbin")
+
+
+class UidPool:
+    """Hands each concurrent sandbox its own host uid, and bounds concurrency to the range's size."""
+
+    def __init__(self, base: int, size: int) -> None:
+        self._free = list(range(base + size - 1, base - 1, -1))
+        self._available = asyncio.Semaphore(size)
+
+    @contextlib.asynccontextmanager
+    async def lease(self) -> AsyncIterator[int]:
+        async with self._available:
+            uid = self._free.pop()
+            try:
+                yield uid
+            finally:
+                self._free.append(uid)
+
+
+def _rlimit_setter(limits: ResourceLimits, settings: RunnerSettings) -> Callable[[], None]:
+    # Runs in the child between fork and exec (after the uid switch), so each sandbox gets its own.
+    pairs = (
+        # The tool is pid 1 of its namespace, where SIGXCPU is ignored: the hard limit's SIGKILL ends it.
+        (resource.RLIMIT_CPU, limits.cpu_seconds, limits.cpu_seconds),
+        (resource.RLIMIT_AS, limits.memory_mb << 20, limits.memory_mb << 20),
+        (resource.RLIMIT_FSIZE, settings.file_size_mb << 20, settings.file_size_mb << 20),
+        (resource.RLIMIT_NOFILE, settings.open_files, settings.open_files),
+        (resource.RLIMIT_NPROC, limits.pids, limits.pids),
+        (resource.RLIMIT_CORE, 0, 0),
+    )
+
+    def apply() -> None:
+        for which, soft, hard in pairs:
+            resource.setrlimit(which, (soft, hard))
+
+    return apply
+
+
+class BwrapSandbox:
+    """`Sandbox` on bubblewrap."""
+
+    tier = "bwrap"
+
+    def __init__(self, settings: RunnerSettings) -> None:
+        self._settings = settings
+        self._bwrap = shutil.which(settings.bwrap)
+        self._is_root = os.geteuid() == 0
+        self._uids = UidPool(settings.uid_base, settings.max_concurrent)
+        self._fs_args = self._filesystem_args()
+        self._children: set[int] = set()
+
+    def check(self) -> str | None:
+        if self._bwrap is None:
+            return f"{self._settings.bwrap!r} not found: install it (apt-get install bubblewrap)"
+        if not Path(self._settings.python).exists():
+            return f"{self._settings.python} not found: install python3 or set STOCKADE_RUNNER__PYTHON"
+        return None
+
+    def _filesystem_args(self) -> list[str]:
+        args: list[str] = []
+        for name in _MERGED_USR:
+            host = Path("/") / name
+            if host.is_symlink():
+                args += ["--symlink", os.readlink(host), str(host)]
+            elif host.is_dir():
+                args += ["--ro-bind", str(host), str(host)]
+        for path in self._settings.ro_binds:
+            args += ["--ro-bind-try", path, path]
+        return args
+
+    def _argv(self, spec: SandboxSpec, bwrap: str) -> list[str]:
+        argv = [
+            bwrap,
+            "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+            "--unshare-cgroup-try", "--disable-userns",
+            # --as-pid-1: no reaper between bwrap and the tool, so bwrap waits for the tool itself
+            # and the kernel accounts its CPU time and RSS to us; when it exits, the kernel ends
+            # everything else in its pid namespace.
+            "--as-pid-1", "--die-with-parent", "--new-session",
+            "--uid", _SANDBOX_ID, "--gid", _SANDBOX_ID, "--hostname", "sandbox",
+            *self._fs_args,
+            "--proc", "/proc", "--dev", "/dev",
+            "--size", str(self._settings.tmpfs_mb << 20), "--tmpfs", "/tmp",
+            "--chdir", "/tmp", "--cap-drop", "ALL", "--clearenv",
+            "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin",
+            "--setenv", "HOME", "/tmp", "--setenv", "TMPDIR", "/tmp", "--setenv", "LANG", "C.UTF-8",
+        ]  # fmt: skip
+        for key, value in spec.env.items():
+            argv += ["--setenv", key, value]
+        return [*argv, "--", *spec.argv]
+
+    async def run(self, spec: SandboxSpec) -> RunResult:
+        problem = self.check()
+        if problem is not None or self._bwrap is None:
+            raise SandboxUnavailable(f"bwrap tier unavailable: {problem}")
+        async with self._uids.lease() as uid:
+            return await self._run_as(spec, uid, self._bwrap)
+
+    async def _run_as(self, spec: SandboxSpec, uid: int, bwrap: str) -> RunResult:
+        identity: dict[str, object] = {}
+        if self._is_root:
+            # bwrap must not run as root: as root RLIMIT_NPROC is not enforced and the user
+            # namespace would map to real root.
+            identity = {"user": uid, "group": uid, "extra_groups": []}
+        stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
+        stdout_r, stdout_w = os.pipe2(os.O_CLOEXEC)
+        stderr_r, stderr_w = os.pipe2(os.O_CLOEXEC)
+        started = time.monotonic()
+        try:
+            proc = subprocess.Popen(  # noqa: PLW1509  (preexec_fn only calls setrlimit)
+                self._argv(spec, bwrap),
+                stdin=stdin_r, stdout=stdout_w, stderr=stderr_w,
+                env={}, close_fds=True, start_new_session=True,
+                preexec_fn=_rlimit_setter(spec.limits, self._settings),
+                **identity,  # type: ignore[arg-type]
+            )  # fmt: skip
+        except OSError as exc:
+            for fd in (stdin_r, stdin_w, stdout_r, stdout_w, stderr_r, stderr_w):
+                os.close(fd)
+            raise SandboxError(f"could not start bwrap: {exc}") from exc
+        finally:
+            for fd in (stdin_r, stdout_w, stderr_w):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._children.add(proc.pid)
+        child = _Child(proc, stdin_w, stdout_r, stderr_r, spec.stdin, spec.limits.output_bytes)
+        timed_out = False
+        try:
+            try:
+                await asyncio.wait_for(asyncio.shield(child.exited), spec.limits.timeout_s)
+            except TimeoutError:
+                timed_out = True
+                child.kill()
+            status, rusage = await child.exited
+            await child.drain(_DRAIN_AFTER_EXIT_S)
+        finally:
+            # Cancellation or any error: the whole tree goes, and the child is reaped.
+            child.close()
+            self._children.discard(proc.pid)
+        wall = time.monotonic() - started
+        usage = Usage(wall_s=wall, cpu_s=rusage.ru_utime + rusage.ru_stime, max_rss_kb=rusage.ru_maxrss)
+        return _result(status, child, timed_out, usage, spec.limits)
+
+    async def aclose(self) -> None:
+        for pid in list(self._children):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def _result(status: int, child: _Child, timed_out: bool, usage: Usage, limits: ResourceLimits) -> RunResult:
+    code = os.waitstatus_to_exitcode(status)
+    stdout, stderr = bytes(child.stdout), bytes(child.stderr)
+
+    def verdict(v: Verdict, detail: str = "") -> RunResult:
+        return RunResult(v, code, stdout, stderr, usage, BwrapSandbox.tier, detail)
+
+    if child.over_cap:
+        return verdict(Verdict.OUTPUT_LIMIT, f"output exceeded {limits.output_bytes} bytes")
+    if timed_out:
+        return verdict(Verdict.TIMEOUT, f"wall clock exceeded {limits.timeout_s:g}s")
+    # bwrap reports a signalled tool as 128+signo; the kernel's CPU-limit kill lands at the limit,
+    # give or take a scheduler tick.
+    if code == 128 + signal.SIGKILL and usage.cpu_s >= limits.cpu_seconds - 0.1:
+        return verdict(Verdict.TIMEOUT, f"CPU time exceeded {limits.cpu_seconds}s")
+    if code == 0:
+        return verdict(Verdict.OK)
+    if code == 1 and stderr.startswith(b"bwrap: "):
+        return verdict(Verdict.ERROR, stderr.decode(errors="replace").strip())
+    if any(marker in stderr for marker in _MEMORY_MARKERS):
+        return verdict(Verdict.MEMORY_LIMIT, f"allocation failed under the {limits.memory_mb} MiB limit")
+    return verdict(Verdict.NONZERO_EXIT, f"exit code {code}")
+
+
+class _Child:
+    """Feeds stdin, collects stdout/stderr up to a byte cap, and reaps the child, all on the event loop."""
+
+    def __init__(
+        self, proc: subprocess.Popen[bytes], stdin: int, stdout: int, stderr: int, data: bytes, cap: int
+    ) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._proc = proc
+        self._cap = cap
+        self.stdout = bytearray()
+        self.stderr = bytearray()
+        self.over_cap = False
+        self._data = memoryview(data)
+        self._open: set[int] = set()
+        self._eof = asyncio.Event()
+        self.exited: asyncio.Future[tuple[int, os.struct_rusage]] = self._loop.create_future()
+        self._pidfd = os.pidfd_open(proc.pid)
+        for fd in (stdin, stdout, stderr):
+            os.set_blocking(fd, False)
+            self._open.add(fd)
+        self._stdin = stdin
+        self._loop.add_reader(stdout, self._read, stdout, self.stdout)
+        self._loop.add_reader(stderr, self._read, stderr, self.stderr)
+        self._loop.add_reader(self._pidfd, self._reap)
+        if data:
+            self._loop.add_writer(stdin, self._write)
+        else:
+            self._close(stdin)
+
+    def _close(self, fd: int) -> None:
+        if fd in self._open:
+            self._open.discard(fd)
+            if fd == self._stdin:
+                self._loop.remove_writer(fd)
+            else:
+                self._loop.remove_reader(fd)
+            os.close(fd)
+        if not (self._open - {self._stdin}):
+            self._eof.set()
+
+    def _write(self) -> None:
+        try:
+            written = os.write(self._stdin, self._data[:_READ_CHUNK])
+        except BlockingIOError:
+            return
+        except OSError:  # the tool closed stdin or died: what it did not read is not ours to force
+            self._close(self._stdin)
+            return
+        self._data = self._data[written:]
+        if not self._data:
+            self._close(self._stdin)
+
+    def _read(self, fd: int, sink: bytearray) -> None:
+        try:
+            chunk = os.read(fd, _READ_CHUNK)
+        except BlockingIOError:
+            return
+        if not chunk:
+            self._close(fd)
+            return
+        room = self._cap - len(self.stdout) - len(self.stderr)
+        sink += chunk[: max(room, 0)]
+        if len(chunk) > room and not self.over_cap:
+            self.over_cap = True
+            self.kill()
+
+    def _reap(self) -> None:
+        self._loop.remove_reader(self._pidfd)
+        _, status, rusage = os.wait4(self._proc.pid, 0)
+        # Popen did not reap it; tell it so it does not warn about a running child.
+        self._proc.returncode = os.waitstatus_to_exitcode(status)
+        if not self.exited.done():
+            self.exited.set_result((status, rusage))
+
+    def kill(self) -> None:
+        # bwrap leads its own process group; killing it takes pid 1 of the sandbox with it
+        # (--die-with-parent), and with pid 1 the kernel ends the whole pid namespace.
+        if self._proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
+
+    async def drain(self, timeout: float) -> None:
+        """Wait briefly for the pipes to reach EOF after exit, so no output is lost."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._eof.wait(), timeout)
+
+    def close(self) -> None:
+        if not self.exited.done():
+            self.kill()
+            # Reap synchronously: after SIGKILL the exit is immediate.
+            with contextlib.suppress(ChildProcessError):
+                self._loop.remove_reader(self._pidfd)
+                _, status, _ = os.wait4(self._proc.pid, 0)
+                self._proc.returncode = os.waitstatus_to_exitcode(status)
+        for fd in list(self._open):
+            self._close(fd)
+        with contextlib.suppress(OSError):
+            os.close(self._pidfd)
