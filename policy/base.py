@@ -125,7 +125,9 @@ class Decision(_Frozen):
 
 def deny(code: str, message: str, *, revision: str = "") -> Decision:
     """A deny decision with one reason; used wherever the engine fails closed."""
-    return Decision(outcome=Outcome.DENY, reasons=[Reason(code=code, message=message)], policy_revision=revision)
+    return Decision(
+        outcome=Outcome.DENY, reasons=[Reason(code=code, message=message)], policy_revision=revision
+    )
 
 
 @runtime_checkable

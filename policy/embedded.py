@@ -48,7 +48,9 @@ def _compile(bundle: PolicyBundle, entrypoint: str, generation: int) -> _Loaded:
         for path, text in bundle.modules:
             interpreter.add_policy(path, text)
         interpreter.add_data_json(bundle.data_json)
-        program = regorus.Program.compile_from_modules(bundle.data_json, bundle.decision_modules, [entrypoint])
+        program = regorus.Program.compile_from_modules(
+            bundle.data_json, bundle.decision_modules, [entrypoint]
+        )
     except BaseException as exc:
         if not (isinstance(exc, Exception) or _is_panic(exc)):
             raise
@@ -67,7 +69,9 @@ class EmbeddedEngine:
         self._settings = settings
         self._lock = threading.Lock()
         self._local = threading.local()
-        self._loaded = _compile(load_bundle(settings.dir, max_bytes=settings.max_policy_bytes), settings.entrypoint, 1)
+        self._loaded = _compile(
+            load_bundle(settings.dir, max_bytes=settings.max_policy_bytes), settings.entrypoint, 1
+        )
         log.info("policy_loaded", revision=self.revision, modules=len(self._loaded.bundle.modules))
 
     @property
@@ -105,22 +109,36 @@ class EmbeddedEngine:
 
     def evaluate(self, policy_input: PolicyInput) -> Decision:
         """Synchronous decide on the RVM; fails closed on every error."""
+        revision = self._loaded.bundle.revision
+        try:
+            raw = self.evaluate_raw(policy_input)
+        except _EvaluationFailed as exc:
+            return deny(POLICY_ERROR, str(exc), revision=revision)
+        return _to_decision(raw, revision)
+
+    def evaluate_raw(self, policy_input: PolicyInput) -> str | None:
+        """The entrypoint's value as the RVM returns it (JSON text), before validation.
+
+        Raises:
+            _EvaluationFailed: the input is over the cap, or the engine raised or panicked.
+        """
         loaded = self._loaded
-        revision = loaded.bundle.revision
         input_json = policy_input.model_dump_json()
         if len(input_json) > self._settings.max_input_bytes:
-            return deny(POLICY_ERROR, f"policy input is {len(input_json)} bytes, over the cap", revision=revision)
+            raise _EvaluationFailed(f"policy input is {len(input_json)} bytes, over the cap")
         try:
             vm = self._vm(loaded)
             vm.set_input_json(input_json)
-            raw = vm.execute()
+            raw: str | None = vm.execute()
         except BaseException as exc:
             if not (isinstance(exc, Exception) or _is_panic(exc)):
                 raise
             self._local.vm = None  # a VM that failed mid-run is not trusted again
-            log.error("policy_evaluation_failed", error=str(exc).strip()[:500], revision=revision)
-            return deny(POLICY_ERROR, f"policy evaluation failed: {str(exc).strip()[:200]}", revision=revision)
-        return _to_decision(raw, revision)
+            log.error(
+                "policy_evaluation_failed", error=str(exc).strip()[:500], revision=loaded.bundle.revision
+            )
+            raise _EvaluationFailed(f"policy evaluation failed: {str(exc).strip()[:200]}") from exc
+        return raw
 
     def evaluate_interpreted(self, policy_input: PolicyInput) -> Any:
         """The decision as the interpreter computes it (raw JSON value); for parity checks and benchmarks."""
@@ -134,6 +152,10 @@ class EmbeddedEngine:
 
     async def aclose(self) -> None:
         self._local = threading.local()
+
+
+class _EvaluationFailed(Exception):
+    """Evaluation did not produce a value; the caller denies."""
 
 
 def _to_decision(raw: str | None, revision: str) -> Decision:

@@ -15,12 +15,13 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
-from policy import PolicyBundleError, PolicyInput, PolicySettings, run_rego_tests
+from policy import EmbeddedEngine, PolicyBundleError, PolicyInput, PolicySettings, run_rego_tests
 from router.audit import AuditFilter, JsonlAuditLog
+from router.demo import run_demo
 from router.errors import AuditError, StockadeError
 from router.logging import configure_logging
+from router.render import audit_table
 from router.settings import Settings
 
 app = typer.Typer(
@@ -38,7 +39,9 @@ out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
-PolicyDir = Annotated[Path | None, typer.Option("--dir", help="Policy directory (default: STOCKADE_POLICY__DIR).")]
+PolicyDir = Annotated[
+    Path | None, typer.Option("--dir", help="Policy directory (default: STOCKADE_POLICY__DIR).")
+]
 AuditPath = Annotated[Path | None, typer.Option("--path", help="Audit log (default: STOCKADE_AUDIT__PATH).")]
 
 
@@ -71,12 +74,11 @@ def _emit_json(value: Any) -> None:
 def demo(
     ctx: typer.Context,
     audit_path: Annotated[
-        Path | None, typer.Option("--audit-path", help="Where the demo writes its audit log (default: a new file).")
+        Path | None,
+        typer.Option("--audit-path", help="Where the demo writes its audit log (default: a new file)."),
     ] = None,
 ) -> None:
     """Run one agent session end to end with real sandboxed runs and show the audit trail."""
-    from router.demo import run_demo  # the demo pulls in more than other commands need
-
     try:
         code = asyncio.run(run_demo(_settings(ctx), out, audit_path))
     except StockadeError as exc:
@@ -102,14 +104,20 @@ def policy_test(ctx: typer.Context, directory: PolicyDir = None, as_json: JsonFl
         raise _fail(str(exc)) from exc
     failed = [r for r in results if not r.passed]
     if as_json:
-        _emit_json([{"file": r.file, "test": r.name, "passed": r.passed, "ms": r.duration_ms, "error": r.error}
-                    for r in results])
+        _emit_json(
+            [
+                {"file": r.file, "test": r.name, "passed": r.passed, "ms": r.duration_ms, "error": r.error}
+                for r in results
+            ]
+        )
     else:
         for r in results:
             mark = "[green]PASS[/green]" if r.passed else "[red]FAIL[/red]"
             out.print(f"{mark} {r.file}::{r.name} ({r.duration_ms:.2f} ms)")
             if r.error:
-                out.print(f"     {r.error.splitlines()[-1] if r.error.splitlines() else r.error}", markup=False)
+                out.print(
+                    f"     {r.error.splitlines()[-1] if r.error.splitlines() else r.error}", markup=False
+                )
         out.print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
     if not results:
         raise _fail(f"no test_* rules found in *_test.rego under {settings.dir}", 1)
@@ -123,8 +131,6 @@ def policy_eval(
     directory: PolicyDir = None,
 ) -> None:
     """Evaluate the decision for one input on the compiled path and print it as JSON."""
-    from policy import EmbeddedEngine
-
     raw = sys.stdin.read() if str(input_file) == "-" else input_file.read_text()
     try:
         policy_input = PolicyInput.model_validate_json(raw)
@@ -157,15 +163,27 @@ def audit_verify(ctx: typer.Context, path: AuditPath = None, as_json: JsonFlag =
     except AuditError as exc:
         raise _fail(str(exc)) from exc
     if as_json:
-        _emit_json({"ok": report.ok, "events": report.events, "head_seq": report.head_seq,
-                    "head_hash": report.head_hash, "broken_seq": report.broken_seq, "line": report.line,
-                    "problem": report.problem})
+        _emit_json(
+            {
+                "ok": report.ok,
+                "events": report.events,
+                "head_seq": report.head_seq,
+                "head_hash": report.head_hash,
+                "broken_seq": report.broken_seq,
+                "line": report.line,
+                "problem": report.problem,
+            }
+        )
     elif report.ok:
-        out.print(f"[green]OK[/green] {log.path}: {report.events} events, chain intact, "
-                  f"head seq {report.head_seq} {report.head_hash[:16]}…")
+        out.print(
+            f"[green]OK[/green] {log.path}: {report.events} events, chain intact, "
+            f"head seq {report.head_seq} {report.head_hash[:16]}…"
+        )
     else:
-        out.print(f"[red]BROKEN[/red] {log.path}: at seq {report.broken_seq} (line {report.line}): "
-                  f"{report.problem}. {report.events} events before it verify.")
+        out.print(
+            f"[red]BROKEN[/red] {log.path}: at seq {report.broken_seq} (line {report.line}): "
+            f"{report.problem}. {report.events} events before it verify."
+        )
     raise typer.Exit(0 if report.ok else 1)
 
 
@@ -190,16 +208,20 @@ def audit_query(
     session: Annotated[str | None, typer.Option(help="Only this session id.")] = None,
     agent: Annotated[str | None, typer.Option(help="Only this agent.")] = None,
     tool: Annotated[str | None, typer.Option(help="Only this tool.")] = None,
-    outcome: Annotated[str | None, typer.Option(help="Only this outcome (allow, deny, ok, timeout, ...).")] = None,
+    outcome: Annotated[
+        str | None, typer.Option(help="Only this outcome (allow, deny, ok, timeout, ...).")
+    ] = None,
     decision_id: Annotated[str | None, typer.Option("--decision-id", help="Only this decision.")] = None,
-    kind: Annotated[str | None, typer.Option(help="Only this kind (decision, execution, error, ...).")] = None,
+    kind: Annotated[
+        str | None, typer.Option(help="Only this kind (decision, execution, error, ...).")
+    ] = None,
     limit: Annotated[int | None, typer.Option(min=1, help="At most this many events.")] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """List audit events matching every given filter, oldest first."""
     where = AuditFilter(
-        since=_when(since, "--since"), until=_when(until, "--until"), session_id=session, agent=agent, tool=tool,
-        outcome=outcome, decision_id=decision_id, kind=kind, limit=limit,
+        since=_when(since, "--since"), until=_when(until, "--until"), session_id=session, agent=agent,
+        tool=tool, outcome=outcome, decision_id=decision_id, kind=kind, limit=limit,
     )  # fmt: skip
     try:
         events = _audit_log(ctx, path).query_sync(where)
@@ -209,22 +231,6 @@ def audit_query(
         _emit_json([e.model_dump(mode="json") for e in events])
         return
     out.print(audit_table(events))
-
-
-def audit_table(events: list[Any]) -> Table:
-    """The audit events as a table, one row per event."""
-    table = Table(show_lines=False, pad_edge=False)
-    for column in ("seq", "time", "kind", "tool", "outcome", "decision"):
-        table.add_column(column, no_wrap=True)
-    table.add_column("reasons / detail", overflow="fold", min_width=24)
-    for e in events:
-        result = e.result or {}
-        detail = ", ".join(r["code"] for r in result.get("reasons", [])) or result.get("code") or result.get(
-            "detail", ""
-        )
-        table.add_row(str(e.seq), e.timestamp[11:19], e.kind, (e.tool or "")[:16], e.outcome, e.decision_id[:8],
-                      str(detail)[:80])
-    return table
 
 
 if __name__ == "__main__":

@@ -37,7 +37,6 @@ from router.errors import (
     FieldProblem,
     InvalidCall,
     PolicyError,
-    SandboxError,
     SandboxUnavailable,
     StockadeError,
 )
@@ -75,7 +74,9 @@ class _Call:
 
     __slots__ = ("args", "argv", "call_id", "canonical_args", "decision_id", "session", "tool")
 
-    def __init__(self, session: Session, tool: RegisteredTool, args: dict[str, Any], canonical_args: str) -> None:
+    def __init__(
+        self, session: Session, tool: RegisteredTool, args: dict[str, Any], canonical_args: str
+    ) -> None:
         self.session = session
         self.tool = tool
         self.args = args
@@ -88,7 +89,9 @@ class _Call:
 class ControlPlane:
     """Registers tools, opens sessions, and decides, runs and audits every tool call."""
 
-    def __init__(self, settings: Settings, *, policy: PolicyEngine, sandbox: runner_pkg.Sandbox, audit: AuditLog) -> None:
+    def __init__(
+        self, settings: Settings, *, policy: PolicyEngine, sandbox: runner_pkg.Sandbox, audit: AuditLog
+    ) -> None:
         self.settings = settings
         self.policy = policy
         self.sandbox = sandbox
@@ -136,7 +139,9 @@ class ControlPlane:
     async def register(self, spec: ToolSpec | Mapping[str, Any]) -> ToolSpec:
         """Register a tool. Raises `InvalidToolSpec` or `DuplicateTool`."""
         registered = self.registry.register(spec)
-        log.info("tool_registered", tool=registered.name, risk=registered.risk, executor=registered.executor.kind)
+        log.info(
+            "tool_registered", tool=registered.name, risk=registered.risk, executor=registered.executor.kind
+        )
         return registered
 
     async def open_session(self, agent: str, principal: str, trusted_context: list[str] | None = None) -> str:
@@ -158,11 +163,17 @@ class ControlPlane:
 
     # -- the pipeline -------------------------------------------------------------------
 
-    async def decide(self, session_id: str, tool: str, args: Mapping[str, Any] | str | bytes) -> DecisionResult:
+    async def decide(
+        self, session_id: str, tool: str, args: Mapping[str, Any] | str | bytes
+    ) -> DecisionResult:
         """Decide a call without running it. The decision is audited like any other."""
         call = await self._prepare(session_id, tool, args)
         decision = await self._decide_and_audit(call, mode="decide")
-        return DecisionResult(decision_id=call.decision_id, outcome=decision.outcome.value, reasons=decision.reason_codes)
+        if isinstance(decision, _AuditFailed):
+            return DecisionResult(decision_id=call.decision_id, outcome="deny", reasons=["audit.unavailable"])
+        return DecisionResult(
+            decision_id=call.decision_id, outcome=decision.outcome.value, reasons=decision.reason_codes
+        )
 
     async def call(self, session_id: str, tool: str, args: Mapping[str, Any] | str | bytes) -> ToolResult:
         """Validate, decide, run and audit one tool call.
@@ -208,8 +219,8 @@ class ControlPlane:
             ) from exc
         if len(encoded.encode()) > self.settings.max_report_bytes:
             raise InvalidCall(
-                f"reported output is {len(encoded.encode())} bytes, over the {self.settings.max_report_bytes}-byte "
-                "cap: report less or raise STOCKADE_MAX_REPORT_BYTES",
+                f"reported output is {len(encoded.encode())} bytes, over the "
+                f"{self.settings.max_report_bytes}-byte cap: report less or raise STOCKADE_MAX_REPORT_BYTES",
                 [FieldProblem("output", "over the cap")],
             )
         pending = self.sessions.take_report(session.id, call_id)
@@ -236,7 +247,9 @@ class ControlPlane:
 
     # -- steps --------------------------------------------------------------------------
 
-    async def _prepare(self, session_id: str, tool_name: str, raw_args: Mapping[str, Any] | str | bytes) -> _Call:
+    async def _prepare(
+        self, session_id: str, tool_name: str, raw_args: Mapping[str, Any] | str | bytes
+    ) -> _Call:
         session = self.sessions.get(session_id)
         try:
             tool = self.registry.get(tool_name)
@@ -287,7 +300,9 @@ class ControlPlane:
             decision = await self.policy.decide(policy_input)
         except Exception as exc:  # a backend that breaks its contract still fails closed
             log.error("policy_engine_raised", error=str(exc))
-            decision = policy_pkg.deny("policy.error", f"policy engine raised: {exc}", revision=self.policy.revision)
+            decision = policy_pkg.deny(
+                "policy.error", f"policy engine raised: {exc}", revision=self.policy.revision
+            )
         elapsed = time.perf_counter_ns() - started
         decision = self._check_tier(spec, decision)
         event = self._event(
@@ -309,7 +324,7 @@ class ControlPlane:
         """Deny, never downgrade, when the tool or policy needs a tier this router does not run."""
         if decision.outcome is Outcome.DENY or isinstance(spec.executor, ExternalExecutor):
             return decision
-        wanted = [spec.sandbox.tier]
+        wanted: list[str] = [spec.sandbox.tier]
         if decision.obligations.sandbox.min_tier is not None:
             wanted.append(decision.obligations.sandbox.min_tier)
         have = _TIER_RANK.get(self.sandbox.tier, -1)
@@ -336,7 +351,9 @@ class ControlPlane:
         try:
             run = await self.sandbox.run(job)
         except runner_pkg.SandboxError as exc:
-            code = "sandbox.unavailable" if isinstance(exc, runner_pkg.SandboxUnavailable) else "sandbox.error"
+            code = (
+                "sandbox.unavailable" if isinstance(exc, runner_pkg.SandboxUnavailable) else "sandbox.error"
+            )
             log.error("sandbox_failed", error=str(exc))
             event = self._event(
                 "execution", call.decision_id, call.session, spec.name, call.call_id,
@@ -356,7 +373,9 @@ class ControlPlane:
                 verdict, reasons = "error", ["output.malformed"]
         elif run.verdict is runner_pkg.Verdict.OK:
             output = _text(run.stdout)
-        usage = RunUsage(wall_ms=run.usage.wall_s * 1000, cpu_ms=run.usage.cpu_s * 1000, max_rss_kb=run.usage.max_rss_kb)
+        usage = RunUsage(
+            wall_ms=run.usage.wall_s * 1000, cpu_ms=run.usage.cpu_s * 1000, max_rss_kb=run.usage.max_rss_kb
+        )
         event = self._event(
             "execution", call.decision_id, call.session, spec.name, call.call_id,
             outcome=verdict,

@@ -31,7 +31,9 @@ class AuditSettings(BaseModel):
 class Settings(BaseSettings):
     """Everything configurable about a stockade router."""
 
-    model_config = SettingsConfigDict(env_prefix="STOCKADE_", env_nested_delimiter="__", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(
+        env_prefix="STOCKADE_", env_nested_delimiter="__", extra="ignore", frozen=True
+    )
 
     policy: PolicySettings = Field(default_factory=PolicySettings)
     runner: RunnerSettings = Field(default_factory=RunnerSettings)

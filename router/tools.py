@@ -17,7 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from router.errors import DuplicateTool, FieldProblem, InvalidCall, InvalidToolSpec, ToolNotFound
 
-Capability = Literal["reads_private", "reads_untrusted", "sends_external", "mutates_state", "financial", "executes_code"]
+Capability = Literal[
+    "reads_private", "reads_untrusted", "sends_external", "mutates_state", "financial", "executes_code"
+]
 Risk = Literal["low", "medium", "high", "critical"]
 
 TOOL_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
@@ -45,7 +47,7 @@ class CommandExecutor(_Frozen):
 
 
 class PythonExecutor(_Frozen):
-    """Run ``entrypoint(**args)`` from ``source`` inside the sandbox; its return value (JSON) is the output."""
+    """Run ``entrypoint(**args)`` from ``source`` inside the sandbox; its JSON return value is the output."""
 
     kind: Literal["python"] = "python"
     source: str = Field(min_length=1, max_length=1 << 20)
@@ -142,7 +144,9 @@ class RegisteredTool:
 
     def __init__(self, spec: ToolSpec) -> None:
         self.spec = spec
-        self.validator = Draft202012Validator(spec.input_schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+        self.validator = Draft202012Validator(
+            spec.input_schema, format_checker=Draft202012Validator.FORMAT_CHECKER
+        )
 
 
 class ToolRegistry:
@@ -163,7 +167,8 @@ class ToolRegistry:
                 spec = ToolSpec.model_validate(spec)
             except ValidationError as exc:
                 problems = [
-                    f"{'.'.join(str(p) for p in e['loc']) or '(spec)'}: {e['msg']}" for e in exc.errors()[:_MAX_PROBLEMS]
+                    f"{'.'.join(str(p) for p in e['loc']) or '(spec)'}: {e['msg']}"
+                    for e in exc.errors()[:_MAX_PROBLEMS]
                 ]
                 raise InvalidToolSpec("invalid tool spec: " + "; ".join(problems)) from exc
         if spec.name in self._tools:
@@ -212,9 +217,11 @@ def parse_args(tool: str, raw: Mapping[str, Any] | str | bytes, max_bytes: int) 
         try:
             value = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            where = f" at line {exc.lineno} column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
+            where = (
+                f" at line {exc.lineno} column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
+            )
             raise InvalidCall(
-                f"arguments for {tool!r} are not valid JSON{where}: send a JSON object such as {{\"x\": 1}}",
+                f'arguments for {tool!r} are not valid JSON{where}: send a JSON object such as {{"x": 1}}',
                 [FieldProblem("args", "not valid JSON")],
             ) from exc
     else:
@@ -225,7 +232,9 @@ def parse_args(tool: str, raw: Mapping[str, Any] | str | bytes, max_bytes: int) 
             [FieldProblem("args", "not an object")],
         )
     try:
-        canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        canonical = json.dumps(
+            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        )
     except (TypeError, ValueError) as exc:
         raise InvalidCall(
             f"arguments for {tool!r} are not JSON-serialisable ({exc}): use strings, numbers, booleans, "
@@ -251,7 +260,9 @@ def validate_args(tool: RegisteredTool, args: dict[str, Any]) -> None:
     Raises:
         InvalidCall: listing each failing field (``args.to: 5 is not of type 'string'``).
     """
-    errors = sorted(tool.validator.iter_errors(args), key=lambda e: (list(map(str, e.absolute_path)), e.message))
+    errors = sorted(
+        tool.validator.iter_errors(args), key=lambda e: (list(map(str, e.absolute_path)), e.message)
+    )
     if not errors:
         return
     problems = []

@@ -46,7 +46,9 @@ class JsonlAuditLog:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
             except OSError as exc:
-                raise AuditError(f"cannot open audit log {self.path}: {exc.strerror}; fix its permissions") from exc
+                raise AuditError(
+                    f"cannot open audit log {self.path}: {exc.strerror}; fix its permissions"
+                ) from exc
         return self._fd
 
     def _reload_head(self, fd: int) -> None:
@@ -62,7 +64,8 @@ class JsonlAuditLog:
                 self._seq, self._head = int(document["seq"]), str(document["hash"])
             except (ValueError, KeyError, TypeError) as exc:
                 raise AuditError(
-                    f"the last event in {self.path} is unreadable; run `stockade audit verify` before appending"
+                    f"the last event in {self.path} is unreadable; "
+                    "run `stockade audit verify` before appending"
                 ) from exc
         self._known_size = size
 
@@ -115,25 +118,12 @@ class JsonlAuditLog:
     def verify_sync(self) -> VerifyReport:
         """`verify` without the event loop, for the CLI."""
         expected_seq, prev = 1, GENESIS_HASH
-        count = 0
         for line_no, document in self._documents():
-            def broken(problem: str, seq: int = expected_seq, line: int = line_no) -> VerifyReport:
-                return VerifyReport(False, count, expected_seq - 1, prev, seq, line, problem)
-
-            if document is None:
-                return broken("line is not a JSON event (truncated or overwritten)")
-            seq = document.get("seq")
-            if not isinstance(seq, int):
-                return broken("event has no integer seq")
-            if document.get("hash") != event_hash(document):
-                return broken(f"event seq {seq} was modified: its hash does not match its content", seq)
-            if seq != expected_seq:
-                kind = "deleted or reordered" if seq > expected_seq else "inserted, duplicated or reordered"
-                return broken(f"expected seq {expected_seq}, found {seq}: events were {kind}", expected_seq)
-            if document.get("prev_hash") != prev:
-                return broken(f"event seq {seq} does not link to seq {seq - 1} (prev_hash mismatch)", seq)
-            prev, expected_seq, count = document["hash"], expected_seq + 1, count + 1
-        return VerifyReport(True, count, expected_seq - 1, prev)
+            problem, seq = _check_link(document, expected_seq, prev)
+            if problem or document is None:
+                return VerifyReport(False, expected_seq - 1, expected_seq - 1, prev, seq, line_no, problem)
+            prev, expected_seq = document["hash"], expected_seq + 1
+        return VerifyReport(True, expected_seq - 1, expected_seq - 1, prev)
 
     def _documents(self) -> Iterator[tuple[int, dict[str, Any] | None]]:
         try:
@@ -156,6 +146,24 @@ class JsonlAuditLog:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
+
+
+def _check_link(document: dict[str, Any] | None, expected_seq: int, prev: str) -> tuple[str, int]:
+    """What is wrong with ``document`` as the event at ``expected_seq`` after ``prev`` ("" if nothing),
+    and the seq to blame."""
+    if document is None:
+        return "line is not a JSON event (truncated or overwritten)", expected_seq
+    seq = document.get("seq")
+    if not isinstance(seq, int):
+        return "event has no integer seq", expected_seq
+    if document.get("hash") != event_hash(document):
+        return f"event seq {seq} was modified: its hash does not match its content", seq
+    if seq != expected_seq:
+        kind = "deleted or reordered" if seq > expected_seq else "inserted, duplicated or reordered"
+        return f"expected seq {expected_seq}, found {seq}: events were {kind}", expected_seq
+    if document.get("prev_hash") != prev:
+        return f"event seq {seq} does not link to seq {seq - 1} (prev_hash mismatch)", seq
+    return "", seq
 
 
 def _matches(document: dict[str, Any], where: AuditFilter) -> bool:

@@ -1,0 +1,205 @@
+"""The embedded engine against the shipped policy and against broken ones: real regorus."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from policy import EmbeddedEngine, Outcome, PolicyBundleError, PolicyInput, PolicySettings, run_rego_tests
+from tests.conftest import REPO
+
+
+def make_input(
+    caps: list[str] | None = None,
+    risk: str = "low",
+    taint: list[str] | None = None,
+    limits: dict[str, float] | None = None,
+) -> PolicyInput:
+    return PolicyInput.model_validate(
+        {
+            "subject": {"agent": "a", "principal": "p@example.com"},
+            "session": {"id": "s-1", "taint": taint or []},
+            "tool": {"name": "t", "capabilities": caps or [], "risk": risk, "limits": limits or {}},
+            "args": {"x": 1},
+            "now": "2026-11-22T10:00:00Z",
+        }
+    )
+
+
+@pytest.fixture
+def engine() -> EmbeddedEngine:
+    return EmbeddedEngine(PolicySettings(dir=REPO / "policies"))
+
+
+def write_policy(root: Path, rego: str, data: dict[str, Any] | None = None) -> Path:
+    (root / "stockade").mkdir(parents=True, exist_ok=True)
+    (root / "stockade" / "decision.rego").write_text(rego)
+    if data is not None:
+        (root / "stockade" / "data.json").write_text(json.dumps(data))
+    return root
+
+
+async def test_low_risk_tool_is_allowed_with_capped_limits(engine: EmbeddedEngine) -> None:
+    decision = await engine.decide(make_input(limits={"timeout_s": 5, "memory_mb": 100_000}))
+    assert decision.outcome is Outcome.ALLOW
+    assert decision.obligations.limits.timeout_s == 5
+    assert decision.obligations.limits.memory_mb == 1024  # capped by the catalog's maximum
+    assert decision.policy_revision == engine.revision
+
+
+@pytest.mark.parametrize(
+    ("caps", "risk", "taint", "outcome", "code"),
+    [
+        ([], "high", [], Outcome.REQUIRE_APPROVAL, "approval.high_risk"),
+        ([], "critical", [], Outcome.REQUIRE_APPROVAL, "approval.high_risk"),
+        (["financial"], "low", [], Outcome.REQUIRE_APPROVAL, "approval.financial"),
+        (
+            ["sends_external"],
+            "medium",
+            ["untrusted_content"],
+            Outcome.REQUIRE_APPROVAL,
+            "approval.external_after_untrusted",
+        ),
+        (["reads_private", "sends_external"], "low", [], Outcome.DENY, "capability.combination_denied"),
+        (["mind_control"], "low", [], Outcome.DENY, "capability.unknown"),
+        ([], "apocalyptic", [], Outcome.DENY, "risk.unknown"),
+    ],
+)
+async def test_shipped_policy_outcomes(
+    engine: EmbeddedEngine, caps: list[str], risk: str, taint: list[str], outcome: Outcome, code: str
+) -> None:
+    decision = await engine.decide(make_input(caps, risk, taint))
+    assert decision.outcome is outcome
+    assert code in decision.reason_codes
+
+
+async def test_sending_on_a_clean_session_is_allowed(engine: EmbeddedEngine) -> None:
+    decision = await engine.decide(make_input(["sends_external"], "medium"))
+    assert decision.outcome is Outcome.ALLOW
+
+
+@pytest.mark.parametrize(
+    "policy_input",
+    [
+        make_input(),
+        make_input([], "high"),
+        make_input(["financial", "mutates_state"], "critical"),
+        make_input(["sends_external"], "medium", ["untrusted_content"]),
+        make_input(["reads_private", "sends_external"]),
+        make_input(["bogus"], "nope"),
+        make_input(limits={"timeout_s": 3, "pids": 10_000, "cpus": 0.25}),
+    ],
+)
+def test_compiled_path_and_interpreter_agree(engine: EmbeddedEngine, policy_input: PolicyInput) -> None:
+    """Decisions run on the RVM; Rego tests run on the interpreter. They must not diverge."""
+    raw = engine.evaluate_raw(policy_input)
+    assert raw is not None
+    assert json.loads(raw) == engine.evaluate_interpreted(policy_input)
+
+
+def test_shipped_rego_tests_pass() -> None:
+    results = run_rego_tests(REPO / "policies")
+    assert len(results) >= 10
+    assert [r.name for r in results if not r.passed] == []
+
+
+def test_a_failing_rego_test_is_reported(tmp_path: Path) -> None:
+    root = write_policy(tmp_path, 'package stockade\ndefault decision := {"outcome": "deny"}\n')
+    (root / "stockade" / "decision_test.rego").write_text(
+        "package stockade_test\nimport data.stockade\n"
+        'test_wrongly_expects_allow if { stockade.decision.outcome == "allow" }\n'
+        'test_deny if { stockade.decision.outcome == "deny" }\n'
+    )
+    results = {r.name: r.passed for r in run_rego_tests(root)}
+    assert results == {"test_wrongly_expects_allow": False, "test_deny": True}
+
+
+async def test_runtime_error_in_policy_denies_with_policy_error(tmp_path: Path) -> None:
+    root = write_policy(
+        tmp_path, 'package stockade\ndecision := {"outcome": "allow", "x": 1 / count(input.args)}\n'
+    )
+    engine = EmbeddedEngine(PolicySettings(dir=root))
+    decision = await engine.decide(make_input().model_copy(update={"args": {}}))
+    assert decision.outcome is Outcome.DENY
+    assert decision.reason_codes == ["policy.error"]
+
+
+async def test_undefined_decision_denies(tmp_path: Path) -> None:
+    root = write_policy(
+        tmp_path, 'package stockade\ndecision := {"outcome": "allow"} if input.tool.risk == "x"\n'
+    )
+    decision = await EmbeddedEngine(PolicySettings(dir=root)).decide(make_input())
+    assert decision.outcome is Outcome.DENY
+    assert decision.reason_codes == ["policy.error"]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        '{"outcome": "maybe"}',
+        '"allow"',
+        '{"outcome": "allow", "obligations": {"limits": {"timeout_s": -1}}}',
+        '{"outcome": "allow", "surprise": true}',
+    ],
+)
+async def test_malformed_decision_denies(tmp_path: Path, value: str) -> None:
+    root = write_policy(tmp_path, f"package stockade\ndecision := {value}\n")
+    decision = await EmbeddedEngine(PolicySettings(dir=root)).decide(make_input())
+    assert decision.outcome is Outcome.DENY
+    assert decision.reason_codes == ["policy.error"]
+
+
+def test_syntax_error_refuses_to_load(tmp_path: Path) -> None:
+    root = write_policy(tmp_path, "package stockade\ndecision := {\n")
+    with pytest.raises(PolicyBundleError, match=r"decision\.rego"):
+        EmbeddedEngine(PolicySettings(dir=root))
+
+
+async def test_reload_with_syntax_error_keeps_the_old_policy(tmp_path: Path) -> None:
+    root = tmp_path / "policies"
+    shutil.copytree(REPO / "policies", root)
+    engine = EmbeddedEngine(PolicySettings(dir=root))
+    before = engine.revision
+    (root / "stockade" / "broken.rego").write_text("package stockade\nthis is not rego\n")
+    with pytest.raises(PolicyBundleError):
+        await engine.reload()
+    assert engine.revision == before
+    assert (await engine.decide(make_input())).outcome is Outcome.ALLOW
+
+
+async def test_reload_picks_up_a_data_change(tmp_path: Path) -> None:
+    root = tmp_path / "policies"
+    shutil.copytree(REPO / "policies", root)
+    engine = EmbeddedEngine(PolicySettings(dir=root))
+    before = engine.revision
+    data_file = root / "stockade" / "data.json"
+    data = json.loads(data_file.read_text())
+    data["catalog"]["auto_allow_risks"] = []  # a security team tightens policy with data only
+    data_file.write_text(json.dumps(data))
+    assert await engine.reload() != before
+    decision = await engine.decide(make_input())
+    assert decision.outcome is Outcome.DENY
+    assert decision.reason_codes == ["policy.default_deny"]
+
+
+async def test_oversized_input_is_denied_not_evaluated(tmp_path: Path) -> None:
+    engine = EmbeddedEngine(PolicySettings(dir=REPO / "policies", max_input_bytes=4096))
+    decision = await engine.decide(make_input().model_copy(update={"args": {"blob": "x" * 10_000}}))
+    assert decision.outcome is Outcome.DENY
+    assert decision.reason_codes == ["policy.error"]
+
+
+def test_missing_directory_names_the_setting(tmp_path: Path) -> None:
+    with pytest.raises(PolicyBundleError, match="STOCKADE_POLICY__DIR"):
+        EmbeddedEngine(PolicySettings(dir=tmp_path / "nope"))
+
+
+def test_invalid_data_json_names_the_file(tmp_path: Path) -> None:
+    root = write_policy(tmp_path, 'package stockade\ndefault decision := {"outcome": "deny"}\n')
+    (root / "stockade" / "data.json").write_text("{not json")
+    with pytest.raises(PolicyBundleError, match=r"stockade/data\.json: invalid JSON at line 1"):
+        EmbeddedEngine(PolicySettings(dir=root))

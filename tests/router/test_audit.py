@@ -1,0 +1,180 @@
+"""The JSONL audit log: chaining, durability, tamper detection and queries, on real files."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from router.audit import GENESIS_HASH, AuditEvent, AuditFilter, JsonlAuditLog, event_hash
+from router.errors import AuditError
+
+
+def event(n: int, **fields: str) -> AuditEvent:
+    base = {
+        "decision_id": f"d-{n}",
+        "timestamp": f"2026-11-22T10:00:{n:02d}.000000Z",
+        "kind": "decision",
+        "outcome": "allow",
+        "session_id": "s-1",
+        "agent": "agent-1",
+        "tool": "echo",
+    }
+    base.update(fields)
+    return AuditEvent.model_validate(base)
+
+
+async def filled(path: Path, n: int = 6) -> JsonlAuditLog:
+    log = JsonlAuditLog(path)
+    for i in range(1, n + 1):
+        await log.append(event(i, tool="echo" if i % 2 else "mail", outcome="allow" if i % 3 else "deny"))
+    await log.aclose()
+    return JsonlAuditLog(path)
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines(keepends=True)
+
+
+async def test_events_are_chained_from_genesis(tmp_path: Path) -> None:
+    log = JsonlAuditLog(tmp_path / "a.jsonl")
+    first = await log.append(event(1))
+    second = await log.append(event(2))
+    assert (first.seq, first.prev_hash) == (1, GENESIS_HASH)
+    assert (second.seq, second.prev_hash) == (2, first.hash)
+    assert second.hash == event_hash(second.model_dump(mode="json"))
+    stored = json.loads(lines(tmp_path / "a.jsonl")[1])
+    assert stored["hash"] == second.hash
+    report = await log.verify()
+    assert (report.ok, report.events, report.head_seq, report.head_hash) == (True, 2, 2, second.hash)
+
+
+async def test_modified_event_is_detected(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    log = await filled(path)
+    content = lines(path)
+    content[2] = content[2].replace('"outcome":"deny"', '"outcome":"allow"')
+    path.write_text("".join(content))
+    report = await log.verify()
+    assert (report.ok, report.broken_seq, report.line) == (False, 3, 3)
+    assert "modified" in report.problem
+
+
+async def test_modified_event_with_recomputed_hash_breaks_the_next_link(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    log = await filled(path)
+    content = lines(path)
+    doc = json.loads(content[2])
+    doc["outcome"] = "allow"
+    doc["hash"] = event_hash(doc)  # a careful forger rehashes the event...
+    content[2] = json.dumps(doc) + "\n"
+    path.write_text("".join(content))
+    report = await log.verify()
+    assert (report.ok, report.broken_seq) == (False, 4)  # ...and the successor's prev_hash gives it away
+    assert "does not link" in report.problem
+
+
+async def test_deleted_event_is_detected(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    log = await filled(path)
+    content = lines(path)
+    del content[3]
+    path.write_text("".join(content))
+    report = await log.verify()
+    assert (report.ok, report.broken_seq) == (False, 4)
+    assert "deleted" in report.problem
+
+
+async def test_inserted_event_is_detected(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    log = await filled(path)
+    content = lines(path)
+    content.insert(2, content[1])
+    path.write_text("".join(content))
+    report = await log.verify()
+    assert (report.ok, report.broken_seq) == (False, 3)
+
+
+async def test_reordered_events_are_detected(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    log = await filled(path)
+    content = lines(path)
+    content[1], content[2] = content[2], content[1]
+    path.write_text("".join(content))
+    report = await log.verify()
+    assert (report.ok, report.broken_seq) == (False, 2)
+
+
+async def test_truncation_in_the_middle_is_detected(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    log = await filled(path)
+    content = lines(path)
+    content[3] = content[3][: len(content[3]) // 2] + "\n"
+    path.write_text("".join(content))
+    report = await log.verify()
+    assert (report.ok, report.broken_seq, report.line) == (False, 4, 4)
+    assert "truncated" in report.problem
+
+
+async def test_a_torn_tail_refuses_further_appends(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    await filled(path, 2)
+    with path.open("a") as handle:
+        handle.write('{"seq": 3, "half an ev')
+    with pytest.raises(AuditError, match="stockade audit verify"):
+        await JsonlAuditLog(path).append(event(3))
+
+
+async def test_concurrent_appends_keep_one_chain(tmp_path: Path) -> None:
+    log = JsonlAuditLog(tmp_path / "a.jsonl")
+    await asyncio.gather(*(log.append(event(i % 60)) for i in range(200)))
+    report = await log.verify()
+    assert (report.ok, report.events) == (True, 200)
+
+
+def _append_from_another_process(path: str, count: int) -> None:
+    async def go() -> None:
+        log = JsonlAuditLog(Path(path))
+        for i in range(count):
+            await log.append(event(i % 60, agent="other-process"))
+        await log.aclose()
+
+    asyncio.run(go())
+
+
+async def test_two_processes_appending_to_one_file_keep_one_chain(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    log = JsonlAuditLog(path)
+    ctx = multiprocessing.get_context("spawn")
+    other = ctx.Process(target=_append_from_another_process, args=(str(path), 100))
+    other.start()
+    for i in range(100):
+        await log.append(event(i % 60))
+    await asyncio.to_thread(other.join, 60)
+    assert other.exitcode == 0
+    report = await log.verify()
+    assert (report.ok, report.events) == (True, 200)
+
+
+async def test_query_filters(tmp_path: Path) -> None:
+    log = await filled(tmp_path / "a.jsonl")
+    assert [e.seq for e in await log.query(AuditFilter(tool="mail"))] == [2, 4, 6]
+    assert [e.seq for e in await log.query(AuditFilter(outcome="deny"))] == [3, 6]
+    assert [e.seq for e in await log.query(AuditFilter(tool="echo", outcome="deny"))] == [3]
+    assert [e.seq for e in await log.query(AuditFilter(decision_id="d-5"))] == [5]
+    assert [e.seq for e in await log.query(AuditFilter(agent="nobody"))] == []
+    assert [e.seq for e in await log.query(AuditFilter(limit=2))] == [1, 2]
+    t0 = datetime(2026, 11, 22, 10, 0, 0, tzinfo=UTC)
+    window = AuditFilter(since=t0 + timedelta(seconds=2), until=t0 + timedelta(seconds=4))
+    assert [e.seq for e in await log.query(window)] == [2, 3, 4]
+
+
+async def test_relaxed_durability_still_chains(tmp_path: Path) -> None:
+    log = JsonlAuditLog(tmp_path / "a.jsonl", durability="relaxed")
+    for i in range(5):
+        await log.append(event(i))
+    assert (await log.verify()).ok

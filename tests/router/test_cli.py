@@ -1,0 +1,128 @@
+"""The ``stockade`` command as a user runs it: a real process, real files, real exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import REPO
+
+STOCKADE = str(Path(sys.executable).parent / "stockade")
+
+
+def run(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [STOCKADE, *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+
+
+def test_help_lists_the_commands() -> None:
+    result = run("--help")
+    assert result.returncode == 0
+    for command in ("demo", "policy", "audit"):
+        assert command in result.stdout
+    assert "verify" in run("audit", "--help").stdout
+
+
+def test_policy_test_passes_on_the_shipped_policies() -> None:
+    result = run("policy", "test")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "PASS stockade/decision_test.rego::test_low_risk_tool_is_allowed" in result.stdout
+    assert " 0 failed" in result.stdout
+
+
+def test_policy_test_fails_with_exit_1_on_a_failing_test(tmp_path: Path) -> None:
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "decision.rego").write_text('package p\ndefault decision := {"outcome": "deny"}\n')
+    (tmp_path / "p" / "decision_test.rego").write_text(
+        'package p_test\nimport data.p\ntest_allows if { p.decision.outcome == "allow" }\n'
+    )
+    result = run("policy", "test", "--dir", str(tmp_path), "--json")
+    assert result.returncode == 1
+    assert json.loads(result.stdout) == [
+        {
+            "file": "p/decision_test.rego",
+            "test": "test_allows",
+            "passed": False,
+            "ms": json.loads(result.stdout)[0]["ms"],
+            "error": None,
+        }
+    ]
+
+
+def test_policy_test_exit_2_when_the_policy_does_not_load(tmp_path: Path) -> None:
+    (tmp_path / "x.rego").write_text("package x\nthis is not rego\n")
+    result = run("policy", "test", "--dir", str(tmp_path))
+    assert result.returncode == 2
+    assert "x.rego" in result.stderr
+
+
+def test_policy_eval_prints_the_decision(tmp_path: Path) -> None:
+    policy_input = {
+        "subject": {"agent": "a", "principal": "p"},
+        "session": {"id": "s"},
+        "tool": {"name": "t", "capabilities": ["financial"], "risk": "low"},
+        "args": {},
+        "now": "2026-11-22T10:00:00Z",
+    }
+    (tmp_path / "in.json").write_text(json.dumps(policy_input))
+    result = run("policy", "eval", str(tmp_path / "in.json"))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["outcome"] == "require_approval"
+
+
+def test_demo_then_verify_and_query_its_audit_log(tmp_path: Path) -> None:
+    audit = tmp_path / "demo.jsonl"
+    demo = run("demo", "--audit-path", str(audit), cwd=tmp_path)
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    assert "every step behaved as described" in demo.stdout
+
+    verify = run("audit", "verify", "--path", str(audit), "--json")
+    assert verify.returncode == 0
+    assert json.loads(verify.stdout)["ok"] is True
+
+    denied = json.loads(run("audit", "query", "--path", str(audit), "--outcome", "deny", "--json").stdout)
+    assert [e["tool"] for e in denied] == ["export_contacts"]
+    table = run("audit", "query", "--path", str(audit), "--tool", "spin")
+    assert "timeout" in table.stdout
+
+    content = audit.read_text().splitlines(keepends=True)
+    content[1] = content[1].replace('"verdict":"ok"', '"verdict":"error"', 1)
+    audit.write_text("".join(content))
+    broken = run("audit", "verify", "--path", str(audit))
+    assert broken.returncode == 1
+    assert "BROKEN" in broken.stdout
+    assert "seq 2" in broken.stdout
+
+
+def test_audit_commands_explain_a_missing_log(tmp_path: Path) -> None:
+    result = run("audit", "verify", "--path", str(tmp_path / "none.jsonl"))
+    assert result.returncode == 2
+    assert "STOCKADE_AUDIT__PATH" in result.stderr
+
+
+def test_audit_query_rejects_a_bad_time(tmp_path: Path) -> None:
+    (tmp_path / "a.jsonl").write_text("")
+    result = run("audit", "query", "--path", str(tmp_path / "a.jsonl"), "--since", "yesterday")
+    assert result.returncode == 2
+    assert "ISO 8601" in result.stderr
+
+
+def test_settings_come_from_the_environment(tmp_path: Path) -> None:
+    (tmp_path / "a.jsonl").write_text("")
+    result = run(
+        "audit", "verify", "--json", env={"STOCKADE_AUDIT__PATH": str(tmp_path / "a.jsonl")}, cwd=REPO
+    )
+    assert result.returncode == 0
+    assert json.loads(result.stdout)["events"] == 0
