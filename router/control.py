@@ -16,7 +16,7 @@ Every event of one call shares its ``decision_id``.
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import json
 import secrets
 import time
@@ -269,10 +269,7 @@ class ControlPlane:
             "error", str(uuid.uuid4()), session, name, None,
             outcome="invalid", result={"code": exc.code, "message": str(exc)},
         )  # fmt: skip
-        try:
-            await self.audit.append(event)
-        except AuditError as audit_exc:
-            log.error("audit_append_failed", error=str(audit_exc), rejected=exc.code)
+        await self._record(event)
         log.info("tool_call_rejected", code=exc.code, error=str(exc), session_id=session.id)
 
     async def _decide_and_audit(self, call: _Call, *, mode: str) -> Decision | _AuditFailed:
@@ -313,12 +310,7 @@ class ControlPlane:
             bundles={"policies": {"revision": decision.policy_revision}},
             metrics={"timer_policy_eval_ns": float(elapsed)},
         )  # fmt: skip
-        try:
-            await self.audit.append(event)
-        except AuditError as exc:
-            log.error("audit_append_failed", error=str(exc), decision_id=call.decision_id)
-            return _AuditFailed()
-        return decision
+        return decision if await self._record(event) else _AuditFailed()
 
     def _check_tier(self, spec: ToolSpec, decision: Decision) -> Decision:
         """Deny, never downgrade, when the tool or policy needs a tier this router does not run."""
@@ -359,12 +351,12 @@ class ControlPlane:
                 "execution", call.decision_id, call.session, spec.name, call.call_id,
                 outcome="error", result={"code": code, "message": str(exc)},
             )  # fmt: skip
-            with contextlib.suppress(AuditError):
-                await self.audit.append(event)
+            await self._record(event)
             return self._result(call, "error", reasons=[code])
         elapsed = time.perf_counter_ns() - started
         self._taint(call.session, spec)
 
+        stdout, stderr = _text(run.stdout), _text(run.stderr)
         verdict, output, reasons = run.verdict.value, None, []
         if isinstance(spec.executor, PythonExecutor) and run.verdict is runner_pkg.Verdict.OK:
             try:
@@ -372,7 +364,7 @@ class ControlPlane:
             except ValueError:
                 verdict, reasons = "error", ["output.malformed"]
         elif run.verdict is runner_pkg.Verdict.OK:
-            output = _text(run.stdout)
+            output = stdout
         usage = RunUsage(
             wall_ms=run.usage.wall_s * 1000, cpu_ms=run.usage.cpu_s * 1000, max_rss_kb=run.usage.max_rss_kb
         )
@@ -381,26 +373,32 @@ class ControlPlane:
             outcome=verdict,
             result={
                 "verdict": verdict, "exit_code": run.exit_code, "detail": run.detail, "tier": run.tier,
-                "usage": usage.model_dump(), "limits": _limits_doc(limits),
-                "stdout": _text(run.stdout), "stderr": _text(run.stderr),
+                "usage": usage.model_dump(), "limits": dataclasses.asdict(limits),
+                "stdout": stdout, "stderr": stderr,
                 "stdout_sha256": sha256_hex(run.stdout), "stderr_sha256": sha256_hex(run.stderr),
             },
             metrics={"timer_run_ns": float(elapsed)},
         )  # fmt: skip
-        try:
-            await self.audit.append(event)
-        except AuditError as exc:
+        if not await self._record(event):
             # The output is withheld: nothing leaves the router without an audit record.
-            log.error("audit_append_failed", error=str(exc), decision_id=call.decision_id)
             return self._result(call, "denied", reasons=["audit.unavailable"])
         log.info("tool_call_completed", verdict=verdict, wall_ms=round(usage.wall_ms, 2))
         return ToolResult(
             status="completed", decision_id=call.decision_id, call_id=call.call_id, tool=spec.name,
             reasons=reasons, verdict=verdict, exit_code=run.exit_code, output=output,
-            stdout=_text(run.stdout), stderr=_text(run.stderr), usage=usage, tier=run.tier,
+            stdout=stdout, stderr=stderr, usage=usage, tier=run.tier,
         )  # fmt: skip
 
     # -- helpers ------------------------------------------------------------------------
+
+    async def _record(self, event: AuditEvent) -> bool:
+        """Append ``event``; False (logged) if the audit log failed, so the caller fails closed."""
+        try:
+            await self.audit.append(event)
+        except AuditError as exc:
+            log.error("audit_append_failed", error=str(exc), kind=event.kind, decision_id=event.decision_id)
+            return False
+        return True
 
     @staticmethod
     def _taint(session: Session, spec: ToolSpec) -> None:
@@ -437,10 +435,3 @@ def _limits(spec: ToolSpec, decision: Decision) -> runner_pkg.ResourceLimits:
         pids=granted.pids or tool.pids,
         output_bytes=granted.output_bytes or tool.output_bytes,
     )
-
-
-def _limits_doc(limits: runner_pkg.ResourceLimits) -> dict[str, float]:
-    return {
-        "timeout_s": limits.timeout_s, "memory_mb": limits.memory_mb, "cpus": limits.cpus,
-        "pids": limits.pids, "output_bytes": limits.output_bytes,
-    }  # fmt: skip

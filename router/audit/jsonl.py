@@ -91,7 +91,9 @@ class JsonlAuditLog:
         except OSError as exc:
             self._known_size = -1  # re-read the head next time: the tail may be partial
             raise AuditError(f"cannot append to audit log {self.path}: {exc.strerror or exc}") from exc
-        return AuditEvent.model_validate(document)
+        # The event was validated when it was built; only the chain fields are new.
+        chain = {"seq": document["seq"], "prev_hash": document["prev_hash"], "hash": document["hash"]}
+        return event.model_copy(update=chain)
 
     async def append(self, event: AuditEvent) -> AuditEvent:
         async with self._lock:
