@@ -431,3 +431,46 @@ async def test_audit_trail_survives_a_restart_as_one_chain(settings: Settings) -
     assert (report.ok, report.events) == (True, 4)
     seqs = [json.loads(line)["seq"] for line in settings.audit.path.read_text().splitlines()]
     assert seqs == [1, 2, 3, 4]
+
+
+async def test_python_tool_writing_around_the_harness_is_malformed_output(plane: ControlPlane) -> None:
+    await plane.register(
+        python_tool("sneaky", "import os\ndef main():\n    os.write(1, b'not json')\n    return 1")
+    )
+    session = await plane.open_session("agent-1", "alice@example.com")
+    result = await plane.call(session, "sneaky", {})
+    assert (result.status, result.verdict, result.reasons) == ("completed", "error", ["output.malformed"])
+    assert result.output is None
+
+
+async def test_sandbox_that_cannot_run_is_an_audited_error(settings: Settings) -> None:
+    broken = settings.model_copy(
+        update={"runner": settings.runner.model_copy(update={"bwrap": "no-such-bwrap"})}
+    )
+    async with ControlPlane.from_settings(broken) as plane:
+        await plane.register(python_tool("echo", ECHO))
+        session = await plane.open_session("agent-1", "alice@example.com")
+        result = await plane.call(session, "echo", {})
+        assert (result.status, result.reasons) == ("error", ["sandbox.unavailable"])
+        trail = await events(plane, decision_id=result.decision_id)
+        assert [(e["kind"], e["outcome"]) for e in trail] == [("decision", "allow"), ("execution", "error")]
+        assert "apt-get install bubblewrap" in trail[1]["result"]["message"]
+
+
+async def test_bad_reports_are_refused_and_the_call_stays_reportable(plane: ControlPlane) -> None:
+    await plane.register(
+        {
+            "name": "ext",
+            "description": "x",
+            "risk": "low",
+            "input_schema": {"type": "object"},
+            "executor": {"kind": "external"},
+        }
+    )
+    session = await plane.open_session("agent-1", "alice@example.com")
+    pending = await plane.call(session, "ext", {})
+    with pytest.raises(InvalidCall, match="not JSON-serialisable"):
+        await plane.report(session, pending.call_id, {1, 2})
+    with pytest.raises(InvalidCall, match="STOCKADE_MAX_REPORT_BYTES"):
+        await plane.report(session, pending.call_id, "x" * (2 << 20))
+    assert (await plane.report(session, pending.call_id, "ok")).output == "ok"
