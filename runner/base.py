@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 
 class Verdict(StrEnum):
@@ -35,13 +36,69 @@ class ResourceLimits:
 
 
 @dataclass(frozen=True, slots=True)
+class InputFile:
+    """A file the caller passes in; the tool sees it read-only at ``/in/<name>``."""
+
+    name: str
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class OutputCaps:
+    """What may come back from ``/out``: at most this many regular files and bytes in total."""
+
+    max_files: int = 64
+    max_bytes: int = 16 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class EgressRule:
+    """One destination the call may reach through the egress proxy. No methods: any method."""
+
+    host: str
+    port: int
+    methods: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class EgressRecord:
+    """One request the egress proxy saw, allowed or refused; the router audits each."""
+
+    method: str
+    host: str
+    port: int
+    allowed: bool
+    reason: str
+    status: int
+    bytes_up: int = 0
+    bytes_down: int = 0
+    duration_ms: float = 0.0
+
+
+EgressHook = Callable[[EgressRecord], Awaitable[None]]
+JobKind = Literal["exec", "python"]
+
+
+@dataclass(frozen=True, slots=True)
 class SandboxSpec:
-    """One job: an argv (never a shell string), bytes for stdin, extra environment and limits."""
+    """One job: an argv (never a shell string), bytes for stdin, extra environment and limits.
+
+    ``kind="python"``: ``stdin`` is a python-harness job (see `runner.python`); container workers
+    run it in their own interpreter, bwrap runs ``argv`` (the harness). ``session``: run in that
+    session's sandbox instead of a fresh one, where the tier supports it.
+    """
 
     argv: tuple[str, ...]
     stdin: bytes = b""
     env: dict[str, str] = field(default_factory=dict)
     limits: ResourceLimits = field(default_factory=ResourceLimits)
+    kind: JobKind = "exec"
+    call_id: str = ""
+    inputs: tuple[InputFile, ...] = ()
+    outputs: OutputCaps | None = None
+    egress: tuple[EgressRule, ...] = ()
+    on_egress: EgressHook | None = None
+    session: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +111,22 @@ class Usage:
 
 
 @dataclass(frozen=True, slots=True)
+class FileRecord:
+    """A file that went in or came out, as the audit log records it."""
+
+    path: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True, slots=True)
 class RunResult:
-    """The outcome of one run. ``stdout``/``stderr`` are capped at the spec's ``output_bytes`` in total."""
+    """The outcome of one run. ``stdout``/``stderr`` are capped at the spec's ``output_bytes`` in total.
+
+    ``start``: ``warm`` (a pre-started container), ``cold`` (started for this call), ``session``
+    (the session's own sandbox) or ``fresh`` (bwrap starts every run). ``artifacts`` are the files
+    copied out of ``/out`` into ``quarantine`` (untrusted); ``refused`` lists what was not copied.
+    """
 
     verdict: Verdict
     exit_code: int | None
@@ -64,6 +135,11 @@ class RunResult:
     usage: Usage
     tier: str
     detail: str = ""
+    start: str = "fresh"
+    inputs: tuple[FileRecord, ...] = ()
+    artifacts: tuple[FileRecord, ...] = ()
+    refused: tuple[tuple[str, str], ...] = ()
+    quarantine: str | None = None
 
 
 @runtime_checkable
@@ -78,6 +154,10 @@ class Sandbox(Protocol):
 
     async def run(self, spec: SandboxSpec) -> RunResult:
         """Run ``spec``; limits become verdicts. Raises `SandboxError` only if the sandbox itself failed."""
+        ...
+
+    async def close_session(self, session: str) -> None:
+        """Destroy the session's own sandbox, if this tier keeps one."""
         ...
 
     async def aclose(self) -> None:

@@ -1,6 +1,14 @@
 """Settings owned by the runner package (composed into the router's settings)."""
 
+import os
+from pathlib import Path
+
 from pydantic import BaseModel, ConfigDict, Field
+
+
+def _state_dir() -> Path:
+    # Staging directories and quarantined outputs. Root: a system path; otherwise the user's own.
+    return Path("/var/lib/stockade") if os.geteuid() == 0 else Path.home() / ".local/state/stockade"
 
 
 class RunnerSettings(BaseModel):
@@ -9,6 +17,18 @@ class RunnerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     tier: str = "bwrap"
+    # Tiers this router offers; a call needing one that is not here is denied, never downgraded.
+    tiers: tuple[str, ...] = ("bwrap", "docker", "gvisor")
+    state_dir: Path = Field(default_factory=_state_dir)
+    docker_host: str | None = None  # None: DOCKER_HOST or the local socket
+    image: str | None = None  # None: the image `stockade sandbox build-image` builds
+    pool_size: int = Field(default=2, ge=0, le=64)
+    gvisor_min_pids: int = Field(default=128, ge=64)  # gVisor's own threads count against the limit
+    out_mb: int = Field(default=64, gt=0)
+    worker_start_timeout_s: float = Field(default=30.0, gt=0)
+    # Static name -> address pins for the egress proxy (like curl --resolve), for hosts the
+    # operator runs on private addresses; other names must resolve to public addresses.
+    egress_hosts: dict[str, str] = Field(default_factory=dict)
     bwrap: str = "bwrap"
     # The interpreter for `python` tools, inside the sandbox. The system one: the project's own
     # may live under /root or /home, which a sandbox never sees.

@@ -41,7 +41,7 @@ def python_job(
     """The `SandboxSpec` that runs ``entrypoint(**args)`` from ``source`` under ``interpreter``."""
     payload = json.dumps({"source": source, "entrypoint": entrypoint, "args": args}).encode()
     # -I: ignore PYTHON* variables and the user site; -S: skip site (faster, nothing to import from it).
-    return SandboxSpec(argv=(interpreter, "-I", "-S", "-c", HARNESS), stdin=payload, limits=limits)
+    return SandboxSpec(argv=(interpreter, "-I", "-S", "-c", HARNESS), stdin=payload, limits=limits, kind="python")
 
 
 def parse_result(stdout: bytes) -> Any:

@@ -1,0 +1,454 @@
+"""The ``docker`` and ``gvisor`` tiers: hardened containers through the Docker SDK.
+
+Every container: all capabilities dropped, ``no-new-privileges``, stockade's seccomp profile,
+read-only root, size-capped tmpfs at ``/tmp`` and ``/out``, ``network_mode=none``, memory, pids
+and CPU limits, uid 65534, no log driver (output never lands on the host's disk), and no host
+mounts but two per-container staging directories: ``/in`` (the call's inputs, read-only) and
+``/run/stockade`` (the egress proxy's socket, read-only). ``gvisor`` is the same with the
+``runsc`` runtime, so the tool talks to gVisor's kernel instead of the host's.
+
+Warm pools keep ``pool_size`` started, never-used containers per (image, limits) class, each
+with the resident worker (`runner.worker`) blocked on stdin. A call takes one, runs one job and
+the container is destroyed in the background while a replacement starts. An empty pool means a
+cold start, reported as ``start="cold"``. Session sandboxes keep one container per session, its
+worker looping over jobs, until `close_session`; nothing is shared across sessions.
+
+The Docker SDK blocks: its calls run in threads. The attach socket is driven by the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import shutil
+import socket
+import struct
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import docker
+import docker.errors
+import requests.exceptions
+import structlog
+from docker.types import LogConfig
+
+from runner.base import ResourceLimits, RunResult, SandboxSpec, Usage, Verdict
+from runner.config import RunnerSettings
+from runner.egress import EgressProxy
+from runner.errors import SandboxError, SandboxUnavailable
+from runner.files import Quarantine, remove_tree, stage_inputs
+from runner.image import default_image
+from runner.seccomp import docker_profile
+from runner.worker import WORKER, FrameReader, encode_job
+
+log = structlog.get_logger(__name__)
+
+ContainerTier = Literal["docker", "gvisor"]
+_MEMORY_MARKERS = (b"MemoryError", b"Cannot allocate memory", b"std::bad_alloc", b"out of memory")
+_WORKER_STDERR_CAP = 16384
+_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+@dataclass
+class _Box:
+    """A started container: its attach socket (the worker's stdin/stdout) and staging directory."""
+
+    id: str
+    sock: socket.socket
+    staging: Path
+    handle: Any  # the SDK's socket wrapper: kept so the connection is not closed under us
+
+
+@dataclass(frozen=True)
+class _Class:
+    """Containers are interchangeable only within one class: same image and same limits."""
+
+    image: str
+    memory_mb: int
+    pids: int
+    cpus: float
+
+
+class _Demux:
+    """Splits Docker's multiplexed attach stream (8-byte headers) into stdout and stderr."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+        self._buffer += data
+        out = []
+        while len(self._buffer) >= 8:
+            stream, size = self._buffer[0], struct.unpack(">I", self._buffer[4:8])[0]
+            if len(self._buffer) < 8 + size:
+                break
+            out.append((stream, bytes(self._buffer[8 : 8 + size])))
+            del self._buffer[: 8 + size]
+        return out
+
+
+def _translate(exc: Exception) -> SandboxError:
+    if isinstance(exc, docker.errors.ImageNotFound):
+        return SandboxUnavailable(f"sandbox image missing ({exc.explanation}): run `stockade sandbox build-image`")
+    if isinstance(exc, requests.exceptions.ConnectionError | docker.errors.DockerException) and "Connection" in str(
+        exc
+    ):
+        return SandboxUnavailable(f"Docker engine unreachable: {exc}; start dockerd (scripts/services)")
+    return SandboxError(f"Docker error: {exc}")
+
+
+class ContainerSandbox:
+    """`Sandbox` on Docker: ``docker`` (runc) or ``gvisor`` (runsc)."""
+
+    def __init__(self, settings: RunnerSettings, tier: ContainerTier) -> None:
+        self.tier = tier
+        self._settings = settings
+        self._image = settings.image or default_image()
+        self._runtime = "runsc" if tier == "gvisor" else None
+        self._owner = secrets.token_hex(6)
+        self._client: docker.DockerClient | None = None
+        self._pools: dict[_Class, asyncio.Queue[_Box]] = {}
+        self._filling: dict[_Class, int] = {}
+        self._sessions: dict[str, _Box] = {}
+        self._session_locks: dict[str, asyncio.Lock] = {}
+        self._background: set[asyncio.Task[None]] = set()
+        self._problem: str | None | Literal[False] = False  # False: not checked yet
+        self._staging_root = settings.state_dir / "containers"
+
+    # -- availability -----------------------------------------------------------------------
+
+    def _docker(self) -> docker.DockerClient:
+        if self._client is None:
+            self._client = docker.DockerClient(base_url=self._settings.docker_host, timeout=30)
+        return self._client
+
+    def check(self) -> str | None:
+        if self._problem is not False:
+            return self._problem
+        try:
+            client = self._docker()
+            client.ping()
+            runtimes = client.info().get("Runtimes", {})
+            if self._runtime and self._runtime not in runtimes:
+                self._problem = "dockerd has no runsc runtime: install runsc and register it (scripts/services)"
+            else:
+                client.images.get(self._image)
+                self._problem = None
+        except docker.errors.ImageNotFound:
+            self._problem = f"image {self._image} not built: run `stockade sandbox build-image`"
+        except Exception as exc:  # any failure to reach Docker means: this tier is not here
+            self._problem = f"Docker engine unreachable ({exc.__class__.__name__}): start dockerd (scripts/services)"
+        return self._problem
+
+    # -- containers -----------------------------------------------------------------------
+
+    def _class(self, limits: ResourceLimits) -> _Class:
+        pids = max(limits.pids, self._settings.gvisor_min_pids) if self.tier == "gvisor" else limits.pids
+        return _Class(self._image, limits.memory_mb, pids, limits.cpus)
+
+    def _create(self, cls: _Class, session: bool) -> _Box:
+        """Create, attach and start one container (blocking: run in a thread)."""
+        self._staging_root.mkdir(parents=True, exist_ok=True, mode=0o711)
+        staging = Path(tempfile.mkdtemp(prefix="c-", dir=self._staging_root))
+        for sub in ("in", "run"):
+            (staging / sub).mkdir(mode=0o755)
+        staging.chmod(0o755)
+        client = self._docker()
+        env = {"HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8", "PATH": _PATH,
+               "HTTP_PROXY": "http://127.0.0.1:3128", "HTTPS_PROXY": "http://127.0.0.1:3128",
+               "http_proxy": "http://127.0.0.1:3128", "https_proxy": "http://127.0.0.1:3128"}  # fmt: skip
+        if session:
+            env["STOCKADE_WORKER_MODE"] = "session"
+        tmpfs_mb, out_mb = self._settings.tmpfs_mb, self._settings.out_mb
+        try:
+            container = client.containers.create(
+                cls.image, command=["python3", "-I", "-S", "-c", WORKER], user="65534:65534",
+                stdin_open=True, tty=False, working_dir="/tmp", environment=env, hostname="sandbox",
+                cap_drop=["ALL"], security_opt=["no-new-privileges", f"seccomp={docker_profile()}"],
+                read_only=True, network_mode="none", runtime=self._runtime,
+                tmpfs={"/tmp": f"rw,nosuid,nodev,size={tmpfs_mb}m,nr_inodes=8192,mode=1777",
+                       "/out": f"rw,nosuid,nodev,size={out_mb}m,nr_inodes=1024,mode=1777"},
+                mem_limit=f"{cls.memory_mb}m", memswap_limit=f"{cls.memory_mb}m", pids_limit=cls.pids,
+                nano_cpus=int(cls.cpus * 1e9), log_config=LogConfig(type="none"),
+                volumes={str(staging / "in"): {"bind": "/in", "mode": "ro"},
+                         str(staging / "run"): {"bind": "/run/stockade", "mode": "ro"}},
+                labels={"stockade.tier": self.tier, "stockade.owner": self._owner},
+            )  # fmt: skip
+            handle = container.attach_socket(params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+            container.start()
+        except Exception as exc:
+            remove_tree(staging)
+            raise _translate(exc) from exc
+        raw: socket.socket = handle._sock
+        box = _Box(container.id or "", raw, staging, handle)
+        try:
+            _await_ready(raw, self._settings.worker_start_timeout_s)
+        except (OSError, SandboxError) as exc:
+            self._destroy_now(box)
+            raise SandboxError(f"{self.tier} worker did not start: {exc}") from exc
+        raw.setblocking(False)
+        return box
+
+    def _destroy_now(self, box: _Box) -> None:
+        with contextlib.suppress(OSError):
+            box.sock.close()
+        with contextlib.suppress(Exception):
+            self._docker().api.remove_container(box.id, force=True)
+        remove_tree(box.staging)
+
+    def _destroy(self, box: _Box) -> None:
+        """Remove a used container in the background: the caller's result does not wait for it."""
+        self._spawn(asyncio.to_thread(self._destroy_now, box))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # -- pools ----------------------------------------------------------------------------
+
+    async def prewarm(self, limits: ResourceLimits, size: int | None = None) -> None:
+        """Fill the pool for ``limits`` and wait until it holds ``size`` (default: pool_size) containers."""
+        cls = self._class(limits)
+        want = self._settings.pool_size if size is None else size
+        queue = self._pools.setdefault(cls, asyncio.Queue())
+        while queue.qsize() < want:
+            await queue.put(await asyncio.to_thread(self._create, cls, False))
+
+    def _refill(self, cls: _Class) -> None:
+        queue = self._pools.setdefault(cls, asyncio.Queue())
+        missing = self._settings.pool_size - queue.qsize() - self._filling.get(cls, 0)
+        for _ in range(max(missing, 0)):
+            self._filling[cls] = self._filling.get(cls, 0) + 1
+            self._spawn(self._fill_one(cls, queue))
+
+    async def _fill_one(self, cls: _Class, queue: asyncio.Queue[_Box]) -> None:
+        try:
+            box = await asyncio.to_thread(self._create, cls, False)
+            await queue.put(box)
+        except SandboxError as exc:
+            log.warning("sandbox_pool_refill_failed", tier=self.tier, error=str(exc))
+        finally:
+            self._filling[cls] -= 1
+
+    async def _acquire(self, spec: SandboxSpec) -> tuple[_Box, str, bool]:
+        """A container for ``spec``: (box, how it started, whether to keep it afterwards)."""
+        cls = self._class(spec.limits)
+        if spec.session is not None:
+            box = self._sessions.get(spec.session)
+            if box is None:
+                box = await asyncio.to_thread(self._create, cls, True)
+                self._sessions[spec.session] = box
+                return box, "cold", True
+            return box, "session", True
+        queue = self._pools.get(cls)
+        started = "cold"
+        if queue is not None and not queue.empty():
+            box, started = queue.get_nowait(), "warm"
+        else:
+            box = await asyncio.to_thread(self._create, cls, False)
+        if self._settings.pool_size > 0:
+            self._refill(cls)
+        return box, started, False
+
+    # -- running ----------------------------------------------------------------------------
+
+    async def run(self, spec: SandboxSpec) -> RunResult:
+        problem = self.check()
+        if problem is not None:
+            raise SandboxUnavailable(f"{self.tier} tier unavailable: {problem}")
+        lock = self._session_locks.setdefault(spec.session, asyncio.Lock()) if spec.session else None
+        async with lock or contextlib.nullcontext():
+            return await self._run(spec)
+
+    async def _run(self, spec: SandboxSpec) -> RunResult:
+        started = time.perf_counter()
+        box, how, keep = await self._acquire(spec)
+        proxy: EgressProxy | None = None
+        try:
+            for leftover in (box.staging / "in").iterdir():
+                leftover.unlink()  # a session's earlier inputs do not carry over
+            inputs = stage_inputs(box.staging / "in", spec.inputs)
+            if spec.egress:
+                proxy = EgressProxy(box.staging / "run" / "egress.sock", spec.egress, spec.on_egress,
+                                    hosts=self._settings.egress_hosts)  # fmt: skip
+                await proxy.start()
+            header: dict[str, object] = {
+                "kind": spec.kind, "argv": list(spec.argv), "cwd": "/tmp", "egress": bool(spec.egress),
+                "env": {"HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8", "PATH": _PATH,
+                        **_proxy_env(bool(spec.egress)), **spec.env},
+                "outputs": {"max_files": spec.outputs.max_files, "max_bytes": spec.outputs.max_bytes}
+                if spec.outputs else None,
+            }  # fmt: skip
+            reader, worker_err, timed_out = await self._exchange(box, encode_job(header, spec.stdin), spec)
+            died = reader.reply.exit is None
+            state: dict[str, Any] = {}
+            if died and not timed_out and not reader.reply.over_cap:
+                state = await asyncio.to_thread(self._state, box)
+        except BaseException:
+            keep = False
+            raise
+        finally:
+            if proxy is not None:
+                await proxy.aclose()
+            if not keep:
+                self._destroy(box)
+            elif spec.session is not None and (box.sock.fileno() < 0):
+                self._sessions.pop(spec.session, None)
+        wall = time.perf_counter() - started
+        quarantine = None
+        artifacts: tuple[Any, ...] = ()
+        refused = tuple(reader.reply.refused)
+        if spec.outputs is not None and (reader.reply.files or reader.reply.refused):
+            q = Quarantine(self._settings.state_dir / "quarantine", spec.call_id, spec.outputs)
+            for path, data in reader.reply.files:
+                q.add(path, data)
+            quarantine, artifacts, refused = str(q.directory), tuple(q.records), refused + tuple(q.refused)
+        result = _verdict(reader, worker_err, timed_out, state, spec.limits, wall, self.tier)
+        if timed_out or died or reader.reply.over_cap:
+            self._sessions.pop(spec.session or "", None)  # a session box that failed is not reused
+        return RunResult(
+            result.verdict, result.exit_code, result.stdout, result.stderr, result.usage, self.tier, result.detail,
+            start=how, inputs=inputs, artifacts=artifacts, refused=refused, quarantine=quarantine,
+        )  # fmt: skip
+
+    async def _exchange(self, box: _Box, job: bytes, spec: SandboxSpec) -> tuple[FrameReader, bytes, bool]:
+        loop = asyncio.get_running_loop()
+        caps = spec.outputs.max_bytes if spec.outputs else 0
+        reader = FrameReader(spec.limits.output_bytes, caps)
+        demux = _Demux()
+        worker_err = bytearray()
+        deadline = loop.time() + spec.limits.timeout_s
+        timed_out = False
+        try:
+            await loop.sock_sendall(box.sock, job)
+        except OSError:
+            return reader, b"worker is gone", False
+        while not reader.reply.done:
+            remaining = deadline - loop.time()
+            try:
+                if remaining <= 0:
+                    raise TimeoutError
+                data = await asyncio.wait_for(loop.sock_recv(box.sock, 1 << 16), remaining)
+            except TimeoutError:
+                timed_out = True
+                break
+            except OSError:
+                break
+            if not data:
+                break
+            for stream, payload in demux.feed(data):
+                if stream == 1:
+                    reader.feed(payload)
+                elif len(worker_err) < _WORKER_STDERR_CAP:
+                    worker_err += payload[: _WORKER_STDERR_CAP - len(worker_err)]
+            if reader.reply.over_cap or reader.reply.malformed:
+                break
+        if timed_out or reader.reply.over_cap or reader.reply.malformed:
+            await asyncio.to_thread(self._kill, box)
+        elif spec.session is None:
+            with contextlib.suppress(OSError):
+                box.sock.shutdown(socket.SHUT_WR)  # the worker exits when we hang up
+        return reader, bytes(worker_err), timed_out
+
+    def _kill(self, box: _Box) -> None:
+        with contextlib.suppress(Exception):
+            self._docker().api.kill(box.id)
+
+    def _state(self, box: _Box) -> dict[str, Any]:
+        """The container's state after its worker died mid-job (OOM, or gVisor taking the sandbox down)."""
+        try:
+            self._docker().api.wait(box.id, timeout=10)
+            state: dict[str, Any] = self._docker().api.inspect_container(box.id)["State"]
+        except Exception as exc:
+            return {"Error": str(exc)}
+        return state
+
+    async def close_session(self, session: str) -> None:
+        box = self._sessions.pop(session, None)
+        self._session_locks.pop(session, None)
+        if box is not None:
+            await asyncio.to_thread(self._destroy_now, box)
+
+    async def aclose(self) -> None:
+        boxes = list(self._sessions.values())
+        self._sessions.clear()
+        for queue in self._pools.values():
+            while not queue.empty():
+                boxes.append(queue.get_nowait())
+        for task in list(self._background):
+            with contextlib.suppress(Exception):
+                await task
+        await asyncio.gather(*(asyncio.to_thread(self._destroy_now, b) for b in boxes))
+        if self._client is not None:
+            # Anything a cancelled refill created after the pools were drained.
+            with contextlib.suppress(Exception):
+                for c in self._client.containers.list(all=True, filters={"label": f"stockade.owner={self._owner}"}):
+                    c.remove(force=True)
+            self._client.close()
+            self._client = None
+        shutil.rmtree(self._staging_root / "unused", ignore_errors=True)
+
+
+def _await_ready(sock: socket.socket, timeout_s: float) -> None:
+    """Block until the worker's ready frame arrives (Docker's 8-byte header, then ``R`` + 0 length)."""
+    sock.settimeout(timeout_s)
+    expected = 8 + 5
+    data = b""
+    while len(data) < expected:
+        chunk = sock.recv(expected - len(data))
+        if not chunk:
+            raise SandboxError("the worker exited before it was ready")
+        data += chunk
+    if data[0] != 1 or data[8:9] != b"R":
+        raise SandboxError(f"unexpected first bytes from the worker: {data[:16]!r}")
+
+
+def _proxy_env(enabled: bool) -> dict[str, str]:
+    if not enabled:
+        return {}
+    url = "http://127.0.0.1:3128"
+    return {"HTTP_PROXY": url, "HTTPS_PROXY": url, "http_proxy": url, "https_proxy": url, "NO_PROXY": ""}
+
+
+def _verdict(
+    reader: FrameReader, worker_err: bytes, timed_out: bool, state: dict[str, Any], limits: ResourceLimits,
+    wall: float, tier: str,
+) -> RunResult:  # fmt: skip
+    reply = reader.reply
+    exit_info = reply.exit or {}
+    code_value = exit_info.get("code")
+    code = int(code_value) if isinstance(code_value, int | float) else None
+    if code is None and "ExitCode" in state:
+        code = int(state["ExitCode"])
+    usage = Usage(wall_s=wall, cpu_s=float(exit_info.get("cpu_s", 0.0) or 0.0),
+                  max_rss_kb=int(exit_info.get("max_rss_kb", 0) or 0))  # fmt: skip
+    stdout, stderr = bytes(reply.stdout), bytes(reply.stderr)
+
+    def verdict(v: Verdict, detail: str = "") -> RunResult:
+        return RunResult(v, code, stdout, stderr, usage, tier, detail)
+
+    if reply.over_cap:
+        return verdict(Verdict.OUTPUT_LIMIT, f"output exceeded {limits.output_bytes} bytes")
+    if timed_out:
+        return verdict(Verdict.TIMEOUT, f"wall clock exceeded {limits.timeout_s:g}s")
+    if reply.malformed:
+        return verdict(Verdict.ERROR, f"worker protocol error: {reply.malformed}")
+    if reply.exit is None:
+        # The worker died mid-job: the kernel's (or gVisor's) OOM killer, or the sandbox went down.
+        if state.get("OOMKilled") or code in (137, -9):
+            return verdict(Verdict.MEMORY_LIMIT, f"killed at the {limits.memory_mb} MiB memory limit")
+        err = worker_err.decode(errors="replace").strip()[-300:]
+        return verdict(Verdict.ERROR, f"sandbox worker died (exit {code}): {err or state.get('Error', '')}")
+    if int(exit_info.get("oom_kills", 0) or 0) > 0 and code != 0:
+        return verdict(Verdict.MEMORY_LIMIT, f"killed at the {limits.memory_mb} MiB memory limit")
+    if code == 0:
+        return verdict(Verdict.OK)
+    if any(marker in stderr for marker in _MEMORY_MARKERS):
+        return verdict(Verdict.MEMORY_LIMIT, f"allocation failed under the {limits.memory_mb} MiB limit")
+    return verdict(Verdict.NONZERO_EXIT, f"exit code {code}")

@@ -1,0 +1,118 @@
+"""Inputs in, outputs out: staging directories, and the quarantine that outputs land in.
+
+Outputs are untrusted: only regular files are copied, never followed through a link, under a
+path the host rebuilds from checked components, with caps on count and total size. Nothing is
+ever extracted from an archive.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import stat
+from collections.abc import Iterable
+from pathlib import Path
+
+from runner.base import FileRecord, InputFile, OutputCaps
+
+_SAFE_PART = re.compile(r"^[A-Za-z0-9._+@=-][A-Za-z0-9._+@= -]{0,254}$")
+_MAX_DEPTH = 16
+
+
+def check_input_name(name: str) -> str:
+    """An input file name: one path component, no traversal, printable.
+
+    Raises:
+        ValueError: the name would escape ``/in`` or is not a plain file name.
+    """
+    if not _SAFE_PART.match(name) or name in (".", ".."):
+        raise ValueError(f"input file name {name[:80]!r} must be one plain path component (letters, digits, ._-+@=)")
+    return name
+
+
+def stage_inputs(directory: Path, inputs: Iterable[InputFile]) -> tuple[FileRecord, ...]:
+    """Write ``inputs`` into ``directory`` (world-readable, owned by the router) and record them."""
+    records = []
+    for item in inputs:
+        name = check_input_name(item.name)
+        path = directory / name
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(item.data)
+        records.append(FileRecord(name, len(item.data), hashlib.sha256(item.data).hexdigest()))
+    return tuple(records)
+
+
+def safe_relative(path: str) -> Path | None:
+    """``path`` as a relative path of checked components, or None if it is not one."""
+    parts = path.split("/")
+    if not parts or len(parts) > _MAX_DEPTH or any(not _SAFE_PART.match(p) or p in (".", "..") for p in parts):
+        return None
+    return Path(*parts)
+
+
+class Quarantine:
+    """One call's quarantine directory: outputs are written here by the router, never by the tool."""
+
+    def __init__(self, root: Path, call_id: str, caps: OutputCaps) -> None:
+        safe_id = call_id if _SAFE_PART.match(call_id or "") else "call"
+        self.directory = root / safe_id
+        self._caps = caps
+        self._bytes = 0
+        self.records: list[FileRecord] = []
+        self.refused: list[tuple[str, str]] = []
+
+    def add(self, path: str, data: bytes) -> None:
+        rel = safe_relative(path)
+        if rel is None:
+            self.refused.append((path[:200], "unsafe path"))
+            return
+        if len(self.records) >= self._caps.max_files:
+            self.refused.append((path[:200], "over the file count cap"))
+            return
+        if self._bytes + len(data) > self._caps.max_bytes:
+            self.refused.append((path[:200], "over the total size cap"))
+            return
+        target = self.directory / rel
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        self._bytes += len(data)
+        self.records.append(FileRecord(rel.as_posix(), len(data), hashlib.sha256(data).hexdigest()))
+
+    def collect_tree(self, out_dir: Path) -> None:
+        """Copy the regular files under ``out_dir`` (a sandbox's ``/out`` seen from the host)."""
+        for current, dirs, files in os.walk(out_dir, followlinks=False):
+            for name in sorted(dirs):
+                if (Path(current) / name).is_symlink():
+                    self.refused.append((_rel(out_dir, Path(current) / name), "symlink"))
+            for name in sorted(files):
+                full = Path(current) / name
+                rel = _rel(out_dir, full)
+                info = full.lstat()
+                if not stat.S_ISREG(info.st_mode):
+                    self.refused.append((rel, "symlink" if stat.S_ISLNK(info.st_mode) else "not a regular file"))
+                    continue
+                if self._bytes + info.st_size > self._caps.max_bytes:
+                    self.refused.append((rel, "over the total size cap"))
+                    continue
+                try:
+                    fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+                except OSError:
+                    self.refused.append((rel, "unreadable"))
+                    continue
+                with os.fdopen(fd, "rb") as handle:
+                    data = handle.read(self._caps.max_bytes - self._bytes + 1)
+                self.add(rel, data)
+
+
+def _rel(root: Path, path: Path) -> str:
+    return path.relative_to(root).as_posix()
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a staging directory; files the sandbox made read-only do not stop it."""
+    shutil.rmtree(path, ignore_errors=True)
