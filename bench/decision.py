@@ -96,9 +96,7 @@ async def main() -> None:
         "engine.decide() compiled RVM path": summarize(await measure_engine(engine, n)),
         "baseline: regorus interpreter (Engine)": summarize(measure_interpreter(engine, n)),
         "ControlPlane.decide() durability=fsync": summarize(await measure_plane("fsync", max(200, n // 5))),
-        "ControlPlane.decide() durability=relaxed": summarize(
-            await measure_plane("relaxed", max(200, n // 5))
-        ),
+        "ControlPlane.decide() durability=relaxed": summarize(await measure_plane("relaxed", max(200, n // 5))),
     }
     p50 = rows["engine.decide() compiled RVM path"]["p50_ms"]
     report("decision latency, shipped policy", rows, {

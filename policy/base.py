@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -30,6 +30,14 @@ class SessionInfo(_Frozen):
     trusted_context: list[str] = Field(default_factory=list)
 
 
+class EgressRequest(_Frozen):
+    """A destination the tool says it needs; policy grants it or not."""
+
+    host: str
+    port: int = Field(ge=1, le=65535)
+    methods: list[str] = Field(default_factory=list)
+
+
 class ToolInfo(_Frozen):
     """The registered tool, as policy needs it."""
 
@@ -38,6 +46,8 @@ class ToolInfo(_Frozen):
     risk: str
     limits: dict[str, float] = Field(default_factory=dict)
     executor: str = "command"
+    tier: str = "bwrap"
+    egress: list[EgressRequest] = Field(default_factory=list)
 
 
 class PolicyInput(_Frozen):
@@ -95,9 +105,11 @@ class CredentialGrant(_Frozen):
 
 
 class SandboxObligation(_Frozen):
-    """Constraints policy puts on where the call runs."""
+    """Constraints policy puts on where the call runs: the weakest tier allowed, and whether the
+    call runs in the session's own sandbox or a fresh one (``None``: as the tool asks)."""
 
     min_tier: str | None = None
+    mode: Literal["fresh", "session"] | None = None
 
 
 class Obligations(_Frozen):
@@ -125,9 +137,7 @@ class Decision(_Frozen):
 
 def deny(code: str, message: str, *, revision: str = "") -> Decision:
     """A deny decision with one reason; used wherever the engine fails closed."""
-    return Decision(
-        outcome=Outcome.DENY, reasons=[Reason(code=code, message=message)], policy_revision=revision
-    )
+    return Decision(outcome=Outcome.DENY, reasons=[Reason(code=code, message=message)], policy_revision=revision)
 
 
 @runtime_checkable

@@ -59,9 +59,7 @@ def load_bundle(root: Path, *, max_bytes: int = 1 << 20) -> PolicyBundle:
     """
     if not root.is_dir():
         raise PolicyBundleError(f"policy directory {root} does not exist; set STOCKADE_POLICY__DIR")
-    files = sorted(
-        p for p in root.rglob("*") if p.is_file() and (p.suffix == ".rego" or p.name == "data.json")
-    )
+    files = sorted(p for p in root.rglob("*") if p.is_file() and (p.suffix == ".rego" or p.name == "data.json"))
     digest = hashlib.sha256()
     modules: list[tuple[str, str]] = []
     data: dict[str, Any] = {}
@@ -86,9 +84,7 @@ def load_bundle(root: Path, *, max_bytes: int = 1 << 20) -> PolicyBundle:
         try:
             value = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise PolicyBundleError(
-                f"{rel}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
-            ) from exc
+            raise PolicyBundleError(f"{rel}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from exc
         _mount(data, tuple(path.parent.relative_to(root).parts), value, rel)
     if not any(not rel.endswith("_test.rego") for rel, _ in modules):
         raise PolicyBundleError(f"policy directory {root} holds no .rego policy")

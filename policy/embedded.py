@@ -48,9 +48,7 @@ def _compile(bundle: PolicyBundle, entrypoint: str, generation: int) -> _Loaded:
         for path, text in bundle.modules:
             interpreter.add_policy(path, text)
         interpreter.add_data_json(bundle.data_json)
-        program = regorus.Program.compile_from_modules(
-            bundle.data_json, bundle.decision_modules, [entrypoint]
-        )
+        program = regorus.Program.compile_from_modules(bundle.data_json, bundle.decision_modules, [entrypoint])
     except BaseException as exc:
         if not (isinstance(exc, Exception) or _is_panic(exc)):
             raise
@@ -69,9 +67,7 @@ class EmbeddedEngine:
         self._settings = settings
         self._lock = threading.Lock()
         self._local = threading.local()
-        self._loaded = _compile(
-            load_bundle(settings.dir, max_bytes=settings.max_policy_bytes), settings.entrypoint, 1
-        )
+        self._loaded = _compile(load_bundle(settings.dir, max_bytes=settings.max_policy_bytes), settings.entrypoint, 1)
         log.info("policy_loaded", revision=self.revision, modules=len(self._loaded.bundle.modules))
 
     @property
@@ -134,9 +130,7 @@ class EmbeddedEngine:
             if not (isinstance(exc, Exception) or _is_panic(exc)):
                 raise
             self._local.vm = None  # a VM that failed mid-run is not trusted again
-            log.error(
-                "policy_evaluation_failed", error=str(exc).strip()[:500], revision=loaded.bundle.revision
-            )
+            log.error("policy_evaluation_failed", error=str(exc).strip()[:500], revision=loaded.bundle.revision)
             raise _EvaluationFailed(f"policy evaluation failed: {str(exc).strip()[:200]}") from exc
         return raw
 

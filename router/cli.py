@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+import runner as runner_pkg
 from policy import EmbeddedEngine, PolicyBundleError, PolicyInput, PolicySettings, run_rego_tests
 from router.audit import AuditFilter, JsonlAuditLog
 from router.demo import run_demo
@@ -23,6 +24,7 @@ from router.errors import AuditError, StockadeError
 from router.logging import configure_logging
 from router.render import audit_table
 from router.settings import Settings
+from runner.image import build_default_image
 
 app = typer.Typer(
     name="stockade",
@@ -34,14 +36,14 @@ policy_app = typer.Typer(help="Test and evaluate the Rego policies.", no_args_is
 audit_app = typer.Typer(help="Verify and query the audit log.", no_args_is_help=True)
 app.add_typer(policy_app, name="policy")
 app.add_typer(audit_app, name="audit")
+sandbox_app = typer.Typer(help="Build the sandbox image and check which tiers work here.", no_args_is_help=True)
+app.add_typer(sandbox_app, name="sandbox")
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
-PolicyDir = Annotated[
-    Path | None, typer.Option("--dir", help="Policy directory (default: STOCKADE_POLICY__DIR).")
-]
+PolicyDir = Annotated[Path | None, typer.Option("--dir", help="Policy directory (default: STOCKADE_POLICY__DIR).")]
 AuditPath = Annotated[Path | None, typer.Option("--path", help="Audit log (default: STOCKADE_AUDIT__PATH).")]
 
 
@@ -115,9 +117,7 @@ def policy_test(ctx: typer.Context, directory: PolicyDir = None, as_json: JsonFl
             mark = "[green]PASS[/green]" if r.passed else "[red]FAIL[/red]"
             out.print(f"{mark} {r.file}::{r.name} ({r.duration_ms:.2f} ms)")
             if r.error:
-                out.print(
-                    f"     {r.error.splitlines()[-1] if r.error.splitlines() else r.error}", markup=False
-                )
+                out.print(f"     {r.error.splitlines()[-1] if r.error.splitlines() else r.error}", markup=False)
         out.print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
     if not results:
         raise _fail(f"no test_* rules found in *_test.rego under {settings.dir}", 1)
@@ -208,13 +208,9 @@ def audit_query(
     session: Annotated[str | None, typer.Option(help="Only this session id.")] = None,
     agent: Annotated[str | None, typer.Option(help="Only this agent.")] = None,
     tool: Annotated[str | None, typer.Option(help="Only this tool.")] = None,
-    outcome: Annotated[
-        str | None, typer.Option(help="Only this outcome (allow, deny, ok, timeout, ...).")
-    ] = None,
+    outcome: Annotated[str | None, typer.Option(help="Only this outcome (allow, deny, ok, timeout, ...).")] = None,
     decision_id: Annotated[str | None, typer.Option("--decision-id", help="Only this decision.")] = None,
-    kind: Annotated[
-        str | None, typer.Option(help="Only this kind (decision, execution, error, ...).")
-    ] = None,
+    kind: Annotated[str | None, typer.Option(help="Only this kind (decision, execution, error, ...).")] = None,
     limit: Annotated[int | None, typer.Option(min=1, help="At most this many events.")] = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -231,6 +227,40 @@ def audit_query(
         _emit_json([e.model_dump(mode="json") for e in events])
         return
     out.print(audit_table(events))
+
+
+# -- sandbox ------------------------------------------------------------------------------
+
+
+@sandbox_app.command("build-image")
+def sandbox_build_image(
+    ctx: typer.Context,
+    force: Annotated[bool, typer.Option("--force", help="Build even if the image exists.")] = False,
+) -> None:
+    """Build the default sandbox image locally (mmdebstrap + docker import), once per recipe."""
+    try:
+        with err.status("building the sandbox image") as status:
+            tag = build_default_image(_settings(ctx).runner.docker_host, force=force, progress=status.update)
+    except runner_pkg.SandboxUnavailable as exc:
+        raise _fail(str(exc), 1) from exc
+    out.print(tag)
+
+
+@sandbox_app.command("doctor")
+def sandbox_doctor(ctx: typer.Context, as_json: JsonFlag = False) -> None:
+    """Show which sandbox tiers work on this host and, for those that do not, why; exit 1 if any does not."""
+    settings = _settings(ctx).runner
+    report = {}
+    for tier, sandbox in runner_pkg.make_sandboxes(settings).items():
+        report[tier] = sandbox.check()
+        asyncio.run(sandbox.aclose())
+    if as_json:
+        _emit_json({tier: {"available": problem is None, "problem": problem} for tier, problem in report.items()})
+    else:
+        for tier, problem in report.items():
+            mark = "[green]available[/green]" if problem is None else f"[red]unavailable[/red]: {problem}"
+            out.print(f"{tier:8} {mark}")
+    raise typer.Exit(0 if all(p is None for p in report.values()) else 1)
 
 
 if __name__ == "__main__":

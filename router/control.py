@@ -30,7 +30,10 @@ import structlog
 
 import policy as policy_pkg
 import runner as runner_pkg
+import runner.base
+import runner.files
 from policy import Decision, Outcome, PolicyEngine, PolicyInput, SessionInfo, SubjectInfo, ToolInfo
+from policy.base import EgressRequest
 from router.audit import AuditEvent, AuditLog, JsonlAuditLog, sha256_hex
 from router.errors import (
     AuditError,
@@ -40,7 +43,7 @@ from router.errors import (
     SandboxUnavailable,
     StockadeError,
 )
-from router.results import DecisionResult, RunUsage, ToolResult
+from router.results import Artifact, DecisionResult, RunUsage, ToolResult
 from router.sessions import UNTRUSTED_CONTENT, PendingExternal, Session, SessionStore
 from router.settings import Settings
 from router.tools import (
@@ -58,7 +61,6 @@ from router.tools import (
 log = structlog.get_logger(__name__)
 
 VERSION = "0.1.0"
-_TIER_RANK = {"bwrap": 0, "docker": 1, "gvisor": 2}
 
 
 def _now() -> str:
@@ -72,16 +74,26 @@ def _text(data: bytes) -> str:
 class _Call:
     """One call in flight: the ids and facts every audit event of it shares."""
 
-    __slots__ = ("args", "argv", "call_id", "canonical_args", "decision_id", "session", "tool")
+    __slots__ = (
+        "args",
+        "argv",
+        "call_id",
+        "canonical_args",
+        "decision_id",
+        "inputs",
+        "session",
+        "tier",
+        "tool",
+    )
 
-    def __init__(
-        self, session: Session, tool: RegisteredTool, args: dict[str, Any], canonical_args: str
-    ) -> None:
+    def __init__(self, session: Session, tool: RegisteredTool, args: dict[str, Any], canonical_args: str) -> None:
         self.session = session
         self.tool = tool
         self.args = args
         self.canonical_args = canonical_args
         self.argv: tuple[str, ...] = ()
+        self.inputs: tuple[runner_pkg.InputFile, ...] = ()
+        self.tier: str = tool.spec.sandbox.tier
         self.call_id = "c-" + secrets.token_hex(8)
         self.decision_id = str(uuid.uuid4())
 
@@ -90,11 +102,16 @@ class ControlPlane:
     """Registers tools, opens sessions, and decides, runs and audits every tool call."""
 
     def __init__(
-        self, settings: Settings, *, policy: PolicyEngine, sandbox: runner_pkg.Sandbox, audit: AuditLog
+        self,
+        settings: Settings,
+        *,
+        policy: PolicyEngine,
+        sandboxes: Mapping[str, runner_pkg.Sandbox],
+        audit: AuditLog,
     ) -> None:
         self.settings = settings
         self.policy = policy
-        self.sandbox = sandbox
+        self.sandboxes = dict(sandboxes)
         self.audit = audit
         self.registry = ToolRegistry()
         self.sessions = SessionStore()
@@ -114,11 +131,11 @@ class ControlPlane:
         except policy_pkg.PolicyBundleError as exc:
             raise PolicyError(str(exc)) from exc
         try:
-            sandbox = runner_pkg.make_sandbox(settings.runner)
+            sandboxes = runner_pkg.make_sandboxes(settings.runner)
         except runner_pkg.SandboxUnavailable as exc:
             raise SandboxUnavailable(str(exc)) from exc
         audit = JsonlAuditLog(settings.audit.path, durability=settings.audit.durability)
-        return cls(settings, policy=engine, sandbox=sandbox, audit=audit)
+        return cls(settings, policy=engine, sandboxes=sandboxes, audit=audit)
 
     async def __aenter__(self) -> Self:
         return self
@@ -130,7 +147,8 @@ class ControlPlane:
 
     async def aclose(self) -> None:
         """Stop sandboxes and close the policy engine and the audit log."""
-        await self.sandbox.aclose()
+        for sandbox in self.sandboxes.values():
+            await sandbox.aclose()
         await self.policy.aclose()
         await self.audit.aclose()
 
@@ -139,9 +157,7 @@ class ControlPlane:
     async def register(self, spec: ToolSpec | Mapping[str, Any]) -> ToolSpec:
         """Register a tool. Raises `InvalidToolSpec` or `DuplicateTool`."""
         registered = self.registry.register(spec)
-        log.info(
-            "tool_registered", tool=registered.name, risk=registered.risk, executor=registered.executor.kind
-        )
+        log.info("tool_registered", tool=registered.name, risk=registered.risk, executor=registered.executor.kind)
         return registered
 
     async def open_session(self, agent: str, principal: str, trusted_context: list[str] | None = None) -> str:
@@ -151,8 +167,11 @@ class ControlPlane:
         return session.id
 
     async def close_session(self, session_id: str) -> None:
-        """Close a session; pending external calls in it can no longer be reported."""
+        """Close a session: its pending external calls can no longer be reported, and its own
+        sandboxes, if any, are destroyed."""
         self.sessions.close(session_id)
+        for sandbox in self.sandboxes.values():
+            await sandbox.close_session(session_id)
 
     async def reload_policy(self) -> str:
         """Reload the policy directory; the old policy stays on any error. Returns the revision."""
@@ -163,9 +182,7 @@ class ControlPlane:
 
     # -- the pipeline -------------------------------------------------------------------
 
-    async def decide(
-        self, session_id: str, tool: str, args: Mapping[str, Any] | str | bytes
-    ) -> DecisionResult:
+    async def decide(self, session_id: str, tool: str, args: Mapping[str, Any] | str | bytes) -> DecisionResult:
         """Decide a call without running it. The decision is audited like any other."""
         call = await self._prepare(session_id, tool, args)
         decision = await self._decide_and_audit(call, mode="decide")
@@ -175,14 +192,22 @@ class ControlPlane:
             decision_id=call.decision_id, outcome=decision.outcome.value, reasons=decision.reason_codes
         )
 
-    async def call(self, session_id: str, tool: str, args: Mapping[str, Any] | str | bytes) -> ToolResult:
-        """Validate, decide, run and audit one tool call.
+    async def call(
+        self,
+        session_id: str,
+        tool: str,
+        args: Mapping[str, Any] | str | bytes,
+        *,
+        inputs: Mapping[str, bytes] | None = None,
+    ) -> ToolResult:
+        """Validate, decide, run and audit one tool call. ``inputs``: files the tool sees read-only
+        at ``/in/<name>``, each recorded in the audit log by sha256 and size.
 
         Raises:
             SessionNotFound: no such session.
             InvalidCall, ToolNotFound: the call is malformed (audited; nothing ran).
         """
-        call = await self._prepare(session_id, tool, args)
+        call = await self._prepare(session_id, tool, args, inputs)
         with structlog.contextvars.bound_contextvars(
             decision_id=call.decision_id, session_id=call.session.id, tool=call.tool.spec.name
         ):
@@ -248,7 +273,11 @@ class ControlPlane:
     # -- steps --------------------------------------------------------------------------
 
     async def _prepare(
-        self, session_id: str, tool_name: str, raw_args: Mapping[str, Any] | str | bytes
+        self,
+        session_id: str,
+        tool_name: str,
+        raw_args: Mapping[str, Any] | str | bytes,
+        inputs: Mapping[str, bytes] | None = None,
     ) -> _Call:
         session = self.sessions.get(session_id)
         try:
@@ -256,6 +285,7 @@ class ControlPlane:
             args, canonical_args = parse_args(tool.spec.name, raw_args, self.settings.max_args_bytes)
             validate_args(tool, args)
             call = _Call(session, tool, args, canonical_args)
+            call.inputs = _check_inputs(inputs or {}, self.settings.max_input_bytes)
             if isinstance(tool.spec.executor, CommandExecutor):
                 call.argv = command_argv(tool.spec.executor, args)
         except StockadeError as exc:
@@ -288,6 +318,8 @@ class ControlPlane:
                 risk=spec.risk,
                 limits=spec.sandbox.limits.model_dump(),
                 executor=spec.executor.kind,
+                tier=spec.sandbox.tier,
+                egress=[EgressRequest.model_validate(e.model_dump()) for e in spec.sandbox.egress],
             ),
             args=call.args,
             now=_now(),
@@ -297,11 +329,9 @@ class ControlPlane:
             decision = await self.policy.decide(policy_input)
         except Exception as exc:  # a backend that breaks its contract still fails closed
             log.error("policy_engine_raised", error=str(exc))
-            decision = policy_pkg.deny(
-                "policy.error", f"policy engine raised: {exc}", revision=self.policy.revision
-            )
+            decision = policy_pkg.deny("policy.error", f"policy engine raised: {exc}", revision=self.policy.revision)
         elapsed = time.perf_counter_ns() - started
-        decision = self._check_tier(spec, decision)
+        decision = self._select_tier(call, decision)
         event = self._event(
             "decision", call.decision_id, call.session, spec.name, call.call_id,
             outcome=decision.outcome.value,
@@ -312,40 +342,50 @@ class ControlPlane:
         )  # fmt: skip
         return decision if await self._record(event) else _AuditFailed()
 
-    def _check_tier(self, spec: ToolSpec, decision: Decision) -> Decision:
-        """Deny, never downgrade, when the tool or policy needs a tier this router does not run."""
+    def _select_tier(self, call: _Call, decision: Decision) -> Decision:
+        """The tool's tier raised to policy's minimum; deny, never downgrade, if it is not here."""
+        spec = call.tool.spec
         if decision.outcome is Outcome.DENY or isinstance(spec.executor, ExternalExecutor):
             return decision
-        wanted: list[str] = [spec.sandbox.tier]
-        if decision.obligations.sandbox.min_tier is not None:
-            wanted.append(decision.obligations.sandbox.min_tier)
-        have = _TIER_RANK.get(self.sandbox.tier, -1)
-        for tier in wanted:
-            if _TIER_RANK.get(tier, 99) > have:
-                return policy_pkg.deny(
-                    "sandbox.unavailable",
-                    f"needs the {tier} tier; this router runs {self.sandbox.tier}",
-                    revision=decision.policy_revision,
-                )
+        tier: str = spec.sandbox.tier
+        minimum = decision.obligations.sandbox.min_tier
+        if minimum is not None and runner_pkg.tier_rank(minimum) > runner_pkg.tier_rank(tier):
+            tier = minimum
+        sandbox = self.sandboxes.get(tier)
+        problem = f"this router does not offer the {tier} tier" if sandbox is None else sandbox.check()
+        if problem is not None:
+            return policy_pkg.deny(
+                "sandbox.unavailable", f"needs the {tier} tier: {problem}", revision=decision.policy_revision
+            )
+        call.tier = tier
         return decision
 
     async def _run(self, call: _Call, decision: Decision) -> ToolResult:
         spec = call.tool.spec
         limits = _limits(spec, decision)
         if isinstance(spec.executor, PythonExecutor):
-            job = runner_pkg.python_job(
+            base = runner_pkg.python_job(
                 spec.executor.source, spec.executor.entrypoint, call.args,
                 interpreter=self.settings.runner.python, limits=limits,
             )  # fmt: skip
         else:
-            job = runner_pkg.SandboxSpec(argv=call.argv, limits=limits)
+            base = runner_pkg.SandboxSpec(argv=call.argv, limits=limits)
+        mode = decision.obligations.sandbox.mode or spec.sandbox.mode
+        outputs = spec.sandbox.outputs
+        job = dataclasses.replace(
+            base,
+            call_id=call.call_id,
+            inputs=call.inputs,
+            outputs=runner_pkg.OutputCaps(outputs.max_files, outputs.max_bytes) if outputs else None,
+            egress=tuple(runner_pkg.EgressRule(e.host, e.port, tuple(e.methods)) for e in decision.obligations.egress),
+            on_egress=self._egress_auditor(call),
+            session=call.session.id if mode == "session" else None,
+        )
         started = time.perf_counter_ns()
         try:
-            run = await self.sandbox.run(job)
+            run = await self.sandboxes[call.tier].run(job)
         except runner_pkg.SandboxError as exc:
-            code = (
-                "sandbox.unavailable" if isinstance(exc, runner_pkg.SandboxUnavailable) else "sandbox.error"
-            )
+            code = "sandbox.unavailable" if isinstance(exc, runner_pkg.SandboxUnavailable) else "sandbox.error"
             log.error("sandbox_failed", error=str(exc))
             event = self._event(
                 "execution", call.decision_id, call.session, spec.name, call.call_id,
@@ -376,6 +416,10 @@ class ControlPlane:
                 "usage": usage.model_dump(), "limits": dataclasses.asdict(limits),
                 "stdout": stdout, "stderr": stderr,
                 "stdout_sha256": sha256_hex(run.stdout), "stderr_sha256": sha256_hex(run.stderr),
+                "start": run.start, "inputs": [dataclasses.asdict(f) for f in run.inputs],
+                "artifacts": [{**dataclasses.asdict(f), "untrusted": True} for f in run.artifacts],
+                "refused_outputs": [{"path": p, "why": w} for p, w in run.refused],
+                "quarantine": run.quarantine,
             },
             metrics={"timer_run_ns": float(elapsed)},
         )  # fmt: skip
@@ -386,10 +430,23 @@ class ControlPlane:
         return ToolResult(
             status="completed", decision_id=call.decision_id, call_id=call.call_id, tool=spec.name,
             reasons=reasons, verdict=verdict, exit_code=run.exit_code, output=output,
-            stdout=stdout, stderr=stderr, usage=usage, tier=run.tier,
+            stdout=stdout, stderr=stderr, usage=usage, tier=run.tier, start=run.start,
+            artifacts=[Artifact(path=f.path, size=f.size, sha256=f.sha256) for f in run.artifacts],
+            quarantine=run.quarantine,
         )  # fmt: skip
 
     # -- helpers ------------------------------------------------------------------------
+
+    def _egress_auditor(self, call: _Call) -> runner.base.EgressHook:
+        """A hook that audits each request the call's egress proxy saw, under its decision_id."""
+
+        async def audit_egress(record: runner_pkg.EgressRecord) -> None:
+            await self._record(self._event(
+                "egress", call.decision_id, call.session, call.tool.spec.name, call.call_id,
+                outcome="allow" if record.allowed else "deny", result=dataclasses.asdict(record),
+            ))  # fmt: skip
+
+        return audit_egress
 
     async def _record(self, event: AuditEvent) -> bool:
         """Append ``event``; False (logged) if the audit log failed, so the caller fails closed."""
@@ -419,6 +476,26 @@ class ControlPlane:
             kind=kind, decision_id=decision_id, timestamp=_now(), session_id=session.id, agent=session.agent,
             tool=tool, call_id=call_id, labels=self._labels, **fields,
         )  # fmt: skip
+
+
+def _check_inputs(inputs: Mapping[str, bytes], max_bytes: int) -> tuple[runner_pkg.InputFile, ...]:
+    files = []
+    total = 0
+    for name, data in inputs.items():
+        try:
+            runner.files.check_input_name(name)
+        except ValueError as exc:
+            raise InvalidCall(str(exc), [FieldProblem(f"inputs[{name[:60]!r}]", "not a plain file name")]) from exc
+        if not isinstance(data, bytes):
+            raise InvalidCall(f"input {name!r} must be bytes", [FieldProblem(f"inputs[{name!r}]", "not bytes")])
+        total += len(data)
+        files.append(runner_pkg.InputFile(name, data))
+    if total > max_bytes:
+        raise InvalidCall(
+            f"inputs total {total} bytes, over the {max_bytes}-byte cap: raise STOCKADE_MAX_INPUT_BYTES",
+            [FieldProblem("inputs", "over the cap")],
+        )
+    return tuple(files)
 
 
 class _AuditFailed:

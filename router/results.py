@@ -30,6 +30,17 @@ class RunUsage(BaseModel):
     max_rss_kb: int
 
 
+class Artifact(BaseModel):
+    """A file the tool wrote under ``/out``, copied into the call's quarantine. Untrusted content."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: str
+    size: int
+    sha256: str
+    untrusted: bool = True
+
+
 class ToolResult(BaseModel):
     """The answer of `ControlPlane.call`.
 
@@ -52,6 +63,9 @@ class ToolResult(BaseModel):
     stderr: str = ""
     usage: RunUsage | None = None
     tier: str | None = None
+    start: str | None = None
+    artifacts: list[Artifact] = Field(default_factory=list)
+    quarantine: str | None = None
 
     @property
     def ok(self) -> bool:

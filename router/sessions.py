@@ -41,8 +41,7 @@ class PendingExternal:
 def _check_name(field_name: str, value: object) -> str:
     if not isinstance(value, str) or not value.strip() or len(value) > _MAX_NAME or not value.isprintable():
         raise InvalidCall(
-            f"{field_name} must be a non-empty printable string of at most {_MAX_NAME} characters, "
-            f"got {show(value)}"
+            f"{field_name} must be a non-empty printable string of at most {_MAX_NAME} characters, got {show(value)}"
         )
     return value
 
@@ -60,9 +59,7 @@ class SessionStore:
         if not isinstance(trusted_context, list) or not all(isinstance(i, str) for i in trusted_context):
             raise InvalidCall("trusted_context must be a list of strings")
         if len(trusted_context) > _MAX_CONTEXT_ITEMS:
-            raise InvalidCall(
-                f"trusted_context has {len(trusted_context)} items; at most {_MAX_CONTEXT_ITEMS}"
-            )
+            raise InvalidCall(f"trusted_context has {len(trusted_context)} items; at most {_MAX_CONTEXT_ITEMS}")
         session = Session(
             id="s-" + secrets.token_hex(12),
             agent=agent,

@@ -31,9 +31,7 @@ class AuditSettings(BaseModel):
 class Settings(BaseSettings):
     """Everything configurable about a stockade router."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="STOCKADE_", env_nested_delimiter="__", extra="ignore", frozen=True
-    )
+    model_config = SettingsConfigDict(env_prefix="STOCKADE_", env_nested_delimiter="__", extra="ignore", frozen=True)
 
     policy: PolicySettings = Field(default_factory=PolicySettings)
     runner: RunnerSettings = Field(default_factory=RunnerSettings)
@@ -42,4 +40,5 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "warning"
     max_args_bytes: int = Field(default=1 << 20, gt=0)
     max_report_bytes: int = Field(default=1 << 20, gt=0)
+    max_input_bytes: int = Field(default=16 << 20, gt=0)
     instance: str = Field(default_factory=socket.gethostname)

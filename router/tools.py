@@ -73,11 +73,30 @@ class ToolLimits(_Frozen):
     output_bytes: int = Field(default=1 << 20, gt=0)
 
 
+class EgressSpec(_Frozen):
+    """A destination the tool needs. Policy decides whether a call gets it."""
+
+    host: str = Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9.-]+$")
+    port: int = Field(ge=1, le=65535)
+    methods: list[str] = Field(default_factory=list)
+
+
+class OutputSpec(_Frozen):
+    """The tool writes files under ``/out``; at most this many, this large in total, come back."""
+
+    max_files: int = Field(default=64, ge=1, le=10_000)
+    max_bytes: int = Field(default=16 << 20, ge=1)
+
+
 class SandboxDefaults(_Frozen):
-    """Where and how the tool runs unless policy says otherwise."""
+    """Where and how the tool runs unless policy says otherwise. ``mode="session"``: every call in
+    a session runs in that session's own sandbox (container tiers), which the session's end destroys."""
 
     tier: Literal["bwrap", "docker", "gvisor"] = "bwrap"
     limits: ToolLimits = Field(default_factory=ToolLimits)
+    egress: list[EgressSpec] = Field(default_factory=list)
+    outputs: OutputSpec | None = None
+    mode: Literal["fresh", "session"] = "fresh"
 
 
 class CredentialRef(_Frozen):
@@ -144,9 +163,7 @@ class RegisteredTool:
 
     def __init__(self, spec: ToolSpec) -> None:
         self.spec = spec
-        self.validator = Draft202012Validator(
-            spec.input_schema, format_checker=Draft202012Validator.FORMAT_CHECKER
-        )
+        self.validator = Draft202012Validator(spec.input_schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
 
 
 class ToolRegistry:
@@ -172,9 +189,7 @@ class ToolRegistry:
                 ]
                 raise InvalidToolSpec("invalid tool spec: " + "; ".join(problems)) from exc
         if spec.name in self._tools:
-            raise DuplicateTool(
-                f"tool {spec.name!r} is already registered; pick another name or unregister it first"
-            )
+            raise DuplicateTool(f"tool {spec.name!r} is already registered; pick another name or unregister it first")
         self._tools[spec.name] = RegisteredTool(spec)
         return spec
 
@@ -217,9 +232,7 @@ def parse_args(tool: str, raw: Mapping[str, Any] | str | bytes, max_bytes: int) 
         try:
             value = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            where = (
-                f" at line {exc.lineno} column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
-            )
+            where = f" at line {exc.lineno} column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
             raise InvalidCall(
                 f'arguments for {tool!r} are not valid JSON{where}: send a JSON object such as {{"x": 1}}',
                 [FieldProblem("args", "not valid JSON")],
@@ -232,9 +245,7 @@ def parse_args(tool: str, raw: Mapping[str, Any] | str | bytes, max_bytes: int) 
             [FieldProblem("args", "not an object")],
         )
     try:
-        canonical = json.dumps(
-            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-        )
+        canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InvalidCall(
             f"arguments for {tool!r} are not JSON-serialisable ({exc}): use strings, numbers, booleans, "
@@ -260,9 +271,7 @@ def validate_args(tool: RegisteredTool, args: dict[str, Any]) -> None:
     Raises:
         InvalidCall: listing each failing field (``args.to: 5 is not of type 'string'``).
     """
-    errors = sorted(
-        tool.validator.iter_errors(args), key=lambda e: (list(map(str, e.absolute_path)), e.message)
-    )
+    errors = sorted(tool.validator.iter_errors(args), key=lambda e: (list(map(str, e.absolute_path)), e.message))
     if not errors:
         return
     problems = []

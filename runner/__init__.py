@@ -5,26 +5,61 @@ behind the `Sandbox` Protocol; `make_sandbox` picks one from settings. It import
 else of stockade.
 """
 
-from runner.base import ResourceLimits, RunResult, Sandbox, SandboxSpec, Usage, Verdict
+from runner.base import (
+    EgressRecord,
+    EgressRule,
+    FileRecord,
+    InputFile,
+    OutputCaps,
+    ResourceLimits,
+    RunResult,
+    Sandbox,
+    SandboxSpec,
+    Usage,
+    Verdict,
+)
 from runner.bwrap import BwrapSandbox
 from runner.config import RunnerSettings
+from runner.container import ContainerSandbox
 from runner.errors import SandboxError, SandboxUnavailable
 from runner.python import parse_result, python_job
 
+TIERS = ("bwrap", "docker", "gvisor")  # weakest to strongest boundary
 
-def make_sandbox(settings: RunnerSettings) -> Sandbox:
-    """The sandbox for ``settings.tier``.
+
+def tier_rank(tier: str) -> int:
+    """Position of ``tier`` from weakest (0); unknown tiers rank above every known one."""
+    return TIERS.index(tier) if tier in TIERS else len(TIERS)
+
+
+def make_sandbox(settings: RunnerSettings, tier: str | None = None) -> Sandbox:
+    """The sandbox for ``tier`` (default: ``settings.tier``).
 
     Raises:
         SandboxUnavailable: the tier is not known here.
     """
-    if settings.tier == "bwrap":
+    tier = tier or settings.tier
+    if tier == "bwrap":
         return BwrapSandbox(settings)
-    raise SandboxUnavailable(f"unknown sandbox tier {settings.tier!r}; this build has: bwrap")
+    if tier in ("docker", "gvisor"):
+        return ContainerSandbox(settings, "gvisor" if tier == "gvisor" else "docker")
+    raise SandboxUnavailable(f"unknown sandbox tier {tier!r}; known: {', '.join(TIERS)}")
+
+
+def make_sandboxes(settings: RunnerSettings) -> dict[str, Sandbox]:
+    """One sandbox per tier in ``settings.tiers``; whether each works here is its ``check()``."""
+    return {tier: make_sandbox(settings, tier) for tier in settings.tiers}
 
 
 __all__ = [
+    "TIERS",
     "BwrapSandbox",
+    "ContainerSandbox",
+    "EgressRecord",
+    "EgressRule",
+    "FileRecord",
+    "InputFile",
+    "OutputCaps",
     "ResourceLimits",
     "RunResult",
     "RunnerSettings",
@@ -35,6 +70,8 @@ __all__ = [
     "Usage",
     "Verdict",
     "make_sandbox",
+    "make_sandboxes",
     "parse_result",
     "python_job",
+    "tier_rank",
 ]

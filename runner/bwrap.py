@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import resource
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -28,7 +30,9 @@ import structlog
 
 from runner.base import ResourceLimits, RunResult, SandboxSpec, Usage, Verdict
 from runner.config import RunnerSettings
+from runner.egress import EgressProxy
 from runner.errors import SandboxError, SandboxUnavailable
+from runner.files import Quarantine, mount_tmpfs, remove_tree, stage_inputs, unmount
 
 log = structlog.get_logger(__name__)
 
@@ -37,6 +41,15 @@ _READ_CHUNK = 65536
 _DRAIN_AFTER_EXIT_S = 0.5
 _MEMORY_MARKERS = (b"MemoryError", b"Cannot allocate memory", b"std::bad_alloc", b"out of memory")
 _MERGED_USR = ("bin", "lib", "lib32", "lib64", "libx32", "sbin")
+_PROXY = "http://127.0.0.1:3128"
+# Inside the sandbox: bridge 127.0.0.1:3128 to the proxy's socket, wait until it listens
+# (0C38 is 3128 in /proc/net/tcp, 0A is LISTEN), then become the tool.
+_BRIDGE = (
+    "socat TCP-LISTEN:3128,bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:/run/stockade/egress.sock "
+    "</dev/null >/dev/null 2>&1 & "
+    'n=0; until grep -q ":0C38 00000000:0000 0A" /proc/net/tcp; do n=$((n+1)); [ $n -gt 2000 ] && break; '
+    'sleep 0.002; done; exec "$@"'
+)
 
 
 class UidPool:
@@ -109,7 +122,7 @@ class BwrapSandbox:
             args += ["--ro-bind-try", path, path]
         return args
 
-    def _argv(self, spec: SandboxSpec, bwrap: str, uid: int) -> list[str]:
+    def _argv(self, spec: SandboxSpec, bwrap: str, uid: int, staging: Path | None = None) -> list[str]:
         argv: list[str] = []
         if self._is_root and self._setpriv:
             # As root, bwrap runs as the leased uid: as root RLIMIT_NPROC is not enforced and the
@@ -132,18 +145,72 @@ class BwrapSandbox:
             "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin",
             "--setenv", "HOME", "/tmp", "--setenv", "TMPDIR", "/tmp", "--setenv", "LANG", "C.UTF-8",
         ]  # fmt: skip
+        if staging is not None:
+            if spec.inputs:
+                argv += ["--ro-bind", str(staging / "in"), "/in"]
+            if spec.outputs is not None:
+                argv += ["--bind", str(staging / "out"), "/out"]
+            if spec.egress:
+                argv += ["--ro-bind", str(staging / "run"), "/run/stockade"]
+        if spec.egress:
+            for key in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+                argv += ["--setenv", key, _PROXY]
         for key, value in spec.env.items():
             argv += ["--setenv", key, value]
-        return [*argv, "--", *spec.argv]
+        command = list(spec.argv)
+        if spec.egress:
+            command = ["/bin/sh", "-c", _BRIDGE, "sh", *command]
+        return [*argv, "--", *command]
 
     async def run(self, spec: SandboxSpec) -> RunResult:
         problem = self.check()
         if problem is not None or self._bwrap is None:
             raise SandboxUnavailable(f"bwrap tier unavailable: {problem}")
         async with self._uids.lease() as uid:
-            return await self._run_as(spec, uid, self._bwrap)
+            if not (spec.inputs or spec.outputs or spec.egress):
+                return await self._run_as(spec, uid, self._bwrap)
+            return await self._run_staged(spec, uid, self._bwrap)
 
-    async def _run_as(self, spec: SandboxSpec, uid: int, bwrap: str) -> RunResult:
+    async def _run_staged(self, spec: SandboxSpec, uid: int, bwrap: str) -> RunResult:
+        """A run with inputs, outputs or egress: a staging directory, and a proxy for the call."""
+        root = self._settings.state_dir / "bwrap"
+        root.mkdir(parents=True, exist_ok=True, mode=0o711)
+        staging = Path(tempfile.mkdtemp(prefix="b-", dir=root))
+        os.chmod(staging, 0o755)  # noqa: S103  (the sandbox's uid must traverse it; nothing secret in it)
+        mounted = False
+        proxy: EgressProxy | None = None
+        try:
+            (staging / "in").mkdir(mode=0o755)
+            (staging / "run").mkdir(mode=0o755)
+            inputs = stage_inputs(staging / "in", spec.inputs)
+            if spec.outputs is not None:
+                out = staging / "out"
+                out.mkdir(mode=0o700)
+                owner = uid if self._is_root else os.getuid()
+                mounted = mount_tmpfs(out, size_mb=self._settings.out_mb, inodes=1024, uid=owner)
+                if not mounted:
+                    out.chmod(0o777)
+            if spec.egress:
+                proxy = EgressProxy(staging / "run" / "egress.sock", spec.egress, spec.on_egress,
+                                    hosts=self._settings.egress_hosts)  # fmt: skip
+                await proxy.start()
+            result = await self._run_as(spec, uid, bwrap, staging)
+            if spec.outputs is None:
+                return dataclasses.replace(result, inputs=inputs)
+            quarantine = Quarantine(self._settings.state_dir / "quarantine", spec.call_id, spec.outputs)
+            quarantine.collect_tree(staging / "out")
+            return dataclasses.replace(
+                result, inputs=inputs, artifacts=tuple(quarantine.records), refused=tuple(quarantine.refused),
+                quarantine=str(quarantine.directory) if quarantine.records else None,
+            )  # fmt: skip
+        finally:
+            if proxy is not None:
+                await proxy.aclose()
+            if mounted:
+                unmount(staging / "out")
+            remove_tree(staging)
+
+    async def _run_as(self, spec: SandboxSpec, uid: int, bwrap: str, staging: Path | None = None) -> RunResult:
         stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
         stdout_r, stdout_w = os.pipe2(os.O_CLOEXEC)
         stderr_r, stderr_w = os.pipe2(os.O_CLOEXEC)
@@ -152,7 +219,7 @@ class BwrapSandbox:
             # Popen, not asyncio's subprocess: the loop watches our pipes and a pidfd, and we reap
             # with wait4 for the kernel's usage figures. The fork+exec itself is ~1 ms.
             proc = subprocess.Popen(  # noqa: ASYNC220
-                self._argv(spec, bwrap, uid),
+                self._argv(spec, bwrap, uid, staging),
                 stdin=stdin_r, stdout=stdout_w, stderr=stderr_w,
                 env={}, close_fds=True, start_new_session=True,
             )  # fmt: skip
@@ -183,6 +250,9 @@ class BwrapSandbox:
         usage = Usage(wall_s=wall, cpu_s=rusage.ru_utime + rusage.ru_stime, max_rss_kb=rusage.ru_maxrss)
         return _result(status, child, timed_out, usage, spec.limits)
 
+    async def close_session(self, session: str) -> None:
+        """bwrap keeps no per-session sandbox: every run starts fresh."""
+
     async def aclose(self) -> None:
         for pid in list(self._children):
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -206,8 +276,11 @@ def _result(status: int, child: _Child, timed_out: bool, usage: Usage, limits: R
         return verdict(Verdict.TIMEOUT, f"CPU time exceeded {limits.cpu_seconds}s")
     if code == 0:
         return verdict(Verdict.OK)
-    if code == 1 and stderr.startswith(b"bwrap: "):
-        return verdict(Verdict.ERROR, stderr.decode(errors="replace").strip())
+    if (code == 1 and stderr.startswith(b"bwrap: ")) or (
+        code in (126, 127) and stderr.startswith((b"prlimit: ", b"setpriv: "))
+    ):
+        # The sandbox itself failed to set up (before the tool ran): not a verdict about the tool.
+        raise SandboxError(f"could not start bwrap: {stderr.decode(errors='replace').strip()[:300]}")
     if any(marker in stderr for marker in _MEMORY_MARKERS):
         return verdict(Verdict.MEMORY_LIMIT, f"allocation failed under the {limits.memory_mb} MiB limit")
     return verdict(Verdict.NONZERO_EXIT, f"exit code {code}")

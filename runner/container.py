@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import secrets
 import shutil
 import socket
@@ -106,7 +105,7 @@ class ContainerSandbox:
     """`Sandbox` on Docker: ``docker`` (runc) or ``gvisor`` (runsc)."""
 
     def __init__(self, settings: RunnerSettings, tier: ContainerTier) -> None:
-        self.tier = tier
+        self.tier: str = tier
         self._settings = settings
         self._image = settings.image or default_image()
         self._runtime = "runsc" if tier == "gvisor" else None
@@ -117,7 +116,7 @@ class ContainerSandbox:
         self._sessions: dict[str, _Box] = {}
         self._session_locks: dict[str, asyncio.Lock] = {}
         self._background: set[asyncio.Task[None]] = set()
-        self._problem: str | None | Literal[False] = False  # False: not checked yet
+        self._problem: str | Literal[False] | None = False  # False: not checked yet
         self._staging_root = settings.state_dir / "containers"
 
     # -- availability -----------------------------------------------------------------------
@@ -184,7 +183,10 @@ class ContainerSandbox:
         except Exception as exc:
             remove_tree(staging)
             raise _translate(exc) from exc
-        raw: socket.socket = handle._sock
+        raw = getattr(handle, "_sock", None)  # the SDK wraps the hijacked connection's socket
+        if not isinstance(raw, socket.socket):
+            self._destroy_now(_Box(container.id or "", socket.socket(), staging, handle))
+            raise SandboxUnavailable("the container tiers need Docker on a local Unix socket")
         box = _Box(container.id or "", raw, staging, handle)
         try:
             _await_ready(raw, self._settings.worker_start_timeout_s)

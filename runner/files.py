@@ -7,6 +7,7 @@ ever extracted from an archive.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import re
@@ -116,3 +117,26 @@ def _rel(root: Path, path: Path) -> str:
 def remove_tree(path: Path) -> None:
     """Remove a staging directory; files the sandbox made read-only do not stop it."""
     shutil.rmtree(path, ignore_errors=True)
+
+
+_MS_NOSUID, _MS_NODEV, _MNT_DETACH = 2, 4, 2
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def mount_tmpfs(path: Path, *, size_mb: int, inodes: int, uid: int) -> bool:
+    """Mount a size-capped tmpfs owned by ``uid`` at ``path`` (root only), so a sandbox writing to
+    it cannot fill the host's disk. Returns False (leaving a plain directory) when not root."""
+    if os.geteuid() != 0:
+        return False
+    options = f"size={size_mb}m,nr_inodes={inodes},mode=0700,uid={uid},gid={uid}".encode()
+    if _libc().mount(b"tmpfs", str(path).encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, options) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"mount tmpfs at {path}: {os.strerror(errno)}")
+    return True
+
+
+def unmount(path: Path) -> None:
+    _libc().umount2(str(path).encode(), _MNT_DETACH)

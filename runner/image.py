@@ -88,3 +88,22 @@ def build_image(
             raise SandboxUnavailable(f"docker import failed: {exc}") from exc
     progress(f"built {tag} ({REPOSITORY}:{content_tag})")
     return tag
+
+
+def build_default_image(
+    docker_host: str | None, *, force: bool = False, progress: Callable[[str], None] = lambda _: None
+) -> str:
+    """`build_image` against the Docker engine at ``docker_host`` (None: the local socket).
+
+    Raises:
+        SandboxUnavailable: Docker is unreachable, or the build failed.
+    """
+    try:
+        client = docker.DockerClient(base_url=docker_host)
+        client.ping()
+    except docker.errors.DockerException as exc:
+        raise SandboxUnavailable(f"Docker engine unreachable ({exc}); start dockerd (scripts/services)") from exc
+    try:
+        return build_image(client, force=force, progress=progress)
+    finally:
+        client.close()

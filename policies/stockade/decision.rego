@@ -89,9 +89,35 @@ approval_reasons contains {
 	has_read_untrusted
 }
 
+deny_reasons contains {
+	"code": "egress.not_allowlisted",
+	"message": sprintf("egress to %s:%v is not in the catalog's egress_allowlist", [rule.host, rule.port]),
+} if {
+	some rule in requested_egress
+	not is_allowlisted_host(rule.host)
+}
+
 # METADATA
-# description: Limits are the tool's defaults (or the catalog's) capped by the catalog's maxima.
-obligations := {"limits": limits, "egress": [], "credentials": []}
+# description: >-
+#   Limits are the tool's defaults (or the catalog's) capped by the catalog's maxima. Egress is
+#   what the tool asked for, every host of it allowlisted. The sandbox tier is raised to the
+#   strongest one any of the tool's capabilities requires.
+obligations := {"limits": limits, "egress": requested_egress, "credentials": [], "sandbox": sandbox}
+
+requested_egress := object.get(input.tool, "egress", [])
+
+is_allowlisted_host(host) if lower(host) in catalog.egress_allowlist
+
+required_tiers contains tier if {
+	some c in tool_capabilities
+	tier := catalog.min_tier_by_capability[c]
+}
+
+default sandbox := {}
+
+sandbox := {"min_tier": catalog.tiers[max({i | some i, tier in catalog.tiers; tier in required_tiers})]} if {
+	count(required_tiers) > 0
+}
 
 limits := {name: capped_limit(name, maximum) | some name, maximum in catalog.limits.max}
 

@@ -95,3 +95,29 @@ test_limits_take_tool_defaults_capped_by_maxima if {
 	d.obligations.limits.timeout_s == 5
 	d.obligations.limits.memory_mb == 1024
 }
+
+test_code_execution_needs_the_strongest_tier if {
+	d := stockade.decision with input as _input(_tool(["executes_code"], "low"), [])
+	d.outcome == "allow"
+	d.obligations.sandbox.min_tier == "gvisor"
+}
+
+test_other_tools_get_no_minimum_tier if {
+	d := stockade.decision with input as _input(_tool([], "low"), [])
+	d.obligations.sandbox == {}
+}
+
+test_allowlisted_egress_is_granted if {
+	tool := object.union(_tool([], "low"), {"egress": [{"host": "api.example.com", "port": 443, "methods": []}]})
+	d := stockade.decision with input as _input(tool, [])
+		with data.stockade.catalog.egress_allowlist as ["api.example.com"]
+	d.outcome == "allow"
+	d.obligations.egress == [{"host": "api.example.com", "port": 443, "methods": []}]
+}
+
+test_egress_to_a_host_not_allowlisted_is_denied if {
+	tool := object.union(_tool([], "low"), {"egress": [{"host": "evil.test", "port": 443, "methods": []}]})
+	d := stockade.decision with input as _input(tool, [])
+	d.outcome == "deny"
+	d.reasons[0].code == "egress.not_allowlisted"
+}

@@ -46,9 +46,7 @@ class JsonlAuditLog:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
             except OSError as exc:
-                raise AuditError(
-                    f"cannot open audit log {self.path}: {exc.strerror}; fix its permissions"
-                ) from exc
+                raise AuditError(f"cannot open audit log {self.path}: {exc.strerror}; fix its permissions") from exc
         return self._fd
 
     def _reload_head(self, fd: int) -> None:
@@ -64,8 +62,7 @@ class JsonlAuditLog:
                 self._seq, self._head = int(document["seq"]), str(document["hash"])
             except (ValueError, KeyError, TypeError) as exc:
                 raise AuditError(
-                    f"the last event in {self.path} is unreadable; "
-                    "run `stockade audit verify` before appending"
+                    f"the last event in {self.path} is unreadable; run `stockade audit verify` before appending"
                 ) from exc
         self._known_size = size
 

@@ -80,7 +80,7 @@ class EgressProxy:
     async def start(self) -> None:
         self._server = await asyncio.start_unix_server(self._serve, path=str(self.path))
         # The sandbox runs as another uid; the socket's directory is what limits who sees it.
-        os.chmod(self.path, 0o666)
+        os.chmod(self.path, 0o666)  # noqa: S103
 
     async def aclose(self) -> None:
         if self._server is not None:
@@ -125,9 +125,7 @@ class EgressProxy:
             host, port, target = _destination(method, request.target.decode("ascii", "replace"))
             rule_reason = self._check(method, host, port)
             address = await self._resolve(host)
-            up_reader, up_writer = await asyncio.wait_for(
-                asyncio.open_connection(address, port), self._connect_timeout
-            )
+            up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(address, port), self._connect_timeout)
         except _Refused as refused:
             await _send_error(conn, writer, refused.status, refused.reason)
             await self._report(EgressRecord(method, host, port, False, refused.reason, refused.status,
@@ -249,14 +247,14 @@ class EgressProxy:
         return status, sent, received
 
 
-async def _next_event(conn: h11.Connection, reader: asyncio.StreamReader, timeout: float) -> object:
+async def _next_event(conn: h11.Connection, reader: asyncio.StreamReader, idle_s: float) -> object:
     while True:
         try:
             event = conn.next_event()
         except h11.RemoteProtocolError as exc:
             raise _Refused(400, f"malformed request: {exc}") from exc
         if event is h11.NEED_DATA:
-            data = await asyncio.wait_for(reader.read(_CHUNK), timeout)
+            data = await asyncio.wait_for(reader.read(_CHUNK), idle_s)
             conn.receive_data(data)
             continue
         if isinstance(event, h11.ConnectionClosed):
@@ -264,8 +262,8 @@ async def _next_event(conn: h11.Connection, reader: asyncio.StreamReader, timeou
         return event
 
 
-async def _next_request(conn: h11.Connection, reader: asyncio.StreamReader, timeout: float) -> h11.Request:
-    event = await _next_event(conn, reader, timeout)
+async def _next_request(conn: h11.Connection, reader: asyncio.StreamReader, idle_s: float) -> h11.Request:
+    event = await _next_event(conn, reader, idle_s)
     if not isinstance(event, h11.Request):
         raise _Refused(400, "expected an HTTP request")
     return event
@@ -314,10 +312,10 @@ async def _send_error(conn: h11.Connection, writer: asyncio.StreamWriter, status
 
 
 async def _pump(
-    source: asyncio.StreamReader, sink: asyncio.StreamWriter, counts: list[int], slot: int, timeout: float
+    source: asyncio.StreamReader, sink: asyncio.StreamWriter, counts: list[int], slot: int, idle_s: float
 ) -> None:
     try:
-        while data := await asyncio.wait_for(source.read(_CHUNK), timeout):
+        while data := await asyncio.wait_for(source.read(_CHUNK), idle_s):
             counts[slot] += len(data)
             sink.write(data)
             await sink.drain()

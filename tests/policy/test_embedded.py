@@ -119,9 +119,7 @@ def test_a_failing_rego_test_is_reported(tmp_path: Path) -> None:
 
 
 async def test_runtime_error_in_policy_denies_with_policy_error(tmp_path: Path) -> None:
-    root = write_policy(
-        tmp_path, 'package stockade\ndecision := {"outcome": "allow", "x": 1 / count(input.args)}\n'
-    )
+    root = write_policy(tmp_path, 'package stockade\ndecision := {"outcome": "allow", "x": 1 / count(input.args)}\n')
     engine = EmbeddedEngine(PolicySettings(dir=root))
     decision = await engine.decide(make_input().model_copy(update={"args": {}}))
     assert decision.outcome is Outcome.DENY
@@ -129,9 +127,7 @@ async def test_runtime_error_in_policy_denies_with_policy_error(tmp_path: Path) 
 
 
 async def test_undefined_decision_denies(tmp_path: Path) -> None:
-    root = write_policy(
-        tmp_path, 'package stockade\ndecision := {"outcome": "allow"} if input.tool.risk == "x"\n'
-    )
+    root = write_policy(tmp_path, 'package stockade\ndecision := {"outcome": "allow"} if input.tool.risk == "x"\n')
     decision = await EmbeddedEngine(PolicySettings(dir=root)).decide(make_input())
     assert decision.outcome is Outcome.DENY
     assert decision.reason_codes == ["policy.error"]

@@ -13,9 +13,7 @@ from tests.conftest import REPO
 STOCKADE = str(Path(sys.executable).parent / "stockade")
 
 
-def run(
-    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
+def run(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [STOCKADE, *args],
         capture_output=True,
@@ -121,8 +119,6 @@ def test_audit_query_rejects_a_bad_time(tmp_path: Path) -> None:
 
 def test_settings_come_from_the_environment(tmp_path: Path) -> None:
     (tmp_path / "a.jsonl").write_text("")
-    result = run(
-        "audit", "verify", "--json", env={"STOCKADE_AUDIT__PATH": str(tmp_path / "a.jsonl")}, cwd=REPO
-    )
+    result = run("audit", "verify", "--json", env={"STOCKADE_AUDIT__PATH": str(tmp_path / "a.jsonl")}, cwd=REPO)
     assert result.returncode == 0
     assert json.loads(result.stdout)["events"] == 0

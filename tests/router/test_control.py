@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +38,12 @@ class CountingSandbox(BwrapSandbox):
 
 
 @pytest.fixture
-async def counted(settings: Settings) -> tuple[ControlPlane, CountingSandbox]:
+async def counted(settings: Settings) -> AsyncIterator[tuple[ControlPlane, CountingSandbox]]:
     base = ControlPlane.from_settings(settings)
     sandbox = CountingSandbox(settings.runner)
-    return ControlPlane(settings, policy=base.policy, sandbox=sandbox, audit=base.audit), sandbox
+    plane = ControlPlane(settings, policy=base.policy, sandboxes={**base.sandboxes, "bwrap": sandbox}, audit=base.audit)
+    yield plane, sandbox
+    await plane.aclose()
 
 
 async def events(plane: ControlPlane, **where: Any) -> list[dict[str, Any]]:
@@ -190,9 +193,7 @@ async def test_report_for_another_sessions_call_is_refused(plane: ControlPlane) 
 
 
 async def test_obligations_cap_the_tools_own_limits(plane: ControlPlane) -> None:
-    await plane.register(
-        python_tool("slow", ECHO, sandbox={"limits": {"timeout_s": 3000, "memory_mb": 50_000}})
-    )
+    await plane.register(python_tool("slow", ECHO, sandbox={"limits": {"timeout_s": 3000, "memory_mb": 50_000}}))
     session = await plane.open_session("agent-1", "alice@example.com")
     result = await plane.call(session, "slow", {})
     [execution] = await events(plane, decision_id=result.decision_id, kind="execution")
@@ -202,9 +203,7 @@ async def test_obligations_cap_the_tools_own_limits(plane: ControlPlane) -> None
 
 async def test_timeout_is_a_verdict_not_an_error(plane: ControlPlane) -> None:
     await plane.register(
-        python_tool(
-            "spin", "def main():\n    while True:\n        pass", sandbox={"limits": {"timeout_s": 0.5}}
-        )
+        python_tool("spin", "def main():\n    while True:\n        pass", sandbox={"limits": {"timeout_s": 0.5}})
     )
     session = await plane.open_session("agent-1", "alice@example.com")
     result = await plane.call(session, "spin", {})
@@ -212,15 +211,17 @@ async def test_timeout_is_a_verdict_not_an_error(plane: ControlPlane) -> None:
     assert result.output is None
 
 
-async def test_tool_needing_a_stronger_tier_is_denied_not_downgraded(
-    counted: tuple[ControlPlane, CountingSandbox],
-) -> None:
-    plane, sandbox = counted
-    await plane.register(python_tool("isolated", ECHO, sandbox={"tier": "gvisor"}))
-    session = await plane.open_session("agent-1", "alice@example.com")
-    result = await plane.call(session, "isolated", {})
-    assert (result.status, result.reasons) == ("denied", ["sandbox.unavailable"])
-    assert sandbox.runs == 0
+async def test_tool_needing_a_stronger_tier_is_denied_not_downgraded(settings: Settings) -> None:
+    only_bwrap = settings.model_copy(update={"runner": settings.runner.model_copy(update={"tiers": ("bwrap",)})})
+    async with ControlPlane.from_settings(only_bwrap) as plane:
+        await plane.register(python_tool("isolated", ECHO, sandbox={"tier": "gvisor"}))
+        await plane.register(python_tool("runs_code", ECHO, capabilities=["executes_code"]))
+        session = await plane.open_session("agent-1", "alice@example.com")
+        for tool in ("isolated", "runs_code"):  # asked by the tool / raised by policy's min_tier
+            result = await plane.call(session, tool, {})
+            assert (result.status, result.reasons) == ("denied", ["sandbox.unavailable"])
+            [event] = await events(plane, decision_id=result.decision_id)
+            assert "does not offer the gvisor tier" in event["result"]["reasons"][0]["message"]
 
 
 # -- bad input ------------------------------------------------------------------------------
@@ -336,9 +337,7 @@ async def test_duplicate_registration_is_refused(plane: ControlPlane) -> None:
         ({"executor": {"kind": "shell", "script": "rm -rf /"}}, "executor"),
     ],
 )
-async def test_malformed_tool_specs_are_refused(
-    plane: ControlPlane, change: dict[str, Any], match: str
-) -> None:
+async def test_malformed_tool_specs_are_refused(plane: ControlPlane, change: dict[str, Any], match: str) -> None:
     with pytest.raises(InvalidToolSpec, match=match):
         await plane.register({**python_tool("ok", ECHO), **change})
 
@@ -357,7 +356,7 @@ async def test_unwritable_audit_log_denies_and_nothing_runs(settings: Settings) 
     broken = settings.model_copy(update={"audit": AuditSettings(path=Path("/dev/full"))})
     base = ControlPlane.from_settings(broken)
     sandbox = CountingSandbox(settings.runner)
-    plane = ControlPlane(broken, policy=base.policy, sandbox=sandbox, audit=base.audit)
+    plane = ControlPlane(broken, policy=base.policy, sandboxes={**base.sandboxes, "bwrap": sandbox}, audit=base.audit)
     await plane.register(python_tool("echo", ECHO))
     session = await plane.open_session("agent-1", "alice@example.com")
     result = await plane.call(session, "echo", {"a": 1})
@@ -385,7 +384,7 @@ async def test_policy_error_denies_and_nothing_runs(tmp_path: Path, settings: Se
     broken = settings.model_copy(update={"policy": PolicySettings(dir=root.parent)})
     base = ControlPlane.from_settings(broken)
     sandbox = CountingSandbox(settings.runner)
-    plane = ControlPlane(broken, policy=base.policy, sandbox=sandbox, audit=base.audit)
+    plane = ControlPlane(broken, policy=base.policy, sandboxes={**base.sandboxes, "bwrap": sandbox}, audit=base.audit)
     await plane.register(python_tool("echo", ECHO))
     session = await plane.open_session("agent-1", "alice@example.com")
     assert (await plane.call(session, "echo", {"a": 1})).ok  # the policy works for this input
@@ -405,14 +404,10 @@ async def test_policy_with_syntax_error_refuses_to_start(tmp_path: Path, setting
         ControlPlane.from_settings(settings.model_copy(update={"policy": PolicySettings(dir=root.parent)}))
 
 
-async def test_policy_reload_with_syntax_error_keeps_serving_the_old_policy(
-    tmp_path: Path, settings: Settings
-) -> None:
+async def test_policy_reload_with_syntax_error_keeps_serving_the_old_policy(tmp_path: Path, settings: Settings) -> None:
     root = tmp_path / "policies"
     shutil.copytree(REPO / "policies", root)
-    async with ControlPlane.from_settings(
-        settings.model_copy(update={"policy": PolicySettings(dir=root)})
-    ) as plane:
+    async with ControlPlane.from_settings(settings.model_copy(update={"policy": PolicySettings(dir=root)})) as plane:
         await plane.register(python_tool("echo", ECHO))
         session = await plane.open_session("agent-1", "alice@example.com")
         (root / "stockade" / "decision.rego").write_text("package stockade\ndecision := \n")
@@ -434,27 +429,37 @@ async def test_audit_trail_survives_a_restart_as_one_chain(settings: Settings) -
 
 
 async def test_python_tool_writing_around_the_harness_is_malformed_output(plane: ControlPlane) -> None:
-    await plane.register(
-        python_tool("sneaky", "import os\ndef main():\n    os.write(1, b'not json')\n    return 1")
-    )
+    await plane.register(python_tool("sneaky", "import os\ndef main():\n    os.write(1, b'not json')\n    return 1"))
     session = await plane.open_session("agent-1", "alice@example.com")
     result = await plane.call(session, "sneaky", {})
     assert (result.status, result.verdict, result.reasons) == ("completed", "error", ["output.malformed"])
     assert result.output is None
 
 
-async def test_sandbox_that_cannot_run_is_an_audited_error(settings: Settings) -> None:
-    broken = settings.model_copy(
-        update={"runner": settings.runner.model_copy(update={"bwrap": "no-such-bwrap"})}
-    )
+async def test_missing_sandbox_tier_is_denied_before_anything_runs(settings: Settings) -> None:
+    broken = settings.model_copy(update={"runner": settings.runner.model_copy(update={"bwrap": "no-such-bwrap"})})
     async with ControlPlane.from_settings(broken) as plane:
         await plane.register(python_tool("echo", ECHO))
         session = await plane.open_session("agent-1", "alice@example.com")
         result = await plane.call(session, "echo", {})
-        assert (result.status, result.reasons) == ("error", ["sandbox.unavailable"])
+        assert (result.status, result.reasons) == ("denied", ["sandbox.unavailable"])
+        [event] = await events(plane, decision_id=result.decision_id)
+        assert "apt-get install bubblewrap" in event["result"]["reasons"][0]["message"]
+
+
+async def test_sandbox_failing_at_start_is_an_audited_error(settings: Settings, tmp_path: Path) -> None:
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/nonexistent/interpreter\n")
+    fake.chmod(0o755)
+    broken = settings.model_copy(update={"runner": settings.runner.model_copy(update={"bwrap": str(fake)})})
+    async with ControlPlane.from_settings(broken) as plane:
+        await plane.register(python_tool("echo", ECHO))
+        session = await plane.open_session("agent-1", "alice@example.com")
+        result = await plane.call(session, "echo", {})
+        assert (result.status, result.reasons) == ("error", ["sandbox.error"])
         trail = await events(plane, decision_id=result.decision_id)
         assert [(e["kind"], e["outcome"]) for e in trail] == [("decision", "allow"), ("execution", "error")]
-        assert "apt-get install bubblewrap" in trail[1]["result"]["message"]
+        assert "could not start bwrap" in trail[1]["result"]["message"]
 
 
 async def test_bad_reports_are_refused_and_the_call_stays_reportable(plane: ControlPlane) -> None:

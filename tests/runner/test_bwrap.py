@@ -31,9 +31,7 @@ def sandbox() -> BwrapSandbox:
 
 
 def py(code: str, **limits: float) -> SandboxSpec:
-    return SandboxSpec(
-        argv=("/usr/bin/python3", "-I", "-c", textwrap.dedent(code)), limits=ResourceLimits(**limits)
-    )  # type: ignore[arg-type]
+    return SandboxSpec(argv=("/usr/bin/python3", "-I", "-c", textwrap.dedent(code)), limits=ResourceLimits(**limits))  # type: ignore[arg-type]
 
 
 def sandbox_uids() -> set[int]:
@@ -140,9 +138,7 @@ async def test_sandbox_has_no_network(sandbox: BwrapSandbox) -> None:
         server.close()
 
 
-async def test_environment_is_empty_even_in_pid_1(
-    sandbox: BwrapSandbox, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_environment_is_empty_even_in_pid_1(sandbox: BwrapSandbox, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOST_CANARY_SECRET", "hunter2")
     job = py("""
         import os
@@ -192,9 +188,7 @@ async def test_cpu_time_limit_is_a_timeout(sandbox: BwrapSandbox) -> None:
 
 
 async def test_output_is_capped_while_streaming(sandbox: BwrapSandbox) -> None:
-    result = await sandbox.run(
-        py("import sys\nwhile True: sys.stdout.write('x' * 65536)", output_bytes=100_000)
-    )
+    result = await sandbox.run(py("import sys\nwhile True: sys.stdout.write('x' * 65536)", output_bytes=100_000))
     assert result.verdict is Verdict.OUTPUT_LIMIT
     assert len(result.stdout) + len(result.stderr) == 100_000
 
