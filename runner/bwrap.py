@@ -33,6 +33,7 @@ from runner.config import RunnerSettings
 from runner.egress import EgressProxy
 from runner.errors import SandboxError, SandboxUnavailable
 from runner.files import Quarantine, mount_tmpfs, remove_tree, stage_inputs, unmount
+from runner.seccomp import bpf_program
 
 log = structlog.get_logger(__name__)
 
@@ -99,6 +100,7 @@ class BwrapSandbox:
         self._is_root = os.geteuid() == 0
         self._uids = UidPool(settings.uid_base, settings.max_concurrent)
         self._fs_args = self._filesystem_args()
+        self._seccomp = bpf_program()
         self._children: set[int] = set()
 
     def check(self) -> str | None:
@@ -122,7 +124,7 @@ class BwrapSandbox:
             args += ["--ro-bind-try", path, path]
         return args
 
-    def _argv(self, spec: SandboxSpec, bwrap: str, uid: int, staging: Path | None = None) -> list[str]:
+    def _argv(self, spec: SandboxSpec, bwrap: str, uid: int, seccomp_fd: int, staging: Path | None = None) -> list[str]:
         argv: list[str] = []
         if self._is_root and self._setpriv:
             # As root, bwrap runs as the leased uid: as root RLIMIT_NPROC is not enforced and the
@@ -141,7 +143,7 @@ class BwrapSandbox:
             *self._fs_args,
             "--proc", "/proc", "--dev", "/dev",
             "--size", str(self._settings.tmpfs_mb << 20), "--tmpfs", "/tmp",
-            "--chdir", "/tmp", "--cap-drop", "ALL", "--clearenv",
+            "--chdir", "/tmp", "--cap-drop", "ALL", "--clearenv", "--seccomp", str(seccomp_fd),
             "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin",
             "--setenv", "HOME", "/tmp", "--setenv", "TMPDIR", "/tmp", "--setenv", "LANG", "C.UTF-8",
         ]  # fmt: skip
@@ -214,21 +216,25 @@ class BwrapSandbox:
         stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
         stdout_r, stdout_w = os.pipe2(os.O_CLOEXEC)
         stderr_r, stderr_w = os.pipe2(os.O_CLOEXEC)
+        # bwrap reads the seccomp program from a pipe until EOF; it is small enough for the buffer.
+        seccomp_r, seccomp_w = os.pipe2(os.O_CLOEXEC)
+        os.write(seccomp_w, self._seccomp)
+        os.close(seccomp_w)
         started = time.monotonic()
         try:
             # Popen, not asyncio's subprocess: the loop watches our pipes and a pidfd, and we reap
             # with wait4 for the kernel's usage figures. The fork+exec itself is ~1 ms.
             proc = subprocess.Popen(  # noqa: ASYNC220
-                self._argv(spec, bwrap, uid, staging),
+                self._argv(spec, bwrap, uid, seccomp_r, staging),
                 stdin=stdin_r, stdout=stdout_w, stderr=stderr_w,
-                env={}, close_fds=True, start_new_session=True,
+                env={}, close_fds=True, pass_fds=(seccomp_r,), start_new_session=True,
             )  # fmt: skip
         except OSError as exc:
-            for fd in (stdin_r, stdin_w, stdout_r, stdout_w, stderr_r, stderr_w):
+            for fd in (stdin_r, stdin_w, stdout_r, stdout_w, stderr_r, stderr_w, seccomp_r):
                 os.close(fd)
             raise SandboxError(f"could not start bwrap: {exc}") from exc
         finally:
-            for fd in (stdin_r, stdout_w, stderr_w):
+            for fd in (stdin_r, stdout_w, stderr_w, seccomp_r):
                 with contextlib.suppress(OSError):
                     os.close(fd)
         self._children.add(proc.pid)

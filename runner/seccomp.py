@@ -9,7 +9,11 @@ ptrace and cross-process memory access, module and kexec loading.
 
 from __future__ import annotations
 
+import errno
 import json
+import tempfile
+
+import pyseccomp
 
 DENIED = (
     "io_uring_setup", "io_uring_enter", "io_uring_register",
@@ -41,3 +45,22 @@ def docker_profile() -> str:
         ],
     }  # fmt: skip
     return json.dumps(profile, separators=(",", ":"))
+
+
+def bpf_program() -> bytes:
+    """The same refusals as a BPF program, for bubblewrap's ``--seccomp FD`` (built with
+    pyseccomp over the system's libseccomp). Syscalls this libseccomp does not know are skipped."""
+    seccomp_filter = pyseccomp.SyscallFilter(defaction=pyseccomp.ALLOW)
+    for name in DENIED:
+        try:
+            seccomp_filter.add_rule(pyseccomp.ERRNO(errno.EPERM), name)
+        except OSError:
+            continue  # not a syscall on this kernel's libseccomp
+    seccomp_filter.add_rule(
+        pyseccomp.ERRNO(errno.EPERM), "clone", pyseccomp.Arg(0, pyseccomp.MASKED_EQ, _CLONE_NEWUSER, _CLONE_NEWUSER)
+    )
+    seccomp_filter.add_rule(pyseccomp.ERRNO(errno.ENOSYS), "clone3")
+    with tempfile.TemporaryFile() as handle:
+        seccomp_filter.export_bpf(handle)
+        handle.seek(0)
+        return handle.read()

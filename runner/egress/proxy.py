@@ -121,6 +121,13 @@ class EgressProxy:
         method, host, port = "?", "?", 0
         try:
             request = await _next_request(conn, reader, self._idle_timeout)
+        except ConnectionError:
+            return  # hung up before asking for anything (a readiness probe): no request, no record
+        except _Refused as refused:
+            await _send_error(conn, writer, refused.status, refused.reason)
+            await self._report(EgressRecord(method, host, port, False, refused.reason, refused.status))
+            return
+        try:
             method = request.method.decode("ascii", "replace").upper()
             host, port, target = _destination(method, request.target.decode("ascii", "replace"))
             rule_reason = self._check(method, host, port)
