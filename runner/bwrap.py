@@ -159,6 +159,9 @@ class BwrapSandbox:
                 argv += ["--setenv", key, _PROXY]
         for key, value in spec.env.items():
             argv += ["--setenv", key, value]
+        # Last, after every mount: bwrap's own root tmpfs (/, /etc) is owned by the sandbox user and
+        # has no size cap; read-only, only /tmp and /out stay writable.
+        argv += ["--remount-ro", "/"]
         command = list(spec.argv)
         if spec.egress:
             command = ["/bin/sh", "-c", _BRIDGE, "sh", *command]

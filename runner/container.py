@@ -197,6 +197,9 @@ class ContainerSandbox:
         return box
 
     def _destroy_now(self, box: _Box) -> None:
+        # The SDK's wrapper holds a makefile reference: the socket's fd closes only when both do.
+        with contextlib.suppress(OSError):
+            box.handle.close()
         with contextlib.suppress(OSError):
             box.sock.close()
         with contextlib.suppress(Exception):

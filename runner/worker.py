@@ -80,6 +80,19 @@ def start_bridge():
             probe.close()
         time.sleep(0.002)
 
+def reap_leftovers():
+    """Kill every other process of this uid in the container (the tool's descendants), and reap them."""
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except OSError:
+        pass
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                time.sleep(0.001)
+        except ChildProcessError:
+            return
+
 def run_python(job, payload):
     before = resource.getrusage(resource.RUSAGE_SELF)
     real_out, real_err = sys.stdout, sys.stderr
@@ -101,6 +114,7 @@ def run_python(job, payload):
         code = 1
         frame(b"e", traceback.format_exc().encode())
     sys.stdout, sys.stderr = real_out, real_err
+    reap_leftovers()
     after = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return {"code": code, "signal": 0, "cpu_s": cpu, "max_rss_kb": after.ru_maxrss}
@@ -131,8 +145,19 @@ def run_exec(job, payload):
         sel.register(w_in, selectors.EVENT_WRITE, None)
     else:
         os.close(w_in)
+    status = usage = None
+    drain_until = None
     while len(sel.get_map()):
-        for key, _ in sel.select():
+        if status is None:
+            done, status_now, usage_now = os.wait4(pid, os.WNOHANG)
+            if done:
+                status, usage = status_now, usage_now
+                # The tool is gone: whatever it left running goes too, and holds no pipe open.
+                reap_leftovers()
+                drain_until = time.monotonic() + 0.5
+        if drain_until is not None and time.monotonic() > drain_until:
+            break
+        for key, _ in sel.select(0.02 if status is None else 0.05):
             if key.data is None:
                 try:
                     pending = pending[os.write(w_in, pending[:65536]):]
@@ -148,7 +173,9 @@ def run_exec(job, payload):
                 frame(key.data, chunk)
             else:
                 sel.unregister(key.fd); os.close(key.fd)
-    _, status, usage = os.wait4(pid, 0)
+    if status is None:
+        _, status, usage = os.wait4(pid, 0)
+        reap_leftovers()
     code = os.waitstatus_to_exitcode(status)
     return {"code": code if code >= 0 else 128 - code, "signal": -code if code < 0 else 0,
             "cpu_s": usage.ru_utime + usage.ru_stime, "max_rss_kb": usage.ru_maxrss}

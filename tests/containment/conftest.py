@@ -1,0 +1,129 @@
+"""Fixtures for the containment suite: each sandbox tier, a local HTTPS upstream with its own CA,
+and host-side canaries a contained tool must never see."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import shutil
+import ssl
+import tempfile
+import threading
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import trustme
+
+from runner import EgressRecord, ResourceLimits, RunnerSettings, RunResult, Sandbox, SandboxSpec, make_sandbox
+from runner.base import EgressRule, InputFile
+
+TIERS = ["bwrap", "docker", "gvisor"]
+ALLOWED_HOST = "api.allowed.test"
+
+
+@dataclass
+class Upstream:
+    """The allowlisted HTTPS service, on loopback, with a CA only the sandbox's input trusts."""
+
+    port: int
+    ca_pem: bytes
+
+
+@pytest.fixture(scope="session")
+def upstream() -> Iterator[Upstream]:
+    ca = trustme.CA()
+    cert = ca.issue_cert(ALLOWED_HOST)
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"hello from the allowlisted upstream"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    cert.configure_cert(context)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield Upstream(server.server_address[1], ca.cert_pem.bytes())
+    server.shutdown()
+    server.server_close()
+
+
+@dataclass
+class Canaries:
+    """Things on the host a contained tool must not reach."""
+
+    secret_file: Path
+    secret_value: str
+    state_dir: Path
+
+
+@pytest.fixture
+def settings() -> Iterator[RunnerSettings]:
+    # Under the real state root: sandbox uids must traverse into staging directories, and
+    # pytest's own temporary root is private to root.
+    state = Path(tempfile.mkdtemp(prefix="test-", dir=_state_root()))
+    os.chmod(state, 0o711)  # noqa: S103  (traverse only, no listing)
+    yield RunnerSettings(state_dir=state, pool_size=0, egress_hosts={ALLOWED_HOST: "127.0.0.1"})
+    shutil.rmtree(state, ignore_errors=True)
+
+
+def _state_root() -> Path:
+    root = RunnerSettings().state_dir
+    root.mkdir(parents=True, exist_ok=True, mode=0o711)
+    return root
+
+
+@pytest.fixture
+def canaries(settings: RunnerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Canaries:
+    value = "canary-" + os.urandom(8).hex()
+    secret = settings.state_dir / "router-secret.key"
+    secret.write_text(value)
+    monkeypatch.setenv("STOCKADE_TEST_SECRET", value)  # the router's own environment
+    return Canaries(secret, value, settings.state_dir)
+
+
+@pytest.fixture(params=TIERS)
+async def sandbox(request: pytest.FixtureRequest, settings: RunnerSettings) -> AsyncIterator[Sandbox]:
+    box = make_sandbox(settings, request.param)
+    problem = box.check()
+    assert problem is None, f"{request.param} must work in the test environment: {problem}"
+    yield box
+    await box.aclose()
+
+
+class Runner:
+    """Runs python programs in the sandbox under test."""
+
+    def __init__(self, sandbox: Sandbox, upstream: Upstream) -> None:
+        self.sandbox = sandbox
+        self.upstream = upstream
+        self.egress: list[EgressRecord] = []
+
+    async def py(self, code: str, *, egress: bool = False, **spec: object) -> RunResult:
+        limits = spec.pop("limits", ResourceLimits(timeout_s=20))
+        inputs = tuple(spec.pop("inputs", ())) + ((InputFile("ca.pem", self.upstream.ca_pem),) if egress else ())  # type: ignore[arg-type]
+
+        async def record(item: EgressRecord) -> None:
+            self.egress.append(item)
+
+        job = SandboxSpec(
+            argv=("python3", "-I", "-c", code), limits=limits, inputs=inputs,  # type: ignore[arg-type]
+            egress=(EgressRule(ALLOWED_HOST, self.upstream.port),) if egress else (),
+            on_egress=record, **spec,  # type: ignore[arg-type]
+        )  # fmt: skip
+        return await self.sandbox.run(job)
+
+
+@pytest.fixture
+def run(sandbox: Sandbox, upstream: Upstream) -> Runner:
+    return Runner(sandbox, upstream)
