@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import secrets
 import shutil
 import socket
@@ -119,6 +120,11 @@ class ContainerSandbox:
         self._problem: str | Literal[False] | None = False  # False: not checked yet
         self._staging_root = settings.state_dir / "containers"
 
+    @property
+    def owner(self) -> str:
+        """The ``stockade.owner`` label on every container this instance creates."""
+        return self._owner
+
     # -- availability -----------------------------------------------------------------------
 
     def _docker(self) -> docker.DockerClient:
@@ -128,6 +134,11 @@ class ContainerSandbox:
 
     def check(self) -> str | None:
         if self._problem is not False:
+            return self._problem
+        host = self._settings.docker_host or "unix:///var/run/docker.sock"
+        if host.startswith("unix://") and not os.path.exists(host.removeprefix("unix://")):
+            # Checked here: the SDK leaks a socket when a connect to a missing path fails.
+            self._problem = f"Docker engine unreachable: no socket at {host}; start dockerd (scripts/services)"
             return self._problem
         try:
             client = self._docker()
@@ -381,14 +392,15 @@ class ContainerSandbox:
             await asyncio.to_thread(self._destroy_now, box)
 
     async def aclose(self) -> None:
+        # Refills first: one finishing later would put a container into a pool already drained.
+        for task in list(self._background):
+            with contextlib.suppress(Exception):
+                await task
         boxes = list(self._sessions.values())
         self._sessions.clear()
         for queue in self._pools.values():
             while not queue.empty():
                 boxes.append(queue.get_nowait())
-        for task in list(self._background):
-            with contextlib.suppress(Exception):
-                await task
         await asyncio.gather(*(asyncio.to_thread(self._destroy_now, b) for b in boxes))
         if self._client is not None:
             # Anything a cancelled refill created after the pools were drained.

@@ -4,15 +4,19 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import docker
 import pytest
 
 from policy import PolicySettings
 from router import ControlPlane, Settings
 from router.settings import AuditSettings
+from runner import RunnerSettings
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -55,3 +59,30 @@ def python_tool(name: str, source: str, **overrides: Any) -> dict[str, Any]:
 
 
 ECHO = "def main(**kwargs):\n    return kwargs\n"
+
+
+def runner_state_root() -> Path:
+    """The real state root: sandbox uids must traverse into staging directories under it, which
+    pytest's own temporary root (private to root) would not let them."""
+    root = RunnerSettings().state_dir
+    root.mkdir(parents=True, exist_ok=True, mode=0o711)
+    return root
+
+
+@pytest.fixture
+def runner_state() -> Iterator[Path]:
+    """A fresh state directory for one test's sandboxes, removed afterwards."""
+    state = Path(tempfile.mkdtemp(prefix="test-", dir=runner_state_root()))
+    os.chmod(state, 0o711)  # noqa: S103  (traverse only, no listing)
+    yield state
+    shutil.rmtree(state, ignore_errors=True)
+
+
+def sandbox_containers(owner: str) -> list[dict[str, Any]]:
+    """Containers a sandbox instance created that still exist (one API call: no inspect races)."""
+    client = docker.from_env()
+    try:
+        found: list[dict[str, Any]] = client.api.containers(all=True, filters={"label": f"stockade.owner={owner}"})
+        return found
+    finally:
+        client.close()

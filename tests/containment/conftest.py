@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import http.server
 import os
-import shutil
 import ssl
-import tempfile
 import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -68,19 +66,8 @@ class Canaries:
 
 
 @pytest.fixture
-def settings() -> Iterator[RunnerSettings]:
-    # Under the real state root: sandbox uids must traverse into staging directories, and
-    # pytest's own temporary root is private to root.
-    state = Path(tempfile.mkdtemp(prefix="test-", dir=_state_root()))
-    os.chmod(state, 0o711)  # noqa: S103  (traverse only, no listing)
-    yield RunnerSettings(state_dir=state, pool_size=0, egress_hosts={ALLOWED_HOST: "127.0.0.1"})
-    shutil.rmtree(state, ignore_errors=True)
-
-
-def _state_root() -> Path:
-    root = RunnerSettings().state_dir
-    root.mkdir(parents=True, exist_ok=True, mode=0o711)
-    return root
+def settings(runner_state: Path) -> RunnerSettings:
+    return RunnerSettings(state_dir=runner_state, pool_size=0, egress_hosts={ALLOWED_HOST: "127.0.0.1"})
 
 
 @pytest.fixture

@@ -13,10 +13,9 @@ import socket
 import time
 from pathlib import Path
 
-import docker
-
-from runner import OutputCaps, ResourceLimits, Sandbox, Verdict
+from runner import BwrapSandbox, OutputCaps, ResourceLimits, Sandbox, Verdict
 from runner.base import InputFile
+from tests.conftest import sandbox_containers
 from tests.containment.conftest import ALLOWED_HOST, Canaries, Runner
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -45,13 +44,13 @@ async def no_leftovers(sandbox: Sandbox) -> bool:
     """Nothing of the sandbox's runs is still alive, within a few seconds."""
     deadline = time.monotonic() + 8
     while time.monotonic() < deadline:
-        if sandbox.tier == "bwrap":
-            alive = bool(sandbox_uid_processes())
-        else:
-            client = docker.from_env()
-            owner = sandbox._owner  # type: ignore[attr-defined]
-            alive = bool(client.containers.list(all=True, filters={"label": f"stockade.owner={owner}"}))
-            client.close()
+        alive = bool(
+            sandbox_uid_processes()
+            if isinstance(sandbox, BwrapSandbox)
+            else sandbox_containers(
+                sandbox.owner  # type: ignore[attr-defined]
+            )
+        )
         if not alive:
             return True
         await asyncio.sleep(0.1)
