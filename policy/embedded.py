@@ -34,7 +34,8 @@ def _is_panic(exc: BaseException) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class _Loaded:
-    """One compiled generation of the policy; swapped as a whole on reload."""
+    """One compiled generation of the policy; swapped as a whole on reload. ``program`` and
+    ``interpreter`` are None once the engine is closed."""
 
     bundle: PolicyBundle
     program: Any
@@ -119,6 +120,8 @@ class EmbeddedEngine:
             _EvaluationFailed: the input is over the cap, or the engine raised or panicked.
         """
         loaded = self._loaded
+        if loaded.program is None:
+            raise _EvaluationFailed("the policy engine is closed")
         input_json = policy_input.model_dump_json()
         if len(input_json) > self._settings.max_input_bytes:
             raise _EvaluationFailed(f"policy input is {len(input_json)} bytes, over the cap")
@@ -145,7 +148,11 @@ class EmbeddedEngine:
         return self.evaluate(policy_input)
 
     async def aclose(self) -> None:
-        self._local = threading.local()
+        # regorus objects are unsendable: they must be dropped on the thread that made them. Drop
+        # them here, now, rather than whenever (and wherever) the garbage collector gets to them.
+        with self._lock:
+            self._loaded = _Loaded(self._loaded.bundle, None, None, -1)
+            self._local = threading.local()
 
 
 class _EvaluationFailed(Exception):

@@ -3,15 +3,20 @@
 
 from __future__ import annotations
 
+import http.server
 import os
 import shutil
+import ssl
 import tempfile
+import threading
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import docker
 import pytest
+import trustme
 
 from policy import PolicySettings
 from router import ControlPlane, Settings
@@ -19,6 +24,7 @@ from router.settings import AuditSettings
 from runner import RunnerSettings
 
 REPO = Path(__file__).resolve().parent.parent
+ALLOWED_HOST = "api.allowed.test"
 
 
 @pytest.fixture(autouse=True)
@@ -86,3 +92,38 @@ def sandbox_containers(owner: str) -> list[dict[str, Any]]:
         return found
     finally:
         client.close()
+
+
+@dataclass
+class Upstream:
+    """The allowlisted HTTPS service, on loopback, with a CA only the sandbox's input trusts."""
+
+    port: int
+    ca_pem: bytes
+
+
+@pytest.fixture(scope="session")
+def upstream() -> Iterator[Upstream]:
+    ca = trustme.CA()
+    cert = ca.issue_cert(ALLOWED_HOST)
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"hello from the allowlisted upstream"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    cert.configure_cert(context)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield Upstream(server.server_address[1], ca.cert_pem.bytes())
+    server.shutdown()
+    server.server_close()

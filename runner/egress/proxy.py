@@ -128,6 +128,7 @@ class EgressProxy:
             await self._report(EgressRecord(method, host, port, False, refused.reason, refused.status))
             return
         try:
+            _check_framing(request)
             method = request.method.decode("ascii", "replace").upper()
             host, port, target = _destination(method, request.target.decode("ascii", "replace"))
             rule_reason = self._check(method, host, port)
@@ -222,8 +223,11 @@ class EgressProxy:
             elif isinstance(event, h11.EndOfMessage):
                 break
         upstream = h11.Connection(h11.CLIENT)
-        headers = [(k, v) for k, v in request.headers if k.lower() not in _HOP_BY_HOP]
+        # The body is framed by what we send, never by the client's claims.
+        headers = [(k, v) for k, v in request.headers if k.lower() not in _HOP_BY_HOP | {b"content-length"}]
         headers.append((b"connection", b"close"))
+        if body or request.method.upper() in (b"POST", b"PUT", b"PATCH"):
+            headers.append((b"content-length", str(len(body)).encode()))
         data = upstream.send(h11.Request(method=request.method, target=target.encode(), headers=headers))
         if body:
             data += upstream.send(h11.Data(data=bytes(body)))
@@ -274,6 +278,13 @@ async def _next_request(conn: h11.Connection, reader: asyncio.StreamReader, idle
     if not isinstance(event, h11.Request):
         raise _Refused(400, "expected an HTTP request")
     return event
+
+
+def _check_framing(request: h11.Request) -> None:
+    """Refuse a request whose body length is ambiguous (request smuggling)."""
+    names = [name.lower() for name, _ in request.headers]
+    if b"content-length" in names and b"transfer-encoding" in names:
+        raise _Refused(400, "request has both Content-Length and Transfer-Encoding")
 
 
 def _destination(method: str, target: str) -> tuple[str, int, str]:

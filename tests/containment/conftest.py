@@ -3,57 +3,18 @@ and host-side canaries a contained tool must never see."""
 
 from __future__ import annotations
 
-import http.server
 import os
-import ssl
-import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import trustme
 
 from runner import EgressRecord, ResourceLimits, RunnerSettings, RunResult, Sandbox, SandboxSpec, make_sandbox
 from runner.base import EgressRule, InputFile
+from tests.conftest import ALLOWED_HOST, Upstream
 
 TIERS = ["bwrap", "docker", "gvisor"]
-ALLOWED_HOST = "api.allowed.test"
-
-
-@dataclass
-class Upstream:
-    """The allowlisted HTTPS service, on loopback, with a CA only the sandbox's input trusts."""
-
-    port: int
-    ca_pem: bytes
-
-
-@pytest.fixture(scope="session")
-def upstream() -> Iterator[Upstream]:
-    ca = trustme.CA()
-    cert = ca.issue_cert(ALLOWED_HOST)
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = b"hello from the allowlisted upstream"
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    cert.configure_cert(context)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield Upstream(server.server_address[1], ca.cert_pem.bytes())
-    server.shutdown()
-    server.server_close()
 
 
 @dataclass

@@ -199,3 +199,9 @@ def test_invalid_data_json_names_the_file(tmp_path: Path) -> None:
     (root / "stockade" / "data.json").write_text("{not json")
     with pytest.raises(PolicyBundleError, match=r"stockade/data\.json: invalid JSON at line 1"):
         EmbeddedEngine(PolicySettings(dir=root))
+
+
+async def test_a_closed_engine_denies(engine: EmbeddedEngine) -> None:
+    await engine.aclose()
+    decision = await engine.decide(make_input())
+    assert (decision.outcome, decision.reason_codes) == (Outcome.DENY, ["policy.error"])

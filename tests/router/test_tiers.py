@@ -1,0 +1,137 @@
+"""The pipeline across sandbox tiers: tier raising, egress audited per call, inputs and outputs
+in the audit log, and per-session sandboxes, through the real router."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from policy import PolicySettings
+from router import ControlPlane, InvalidCall, Settings
+from router.audit import AuditFilter
+from router.settings import AuditSettings
+from runner import RunnerSettings
+from tests.conftest import ALLOWED_HOST, ECHO, REPO, Upstream, python_tool, sandbox_containers
+
+
+@pytest.fixture
+async def plane(tmp_path: Path, runner_state: Path) -> AsyncIterator[ControlPlane]:
+    """A router whose policy allowlists the test upstream for egress."""
+    policies = tmp_path / "policies"
+    shutil.copytree(REPO / "policies", policies)
+    data_file = policies / "stockade" / "data.json"
+    data = json.loads(data_file.read_text())
+    data["catalog"]["egress_allowlist"] = [ALLOWED_HOST]
+    data_file.write_text(json.dumps(data))
+    settings = Settings(
+        audit=AuditSettings(path=tmp_path / "audit.jsonl"),
+        policy=PolicySettings(dir=policies),
+        runner=RunnerSettings(state_dir=runner_state, pool_size=0, egress_hosts={ALLOWED_HOST: "127.0.0.1"}),
+    )
+    async with ControlPlane.from_settings(settings) as control_plane:
+        yield control_plane
+
+
+async def trail(plane: ControlPlane, decision_id: str) -> list[dict[str, Any]]:
+    return [e.model_dump(mode="json") for e in await plane.audit.query(AuditFilter(decision_id=decision_id))]
+
+
+async def test_code_execution_is_raised_to_gvisor_by_policy(plane: ControlPlane) -> None:
+    await plane.register(python_tool("run_code", "import os\ndef main():\n    return os.uname().release",
+                                     capabilities=["executes_code"]))  # fmt: skip
+    session = await plane.open_session("agent-1", "alice@example.com")
+    result = await plane.call(session, "run_code", {})
+    assert result.ok
+    assert result.tier == "gvisor"
+    assert result.output == "4.4.0"  # gVisor's kernel, not the host's
+
+
+@pytest.mark.parametrize("tier", ["bwrap", "docker", "gvisor"])
+async def test_each_tier_runs_the_same_tool(plane: ControlPlane, tier: str) -> None:
+    await plane.register(python_tool("echo", ECHO, sandbox={"tier": tier}))
+    session = await plane.open_session("agent-1", "alice@example.com")
+    result = await plane.call(session, "echo", {"msg": "héllo"})
+    assert (result.ok, result.tier, result.output) == (True, tier, {"msg": "héllo"})
+
+
+async def test_egress_is_granted_by_policy_and_every_request_audited(plane: ControlPlane, upstream: Upstream) -> None:
+    source = f"""
+import ssl, urllib.request, urllib.error
+def main():
+    ctx = ssl.create_default_context(cafile='/in/ca.pem')
+    ok = urllib.request.urlopen('https://{ALLOWED_HOST}:{upstream.port}/', context=ctx, timeout=10).read().decode()
+    try:
+        urllib.request.urlopen('https://exfil.evil.test/', timeout=10)
+        other = 'reached'
+    except OSError:
+        other = 'refused'
+    return [ok, other]
+"""
+    await plane.register(python_tool("fetch", source, sandbox={
+        "tier": "docker", "egress": [{"host": ALLOWED_HOST, "port": upstream.port}]}))  # fmt: skip
+    session = await plane.open_session("agent-1", "alice@example.com")
+    result = await plane.call(session, "fetch", {}, inputs={"ca.pem": upstream.ca_pem})
+    assert result.ok, result.stderr
+    assert result.output == ["hello from the allowlisted upstream", "refused"]
+    events = await trail(plane, result.decision_id)
+    decision = events[0]
+    assert decision["result"]["obligations"]["egress"] == [{"host": ALLOWED_HOST, "port": upstream.port, "methods": []}]
+    egress = [(e["outcome"], e["result"]["host"], e["result"]["status"]) for e in events if e["kind"] == "egress"]
+    assert sorted(egress) == sorted([("allow", ALLOWED_HOST, 200), ("deny", "exfil.evil.test", 403)])
+    assert events[-1]["kind"] == "execution"
+
+
+async def test_tool_asking_for_a_host_not_allowlisted_is_denied(plane: ControlPlane) -> None:
+    await plane.register(python_tool("leak", ECHO, sandbox={"egress": [{"host": "pastebin.example", "port": 443}]}))
+    session = await plane.open_session("agent-1", "alice@example.com")
+    result = await plane.call(session, "leak", {})
+    assert (result.status, result.reasons) == ("denied", ["egress.not_allowlisted"])
+
+
+@pytest.mark.parametrize("tier", ["bwrap", "docker", "gvisor"])
+async def test_inputs_and_outputs_are_recorded_and_outputs_quarantined(plane: ControlPlane, tier: str) -> None:
+    source = """
+def main():
+    text = open('/in/notes.txt').read()
+    open('/out/upper.txt', 'w').write(text.upper())
+    return len(text)
+"""
+    await plane.register(python_tool("shout", source, sandbox={"tier": tier, "outputs": {"max_files": 4}}))
+    session = await plane.open_session("agent-1", "alice@example.com")
+    result = await plane.call(session, "shout", {}, inputs={"notes.txt": b"quiet words"})
+    assert result.ok, result.stderr
+    assert result.output == 11
+    [artifact] = result.artifacts
+    assert (artifact.path, artifact.size, artifact.untrusted) == ("upper.txt", 11, True)
+    assert (Path(result.quarantine or "") / "upper.txt").read_text() == "QUIET WORDS"
+    execution = (await trail(plane, result.decision_id))[-1]["result"]
+    assert execution["inputs"][0]["path"] == "notes.txt"
+    assert execution["inputs"][0]["size"] == 11
+    assert execution["artifacts"][0]["sha256"] == artifact.sha256
+
+
+async def test_input_names_that_escape_in_are_invalid(plane: ControlPlane) -> None:
+    await plane.register(python_tool("echo", ECHO))
+    session = await plane.open_session("agent-1", "alice@example.com")
+    for name in ("../evil", "a/b", "", ".."):
+        with pytest.raises(InvalidCall, match="plain path component"):
+            await plane.call(session, "echo", {}, inputs={name: b"x"})
+
+
+async def test_session_mode_keeps_one_sandbox_per_session_until_it_closes(plane: ControlPlane) -> None:
+    counter = "def main():\n    open('/tmp/n', 'a').write('.')\n    return len(open('/tmp/n').read())"
+    await plane.register(python_tool("count", counter, sandbox={"tier": "docker", "mode": "session"}))
+    first = await plane.open_session("agent-1", "alice@example.com")
+    second = await plane.open_session("agent-1", "alice@example.com")
+    outputs = [(await plane.call(s, "count", {})).output for s in (first, first, first, second)]
+    assert outputs == [1, 2, 3, 1]  # state lives for one session, never crosses into another
+    docker_box = plane.sandboxes["docker"]
+    assert len(sandbox_containers(docker_box.owner)) == 2  # type: ignore[attr-defined]
+    await plane.close_session(first)
+    await plane.close_session(second)
+    assert sandbox_containers(docker_box.owner) == []  # type: ignore[attr-defined]
