@@ -26,6 +26,8 @@ class RunnerSettings(BaseModel):
     gvisor_min_pids: int = Field(default=128, ge=64)  # gVisor's own threads count against the limit
     out_mb: int = Field(default=64, gt=0)
     worker_start_timeout_s: float = Field(default=30.0, gt=0)
+    # Pool refills and container removal wait until no call has run for this long.
+    housekeeping_grace_s: float = Field(default=0.05, ge=0)
     # Static name -> address pins for the egress proxy (like curl --resolve), for hosts the
     # operator runs on private addresses; other names must resolve to public addresses.
     egress_hosts: dict[str, str] = Field(default_factory=dict)

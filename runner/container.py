@@ -51,6 +51,7 @@ log = structlog.get_logger(__name__)
 ContainerTier = Literal["docker", "gvisor"]
 _MEMORY_MARKERS = (b"MemoryError", b"Cannot allocate memory", b"std::bad_alloc", b"out of memory")
 _WORKER_STDERR_CAP = 16384
+_MAX_USED_BACKLOG = 32  # used containers waiting for removal before removal stops waiting for idle
 _PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
@@ -113,7 +114,13 @@ class ContainerSandbox:
         self._owner = secrets.token_hex(6)
         self._client: docker.DockerClient | None = None
         self._pools: dict[_Class, asyncio.Queue[_Box]] = {}
-        self._filling: dict[_Class, int] = {}
+        self._wanted: set[_Class] = set()  # pools below pool_size, to refill when idle
+        self._used: list[_Box] = []  # used containers, to remove when idle
+        self._chores = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._inflight = 0
+        self._housekeeper: asyncio.Task[None] | None = None
+        self._closing = False
         self._sessions: dict[str, _Box] = {}
         self._session_locks: dict[str, asyncio.Lock] = {}
         self._background: set[asyncio.Task[None]] = set()
@@ -218,15 +225,16 @@ class ContainerSandbox:
         remove_tree(box.staging)
 
     def _destroy(self, box: _Box) -> None:
-        """Remove a used container in the background: the caller's result does not wait for it."""
-        self._spawn(asyncio.to_thread(self._destroy_now, box))
+        """Queue a used container for removal by the housekeeper: not on any call's path."""
+        self._used.append(box)
+        self._wake_housekeeper()
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    # -- pools ----------------------------------------------------------------------------
+    # -- pools and housekeeping -------------------------------------------------------------
 
     async def prewarm(self, limits: ResourceLimits, size: int | None = None) -> None:
         """Fill the pool for ``limits`` and wait until it holds ``size`` (default: pool_size) containers."""
@@ -237,20 +245,58 @@ class ContainerSandbox:
             await queue.put(await asyncio.to_thread(self._create, cls, False))
 
     def _refill(self, cls: _Class) -> None:
-        queue = self._pools.setdefault(cls, asyncio.Queue())
-        missing = self._settings.pool_size - queue.qsize() - self._filling.get(cls, 0)
-        for _ in range(max(missing, 0)):
-            self._filling[cls] = self._filling.get(cls, 0) + 1
-            self._spawn(self._fill_one(cls, queue))
+        self._pools.setdefault(cls, asyncio.Queue())
+        self._wanted.add(cls)
+        self._wake_housekeeper()
 
-    async def _fill_one(self, cls: _Class, queue: asyncio.Queue[_Box]) -> None:
-        try:
-            box = await asyncio.to_thread(self._create, cls, False)
-            await queue.put(box)
-        except SandboxError as exc:
-            log.warning("sandbox_pool_refill_failed", tier=self.tier, error=str(exc))
-        finally:
-            self._filling[cls] -= 1
+    def _wake_housekeeper(self) -> None:
+        if self._closing:
+            return  # aclose removes whatever is left
+        if self._housekeeper is None or self._housekeeper.done():
+            self._housekeeper = asyncio.get_running_loop().create_task(self._housekeep())
+        self._chores.set()
+
+    def _short_pool(self) -> _Class | None:
+        for cls in list(self._wanted):
+            if self._pools[cls].qsize() < self._settings.pool_size:
+                return cls
+            self._wanted.discard(cls)
+        return None
+
+    async def _housekeep(self) -> None:
+        """Removes used containers and refills pools, one at a time, when no call is running.
+
+        Container churn costs dockerd and the runtime far more CPU than a warm call takes; done
+        between calls it slows every call on a small machine. It runs at once only when it is
+        urgent: a pool ran dry, or too many used containers are waiting.
+        """
+        while not self._closing:
+            await self._chores.wait()
+            self._chores.clear()
+            while not self._closing and ((short := self._short_pool()) is not None or self._used):
+                urgent = (short is not None and self._pools[short].empty()) or len(self._used) > _MAX_USED_BACKLOG
+                if not urgent and not await self._idle_for(self._settings.housekeeping_grace_s):
+                    continue
+                try:
+                    if short is not None and (urgent or not self._used or self._pools[short].empty()):
+                        box = await asyncio.to_thread(self._create, short, False)
+                        await self._pools[short].put(box)
+                    elif self._used:
+                        await asyncio.to_thread(self._destroy_now, self._used.pop(0))
+                except SandboxError as exc:
+                    # Do not spin on a broken engine: calls will start cold (and say why) meanwhile.
+                    log.warning("sandbox_pool_refill_failed", tier=self.tier, error=str(exc))
+                    if short is not None:
+                        self._wanted.discard(short)
+                    await asyncio.sleep(1.0)
+
+    async def _idle_for(self, seconds: float) -> bool:
+        """Wait until no call has been running for ``seconds``; False if one started meanwhile."""
+        while self._inflight and not self._closing:
+            self._idle.clear()
+            await self._idle.wait()
+        await asyncio.sleep(seconds)
+        return self._inflight == 0 and not self._closing
 
     async def _acquire(self, spec: SandboxSpec) -> tuple[_Box, str, bool]:
         """A container for ``spec``: (box, how it started, whether to keep it afterwards)."""
@@ -283,6 +329,15 @@ class ContainerSandbox:
             return await self._run(spec)
 
     async def _run(self, spec: SandboxSpec) -> RunResult:
+        self._inflight += 1
+        try:
+            return await self._run_counted(spec)
+        finally:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._idle.set()
+
+    async def _run_counted(self, spec: SandboxSpec) -> RunResult:
         started = time.perf_counter()
         box, how, keep = await self._acquire(spec)
         proxy: EgressProxy | None = None
@@ -367,9 +422,8 @@ class ContainerSandbox:
                 break
         if timed_out or reader.reply.over_cap or reader.reply.malformed:
             await asyncio.to_thread(self._kill, box)
-        elif spec.session is None:
-            with contextlib.suppress(OSError):
-                box.sock.shutdown(socket.SHUT_WR)  # the worker exits when we hang up
+        # Otherwise the worker has killed what the tool left running and waits for us to hang up;
+        # the housekeeper does that (and the container's teardown) when no call is running.
         return reader, bytes(worker_err), timed_out
 
     def _kill(self, box: _Box) -> None:
@@ -392,11 +446,19 @@ class ContainerSandbox:
             await asyncio.to_thread(self._destroy_now, box)
 
     async def aclose(self) -> None:
-        # Refills first: one finishing later would put a container into a pool already drained.
+        # Let the housekeeper finish the container it may be creating: cancelling it would leave
+        # that container (and its attach socket) to nobody.
+        self._closing = True
+        self._chores.set()
+        self._idle.set()
+        if self._housekeeper is not None:
+            with contextlib.suppress(Exception):
+                await self._housekeeper
         for task in list(self._background):
             with contextlib.suppress(Exception):
                 await task
-        boxes = list(self._sessions.values())
+        boxes = list(self._sessions.values()) + self._used
+        self._used = []
         self._sessions.clear()
         for queue in self._pools.values():
             while not queue.empty():

@@ -1,0 +1,178 @@
+"""Sandbox tiers against plain subprocess.run, in one run on this machine.
+
+For each tier: cold start to first output (a fresh sandbox running a trivial python tool),
+call latency p50/p99 (bwrap: every call is a fresh sandbox; docker and gvisor: a call served
+from the warm pool), and throughput with 2 concurrent workers. The baseline runs the same
+program with plain ``subprocess.run``. Targets: bwrap within 1.6x of the baseline; warm docker
+and gvisor calls under 5 ms p50.
+
+Warm samples come from a pool filled beforehand (then a one-second settle) with refills off, so
+container creation does not compete with the calls measured: in service, the housekeeper
+refills pools and removes used containers only when no call is running.
+
+Usage: .venv/bin/python bench/sandbox.py [--iterations N] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+from runner import ContainerSandbox, ResourceLimits, RunnerSettings, Sandbox, SandboxSpec, make_sandbox, python_job
+
+SOURCE = "def main(a, b):\n    return a + b\n"
+LIMITS = ResourceLimits(timeout_s=30)
+# In service, pool containers are started during idle time, ahead of the calls they serve; a
+# container's runtime keeps working for a moment after its worker reports ready.
+SETTLE_S = 1.0
+
+
+def job() -> SandboxSpec:
+    return python_job(SOURCE, "main", {"a": 2, "b": 3}, interpreter="/usr/bin/python3", limits=LIMITS)
+
+
+def pct(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))] * 1000
+
+
+def plain_once() -> float:
+    spec = job()
+    started = time.perf_counter()
+    done = subprocess.run(list(spec.argv), input=spec.stdin, capture_output=True, check=True, env={})
+    elapsed = time.perf_counter() - started
+    assert done.stdout == b'{"result": 5}'
+    return elapsed
+
+
+async def timed(sandbox: Sandbox) -> float:
+    started = time.perf_counter()
+    result = await sandbox.run(job())
+    elapsed = time.perf_counter() - started
+    assert result.stdout == b'{"result": 5}', (result.verdict, result.stderr[-300:])
+    return elapsed
+
+
+async def baseline(n: int) -> dict[str, Any]:
+    samples = [await asyncio.to_thread(plain_once) for _ in range(n)]
+    started = time.perf_counter()
+    await asyncio.gather(*(asyncio.to_thread(lambda: [plain_once() for _ in range(n // 2)]) for _ in range(2)))
+    rate = (n // 2 * 2) / (time.perf_counter() - started)
+    return {"cold_ms": statistics.median(samples) * 1000, "p50_ms": pct(samples, 0.5), "p99_ms": pct(samples, 0.99),
+            "per_s": rate, "sustained_per_s": rate, "start": "process"}  # fmt: skip
+
+
+async def bwrap_tier(settings: RunnerSettings, n: int) -> dict[str, Any]:
+    sandbox = make_sandbox(settings, "bwrap")
+    await timed(sandbox)
+    samples = [await timed(sandbox) for _ in range(n)]
+    started = time.perf_counter()
+
+    async def worker() -> None:
+        for _ in range(n // 2):
+            await timed(sandbox)
+
+    await asyncio.gather(worker(), worker())
+    rate = (n // 2 * 2) / (time.perf_counter() - started)
+    await sandbox.aclose()
+    return {"cold_ms": statistics.median(samples) * 1000, "p50_ms": pct(samples, 0.5), "p99_ms": pct(samples, 0.99),
+            "per_s": rate, "sustained_per_s": rate, "start": "fresh"}  # fmt: skip
+
+
+async def container_tier(settings: RunnerSettings, tier: str, n: int, progress: bool) -> dict[str, Any]:
+    sandbox = make_sandbox(settings.model_copy(update={"pool_size": 0}), tier)
+    assert isinstance(sandbox, ContainerSandbox)
+    problem = sandbox.check()
+    if problem is not None:
+        return {"unavailable": problem}
+    colds = [await timed(sandbox) for _ in range(5)]  # pool empty: every call starts a container
+    warm: list[float] = []
+    batch = 10
+    while len(warm) < n:
+        if progress:
+            print(f"  {tier}: warming {batch} containers ({len(warm)}/{n} calls measured)", file=sys.stderr)
+        await sandbox.prewarm(LIMITS, size=batch)
+        await asyncio.sleep(SETTLE_S)
+        warm += [await timed(sandbox) for _ in range(batch)]
+    await sandbox.prewarm(LIMITS, size=n)
+    await asyncio.sleep(SETTLE_S)
+    started = time.perf_counter()
+
+    async def worker() -> None:
+        for _ in range(n // 2):
+            await timed(sandbox)
+
+    await asyncio.gather(worker(), worker())
+    rate = (n // 2 * 2) / (time.perf_counter() - started)
+    await sandbox.aclose()
+    sustained = await sustained_rate(settings, tier, n)
+    return {"cold_ms": statistics.median(colds) * 1000, "p50_ms": pct(warm[:n], 0.5),
+            "p99_ms": pct(warm[:n], 0.99), "per_s": rate, "sustained_per_s": sustained,
+            "start": "warm pool"}  # fmt: skip
+
+
+async def sustained_rate(settings: RunnerSettings, tier: str, n: int) -> float:
+    """Calls per second from 2 workers when the pool (default size) must keep refilling: every
+    call still gets a never-used container, so container churn sets the pace."""
+    sandbox = make_sandbox(settings, tier)
+    assert isinstance(sandbox, ContainerSandbox)
+    await sandbox.prewarm(LIMITS)
+    await asyncio.sleep(SETTLE_S)
+    started = time.perf_counter()
+
+    async def worker() -> None:
+        for _ in range(n // 4):
+            await timed(sandbox)
+
+    await asyncio.gather(worker(), worker())
+    rate = (n // 4 * 2) / (time.perf_counter() - started)
+    await sandbox.aclose()
+    return rate
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iterations", type=int, default=40)
+    parser.add_argument("--json", action="store_true")
+    opts = parser.parse_args()
+    settings = RunnerSettings()
+    n = max(10, opts.iterations)
+    rows: dict[str, dict[str, Any]] = {"baseline: subprocess.run": await baseline(n)}
+    rows["bwrap"] = await bwrap_tier(settings, n)
+    for tier in ("docker", "gvisor"):
+        rows[tier] = await container_tier(settings, tier, n, not opts.json)
+    base = rows["baseline: subprocess.run"]["p50_ms"]
+    verdicts = {
+        "bwrap within 1.6x of plain subprocess": rows["bwrap"]["p50_ms"] / base <= 1.6,
+        "docker warm p50 under 5 ms": rows["docker"].get("p50_ms", 1e9) < 5,
+        "gvisor warm p50 under 5 ms": rows["gvisor"].get("p50_ms", 1e9) < 5,
+    }
+    if opts.json:
+        print(json.dumps({"benchmark": "sandbox tiers", "results": rows, "targets": verdicts}, indent=2))
+        return
+    print("\nsandbox tiers: trivial python tool ({'result': 5}); cold = fresh sandbox to its output")
+    print(
+        f"  {'tier':26} {'cold ms':>9} {'call p50 ms':>12} {'call p99 ms':>12} {'2 workers /s':>13} "
+        f"{'sustained /s':>13}  calls from"
+    )
+    for name, r in rows.items():
+        if "unavailable" in r:
+            print(f"  {name:26} unavailable: {r['unavailable']}")
+            continue
+        print(f"  {name:26} {r['cold_ms']:>9.1f} {r['p50_ms']:>12.2f} {r['p99_ms']:>12.2f} {r['per_s']:>13.1f} "
+              f"{r['sustained_per_s']:>13.1f}  {r['start']}")  # fmt: skip
+    print("  2 workers /s: from a pool filled beforehand; sustained /s: pool of 2 refilling as it goes,")
+    print("  so container creation and removal (not the call) set the pace on the container tiers.")
+    print(f"  bwrap / baseline at p50: {rows['bwrap']['p50_ms'] / base:.2f}x")
+    for target, met in verdicts.items():
+        print(f"  target: {target}: {'met' if met else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
