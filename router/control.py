@@ -16,6 +16,8 @@ Every event of one call shares its ``decision_id``.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import json
 import secrets
@@ -41,6 +43,7 @@ from router.errors import (
     InvalidCall,
     PolicyError,
     SandboxUnavailable,
+    SessionNotFound,
     StockadeError,
 )
 from router.results import Artifact, DecisionResult, RunUsage, ToolResult
@@ -114,7 +117,8 @@ class ControlPlane:
         self.sandboxes = dict(sandboxes)
         self.audit = audit
         self.registry = ToolRegistry()
-        self.sessions = SessionStore()
+        self.sessions = SessionStore(settings.session_idle_ttl_s)
+        self._sweeper: asyncio.Task[None] | None = None
         self._labels = {"instance": settings.instance, "version": VERSION}
 
     @classmethod
@@ -147,6 +151,10 @@ class ControlPlane:
 
     async def aclose(self) -> None:
         """Stop sandboxes and close the policy engine and the audit log."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
         for sandbox in self.sandboxes.values():
             await sandbox.aclose()
         await self.policy.aclose()
@@ -164,7 +172,27 @@ class ControlPlane:
         """Open a session for one agent task; returns its id."""
         session = self.sessions.open(agent, principal, trusted_context or [])
         log.info("session_opened", session_id=session.id, agent=agent)
+        if self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep_sessions())
         return session.id
+
+    async def expire_sessions(self) -> list[str]:
+        """Close every session idle for longer than the TTL, destroying its own sandboxes."""
+        expired = self.sessions.expired()
+        for session_id in expired:
+            with contextlib.suppress(SessionNotFound):
+                await self.close_session(session_id)
+            log.info("session_expired", session_id=session_id)
+        return expired
+
+    async def _sweep_sessions(self) -> None:
+        interval = min(max(self.settings.session_idle_ttl_s / 2, 0.05), 30.0)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.expire_sessions()
+            except Exception as exc:  # the sweeper must outlive a failing sandbox cleanup
+                log.error("session_sweep_failed", error=str(exc))
 
     async def close_session(self, session_id: str) -> None:
         """Close a session: its pending external calls can no longer be reported, and its own

@@ -4,6 +4,7 @@ the trusted context the framework declared). In-process store; issue #4 adds Red
 from __future__ import annotations
 
 import secrets
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -26,6 +27,7 @@ class Session:
     opened_at: datetime
     taint: set[str] = field(default_factory=set)
     call_count: int = 0
+    last_used: float = field(default_factory=time.monotonic)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,9 +51,10 @@ def _check_name(field_name: str, value: object) -> str:
 class SessionStore:
     """Open sessions and pending external calls, in this process."""
 
-    def __init__(self) -> None:
+    def __init__(self, idle_ttl_s: float = 3600.0) -> None:
         self._sessions: dict[str, Session] = {}
         self._pending: dict[str, PendingExternal] = {}
+        self._idle_ttl_s = idle_ttl_s
 
     def open(self, agent: str, principal: str, trusted_context: list[str]) -> Session:
         _check_name("agent", agent)
@@ -71,13 +74,28 @@ class SessionStore:
         return session
 
     def get(self, session_id: object) -> Session:
+        """The open session ``session_id``; using it keeps it from expiring.
+
+        Raises:
+            SessionNotFound: unknown, closed, or idle for longer than the session TTL.
+        """
         session = self._sessions.get(session_id) if isinstance(session_id, str) else None
+        now = time.monotonic()
+        if session is not None and now - session.last_used > self._idle_ttl_s:
+            raise SessionNotFound(f"session {session.id} expired after {self._idle_ttl_s:g}s idle; open a new one")
         if session is None:
             raise SessionNotFound(f"no open session {show(session_id)}; open one with open_session()")
+        session.last_used = now
         return session
 
+    def expired(self) -> list[str]:
+        """Ids of sessions idle for longer than the TTL (still to be closed)."""
+        cutoff = time.monotonic() - self._idle_ttl_s
+        return [s.id for s in self._sessions.values() if s.last_used < cutoff]
+
     def close(self, session_id: str) -> None:
-        self.get(session_id)
+        if session_id not in self._sessions:
+            raise SessionNotFound(f"no open session {show(session_id)}")
         del self._sessions[session_id]
         self._pending = {k: p for k, p in self._pending.items() if p.session_id != session_id}
 

@@ -41,4 +41,6 @@ class Settings(BaseSettings):
     max_args_bytes: int = Field(default=1 << 20, gt=0)
     max_report_bytes: int = Field(default=1 << 20, gt=0)
     max_input_bytes: int = Field(default=16 << 20, gt=0)
+    # A session unused for this long expires: its calls are refused and its sandboxes destroyed.
+    session_idle_ttl_s: float = Field(default=3600.0, gt=0)
     instance: str = Field(default_factory=socket.gethostname)

@@ -3,6 +3,7 @@ in the audit log, and per-session sandboxes, through the real router."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 from collections.abc import AsyncIterator
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 
 from policy import PolicySettings
-from router import ControlPlane, InvalidCall, Settings
+from router import ControlPlane, InvalidCall, SessionNotFound, Settings
 from router.audit import AuditFilter
 from router.settings import AuditSettings
 from runner import RunnerSettings
@@ -135,3 +136,39 @@ async def test_session_mode_keeps_one_sandbox_per_session_until_it_closes(plane:
     await plane.close_session(first)
     await plane.close_session(second)
     assert sandbox_containers(docker_box.owner) == []  # type: ignore[attr-defined]
+
+
+async def test_an_idle_session_expires_and_its_sandbox_is_destroyed(tmp_path: Path, runner_state: Path) -> None:
+    settings = Settings(
+        audit=AuditSettings(path=tmp_path / "audit.jsonl"),
+        runner=RunnerSettings(state_dir=runner_state, pool_size=0),
+        session_idle_ttl_s=0.5,
+    )
+    async with ControlPlane.from_settings(settings) as plane:
+        await plane.register(python_tool("remember", ECHO, sandbox={"tier": "docker", "mode": "session"}))
+        session = await plane.open_session("agent-1", "alice@example.com")
+        assert (await plane.call(session, "remember", {"x": 1})).ok
+        docker_box = plane.sandboxes["docker"]
+        assert len(sandbox_containers(docker_box.owner)) == 1  # type: ignore[attr-defined]
+        for _ in range(40):  # the sweeper runs every ttl/2
+            await asyncio.sleep(0.1)
+            if not sandbox_containers(docker_box.owner):  # type: ignore[attr-defined]
+                break
+        assert sandbox_containers(docker_box.owner) == []  # type: ignore[attr-defined]
+        with pytest.raises(SessionNotFound):
+            await plane.call(session, "remember", {"x": 2})
+
+
+async def test_a_session_in_use_does_not_expire(tmp_path: Path, runner_state: Path) -> None:
+    settings = Settings(
+        audit=AuditSettings(path=tmp_path / "audit.jsonl"),
+        runner=RunnerSettings(state_dir=runner_state, pool_size=0),
+        session_idle_ttl_s=0.6,
+    )
+    async with ControlPlane.from_settings(settings) as plane:
+        await plane.register(python_tool("echo", ECHO))
+        session = await plane.open_session("agent-1", "alice@example.com")
+        for _ in range(6):  # 1.2 s in all, never idle for 0.6 s
+            await asyncio.sleep(0.2)
+            assert (await plane.decide(session, "echo", {})).outcome == "allow"
+        assert await plane.expire_sessions() == []
