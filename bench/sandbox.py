@@ -59,6 +59,18 @@ async def timed(sandbox: Sandbox) -> float:
     return elapsed
 
 
+async def two_workers(sandbox: Sandbox, calls: int) -> float:
+    """Calls per second when two concurrent workers make ``calls`` calls in all."""
+    started = time.perf_counter()
+
+    async def worker() -> None:
+        for _ in range(calls // 2):
+            await timed(sandbox)
+
+    await asyncio.gather(worker(), worker())
+    return (calls // 2 * 2) / (time.perf_counter() - started)
+
+
 async def baseline(n: int) -> dict[str, Any]:
     samples = [await asyncio.to_thread(plain_once) for _ in range(n)]
     started = time.perf_counter()
@@ -72,14 +84,7 @@ async def bwrap_tier(settings: RunnerSettings, n: int) -> dict[str, Any]:
     sandbox = make_sandbox(settings, "bwrap")
     await timed(sandbox)
     samples = [await timed(sandbox) for _ in range(n)]
-    started = time.perf_counter()
-
-    async def worker() -> None:
-        for _ in range(n // 2):
-            await timed(sandbox)
-
-    await asyncio.gather(worker(), worker())
-    rate = (n // 2 * 2) / (time.perf_counter() - started)
+    rate = await two_workers(sandbox, n)
     await sandbox.aclose()
     return {"cold_ms": statistics.median(samples) * 1000, "p50_ms": pct(samples, 0.5), "p99_ms": pct(samples, 0.99),
             "per_s": rate, "sustained_per_s": rate, "start": "fresh"}  # fmt: skip
@@ -102,14 +107,7 @@ async def container_tier(settings: RunnerSettings, tier: str, n: int, progress: 
         warm += [await timed(sandbox) for _ in range(batch)]
     await sandbox.prewarm(LIMITS, size=n)
     await asyncio.sleep(SETTLE_S)
-    started = time.perf_counter()
-
-    async def worker() -> None:
-        for _ in range(n // 2):
-            await timed(sandbox)
-
-    await asyncio.gather(worker(), worker())
-    rate = (n // 2 * 2) / (time.perf_counter() - started)
+    rate = await two_workers(sandbox, n)
     await sandbox.aclose()
     sustained = await sustained_rate(settings, tier, n)
     return {"cold_ms": statistics.median(colds) * 1000, "p50_ms": pct(warm[:n], 0.5),
@@ -124,14 +122,7 @@ async def sustained_rate(settings: RunnerSettings, tier: str, n: int) -> float:
     assert isinstance(sandbox, ContainerSandbox)
     await sandbox.prewarm(LIMITS)
     await asyncio.sleep(SETTLE_S)
-    started = time.perf_counter()
-
-    async def worker() -> None:
-        for _ in range(n // 4):
-            await timed(sandbox)
-
-    await asyncio.gather(worker(), worker())
-    rate = (n // 4 * 2) / (time.perf_counter() - started)
+    rate = await two_workers(sandbox, n // 2)
     await sandbox.aclose()
     return rate
 

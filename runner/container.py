@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import os
 import secrets
-import shutil
 import socket
 import struct
 import tempfile
@@ -123,7 +122,6 @@ class ContainerSandbox:
         self._closing = False
         self._sessions: dict[str, _Box] = {}
         self._session_locks: dict[str, asyncio.Lock] = {}
-        self._background: set[asyncio.Task[None]] = set()
         self._problem: str | Literal[False] | None = False  # False: not checked yet
         self._staging_root = settings.state_dir / "containers"
 
@@ -228,11 +226,6 @@ class ContainerSandbox:
         """Queue a used container for removal by the housekeeper: not on any call's path."""
         self._used.append(box)
         self._wake_housekeeper()
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
 
     # -- pools and housekeeping -------------------------------------------------------------
 
@@ -454,9 +447,6 @@ class ContainerSandbox:
         if self._housekeeper is not None:
             with contextlib.suppress(Exception):
                 await self._housekeeper
-        for task in list(self._background):
-            with contextlib.suppress(Exception):
-                await task
         boxes = list(self._sessions.values()) + self._used
         self._used = []
         self._sessions.clear()
@@ -465,13 +455,13 @@ class ContainerSandbox:
                 boxes.append(queue.get_nowait())
         await asyncio.gather(*(asyncio.to_thread(self._destroy_now, b) for b in boxes))
         if self._client is not None:
-            # Anything a cancelled refill created after the pools were drained.
+            # Anything of ours still there (a container whose creation was interrupted). One listing
+            # call: the high-level list inspects each container and races their removal.
             with contextlib.suppress(Exception):
-                for c in self._client.containers.list(all=True, filters={"label": f"stockade.owner={self._owner}"}):
-                    c.remove(force=True)
+                for found in self._client.api.containers(all=True, filters={"label": f"stockade.owner={self._owner}"}):
+                    self._client.api.remove_container(found["Id"], force=True)
             self._client.close()
             self._client = None
-        shutil.rmtree(self._staging_root / "unused", ignore_errors=True)
 
 
 def _await_ready(sock: socket.socket, timeout_s: float) -> None:
