@@ -79,6 +79,43 @@ async def measure_plane(durability: Literal["fsync", "relaxed"], n: int) -> list
             return samples
 
 
+FETCH = {
+    "name": "get_webpage", "description": "fetch", "risk": "low", "capabilities": ["reads_untrusted"],
+    "input_schema": {"type": "object"}, "executor": {"kind": "external"},
+}  # fmt: skip
+
+
+def page(i: int) -> dict[str, str]:
+    """A realistic tool output: free text with addresses, URLs, an IBAN and amounts."""
+    return {"url": f"https://site{i}.example/item/{i}",
+            "text": f"Contact sales{i}@vendor{i % 97}.example or visit https://vendor{i % 97}.example/p/{i}. "
+                    f"Price {100 + i}.99 EUR, account {10_000_000 + i}, ref DE89 3704 0044 0532 0130 00."}  # fmt: skip
+
+
+async def measure_provenance(prior_outputs: int, durability: Literal["fsync", "relaxed"], n: int) -> list[float]:
+    """ControlPlane.decide() for a consequential call in a session holding ``prior_outputs`` outputs."""
+    with tempfile.TemporaryDirectory(dir=REPO) as tmp:
+        settings = Settings(audit=AuditSettings(path=Path(tmp) / "audit.jsonl", durability=durability))
+        async with ControlPlane.from_settings(settings) as plane:
+            await plane.register({**TOOL, "destination_args": ["to"]})
+            await plane.register(FETCH)
+            session_id = await plane.open_session("bench", "alice@example.com", ["email bob@example.com"])
+            session = plane.sessions.get(session_id)
+            fetch = plane.registry.get("get_webpage").spec
+            session.taint.add("untrusted_content")
+            for i in range(prior_outputs):  # the path a real call's output takes into the index
+                plane._remember(session, fetch, f"c-{i}", page(i))
+            args = {"to": "sales7@vendor7.example", "body": "hello"}
+            for _ in range(50):
+                await plane.decide(session_id, "send_email", args)
+            samples = []
+            for _ in range(n):
+                t = time.perf_counter()
+                await plane.decide(session_id, "send_email", args)
+                samples.append(time.perf_counter() - t)
+            return samples
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=5000)
@@ -98,6 +135,11 @@ async def main() -> None:
         "ControlPlane.decide() durability=fsync": summarize(await measure_plane("fsync", max(200, n // 5))),
         "ControlPlane.decide() durability=relaxed": summarize(await measure_plane("relaxed", max(200, n // 5))),
     }
+    for prior in (0, 100, 10_000):
+        for durability in ("relaxed", "fsync"):
+            rows[f"decide(), {prior} prior outputs, {durability}"] = summarize(
+                await measure_provenance(prior, durability, max(200, n // 5))  # type: ignore[arg-type]
+            )
     p50 = rows["engine.decide() compiled RVM path"]["p50_ms"]
     report("decision latency, shipped policy", rows, {
         "policy revision": engine.revision[:16],
@@ -106,6 +148,8 @@ async def main() -> None:
         "speed-up of the compiled path over the interpreter":
             f"{rows['baseline: regorus interpreter (Engine)']['p50_ms'] / p50:.1f}x at p50",
         "audit durability (ControlPlane rows)": "fsync per append is the default; relaxed shown beside it",
+        "prior outputs": "a tainted session whose index holds N realistic outputs; the call's recipient "
+        "is in one of them (embedded store)",
     }, opts.json)  # fmt: skip
 
 

@@ -48,6 +48,8 @@ class ToolInfo(_Frozen):
     executor: str = "command"
     tier: str = "bwrap"
     egress: list[EgressRequest] = Field(default_factory=list)
+    destination_args: list[str] = Field(default_factory=list)
+    amount_args: list[str] = Field(default_factory=list)
 
 
 class PolicyInput(_Frozen):

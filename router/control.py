@@ -46,6 +46,7 @@ from router.errors import (
     SessionNotFound,
     StockadeError,
 )
+from router.provenance import source_label
 from router.results import Artifact, DecisionResult, RunUsage, ToolResult
 from router.sessions import UNTRUSTED_CONTENT, PendingExternal, Session, SessionStore
 from router.settings import Settings
@@ -293,6 +294,7 @@ class ControlPlane:
             self.sessions.expect_report(pending)
             raise
         self._taint(session, tool.spec)
+        self._remember(session, tool.spec, pending.call_id, output)
         return ToolResult(
             status="completed", decision_id=pending.decision_id, call_id=pending.call_id, tool=tool.spec.name,
             verdict="reported", output=output,
@@ -348,8 +350,11 @@ class ControlPlane:
                 executor=spec.executor.kind,
                 tier=spec.sandbox.tier,
                 egress=[EgressRequest.model_validate(e.model_dump()) for e in spec.sandbox.egress],
+                destination_args=spec.destination_args,
+                amount_args=spec.amount_args,
             ),
             args=call.args,
+            provenance=call.session.provenance.lookup(call.args),
             now=_now(),
         )
         started = time.perf_counter_ns()
@@ -454,6 +459,8 @@ class ControlPlane:
         if not await self._record(event):
             # The output is withheld: nothing leaves the router without an audit record.
             return self._result(call, "denied", reasons=["audit.unavailable"])
+        # What the agent gets back enters its context: index it for the provenance of later calls.
+        self._remember(call.session, spec, call.call_id, output if output is not None else stdout, stderr)
         log.info("tool_call_completed", verdict=verdict, wall_ms=round(usage.wall_ms, 2))
         return ToolResult(
             status="completed", decision_id=call.decision_id, call_id=call.call_id, tool=spec.name,
@@ -484,6 +491,11 @@ class ControlPlane:
             log.error("audit_append_failed", error=str(exc), kind=event.kind, decision_id=event.decision_id)
             return False
         return True
+
+    @staticmethod
+    def _remember(session: Session, spec: ToolSpec, call_id: str, *content: Any) -> None:
+        label = source_label(spec.name, call_id, untrusted="reads_untrusted" in spec.capabilities)
+        session.provenance.add_all(label, content)
 
     @staticmethod
     def _taint(session: Session, spec: ToolSpec) -> None:

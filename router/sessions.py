@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from router.errors import InvalidCall, SessionNotFound
+from router.provenance import USER, ProvenanceIndex
 from router.tools import show
 
 UNTRUSTED_CONTENT = "untrusted_content"
@@ -28,6 +29,7 @@ class Session:
     taint: set[str] = field(default_factory=set)
     call_count: int = 0
     last_used: float = field(default_factory=time.monotonic)
+    provenance: ProvenanceIndex = field(default_factory=ProvenanceIndex)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +72,7 @@ class SessionStore:
             trusted_context=list(trusted_context),
             opened_at=datetime.now(UTC),
         )
+        session.provenance.add_all(USER, session.trusted_context)
         self._sessions[session.id] = session
         return session
 

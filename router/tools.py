@@ -117,6 +117,10 @@ class ToolSpec(_Frozen):
     executor: Executor
     sandbox: SandboxDefaults = Field(default_factory=SandboxDefaults)
     credentials: list[CredentialRef] = Field(default_factory=list)
+    # Arguments naming where the call sends something (recipient, url, account) or how much it
+    # moves: policy checks where their values came from, so it needs no per-tool code.
+    destination_args: list[str] = Field(default_factory=list)
+    amount_args: list[str] = Field(default_factory=list)
 
     @field_validator("name")
     @classmethod
@@ -144,6 +148,14 @@ class ToolSpec(_Frozen):
     @classmethod
     def _capabilities_are_a_set(cls, caps: list[str]) -> list[str]:
         return sorted(set(caps))
+
+    @model_validator(mode="after")
+    def _watched_args_are_arguments(self) -> ToolSpec:
+        properties = self.input_schema.get("properties", {})
+        for name in [*self.destination_args, *self.amount_args]:
+            if name not in properties:
+                raise ValueError(f"destination/amount argument {name!r} is not a property of input_schema")
+        return self
 
     @model_validator(mode="after")
     def _placeholders_are_arguments(self) -> ToolSpec:

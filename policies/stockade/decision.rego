@@ -83,10 +83,62 @@ approval_reasons contains {"code": "approval.financial", "message": "financial t
 
 approval_reasons contains {
 	"code": "approval.external_after_untrusted",
-	"message": "sending externally after the session read untrusted content",
+	"message": "sending externally after untrusted content, with no destination argument to check",
 } if {
 	"sends_external" in tool_capabilities
 	has_read_untrusted
+	count(watched_args) == 0
+}
+
+# METADATA
+# description: >-
+#   The lethal trifecta: after untrusted content, a consequential call whose destination or
+#   amount came from that content. Values the user gave, or trusted tools returned, pass.
+deny_reasons contains {
+	"code": "provenance.untrusted_destination",
+	"message": sprintf("argument %q came only from untrusted content: %v", [arg, arg_sources(arg)]),
+} if {
+	is_consequential
+	some arg in watched_args
+	is_untrusted_only(arg)
+}
+
+approval_reasons contains {
+	"code": "approval.unverified_destination",
+	"message": sprintf("after untrusted content, argument %q has no trusted source", [arg]),
+} if {
+	is_consequential
+	has_read_untrusted
+	some arg in watched_args
+	_ := input.args[arg]
+	not has_trusted_source(arg)
+	not is_untrusted_only(arg)
+}
+
+is_consequential if {
+	some c in tool_capabilities
+	c in catalog.consequential_capabilities
+}
+
+watched_args contains arg if some arg in object.get(input.tool, "destination_args", [])
+
+watched_args contains arg if some arg in object.get(input.tool, "amount_args", [])
+
+arg_sources(arg) := object.get(object.get(input, "provenance", {}), arg, [])
+
+has_trusted_source(arg) if {
+	some source in arg_sources(arg)
+	is_trusted_source(source)
+}
+
+is_trusted_source(source) if source == "user"
+
+is_trusted_source(source) if startswith(source, "tool:")
+
+is_untrusted_only(arg) if {
+	some source in arg_sources(arg)
+	startswith(source, "untrusted:")
+	not has_trusted_source(arg)
 }
 
 deny_reasons contains {

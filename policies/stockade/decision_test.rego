@@ -48,10 +48,52 @@ test_send_external_on_clean_session_is_allowed if {
 	d.outcome == "allow"
 }
 
-test_send_external_after_untrusted_needs_approval if {
+test_send_external_after_untrusted_without_destination_args_needs_approval if {
 	d := stockade.decision with input as _input(_tool(["sends_external"], "medium"), ["untrusted_content"])
 	d.outcome == "require_approval"
 	d.reasons[0].code == "approval.external_after_untrusted"
+}
+
+_mailer := object.union(_tool(["sends_external"], "medium"), {"destination_args": ["to"]})
+
+_send(to, sources) := object.union(_input(_mailer, ["untrusted_content"]), {"args": {"to": to}, "provenance": {"to": sources}})
+
+test_sending_to_an_address_from_untrusted_content_is_denied if {
+	d := stockade.decision with input as _send("evil@attacker.example", ["untrusted:get_webpage:c-5"])
+	d.outcome == "deny"
+	d.reasons[0].code == "provenance.untrusted_destination"
+}
+
+test_sending_to_the_address_the_user_gave_is_allowed if {
+	d := stockade.decision with input as _send("bob@example.com", ["user"])
+	d.outcome == "allow"
+}
+
+test_an_address_the_user_also_gave_is_allowed_even_if_a_page_repeats_it if {
+	d := stockade.decision with input as _send("bob@example.com", ["untrusted:get_webpage:c-5", "user"])
+	d.outcome == "allow"
+}
+
+test_an_address_from_a_trusted_tool_is_allowed if {
+	d := stockade.decision with input as _send("ops@example.com", ["tool:directory_lookup:c-2"])
+	d.outcome == "allow"
+}
+
+test_an_address_of_unknown_origin_after_untrusted_content_needs_approval if {
+	d := stockade.decision with input as object.union(_send("who@where.example", []), {"provenance": {}})
+	d.outcome == "require_approval"
+	d.reasons[0].code == "approval.unverified_destination"
+}
+
+test_a_payment_to_an_untrusted_iban_is_denied if {
+	payer := object.union(_tool(["financial"], "high"), {"destination_args": ["iban"], "amount_args": ["amount"]})
+	i := object.union(_input(payer, ["untrusted_content"]), {
+		"args": {"iban": "DE89370400440532013000", "amount": 100},
+		"provenance": {"iban": ["untrusted:read_file:c-9"], "amount": ["user"]},
+	})
+	d := stockade.decision with input as i
+	d.outcome == "deny"
+	d.reasons[0].code == "provenance.untrusted_destination"
 }
 
 test_unknown_capability_is_denied if {

@@ -30,6 +30,15 @@ def make_input(
     )
 
 
+def trifecta_input(sources: list[str], taint: list[str]) -> PolicyInput:
+    base = make_input(["sends_external"], "medium", taint)
+    tool = base.tool.model_copy(update={"destination_args": ["to"], "amount_args": ["amount"]})
+    provenance = {"to": sources} if sources else {}
+    return base.model_copy(
+        update={"tool": tool, "args": {"to": "x@y.example", "amount": 500}, "provenance": provenance}
+    )
+
+
 @pytest.fixture
 def engine() -> EmbeddedEngine:
     return EmbeddedEngine(PolicySettings(dir=REPO / "policies"))
@@ -92,6 +101,12 @@ async def test_sending_on_a_clean_session_is_allowed(engine: EmbeddedEngine) -> 
         make_input(["reads_private", "sends_external"]),
         make_input(["bogus"], "nope"),
         make_input(limits={"timeout_s": 3, "pids": 10_000, "cpus": 0.25}),
+        make_input(["executes_code"]),
+        *[
+            trifecta_input(sources, taint)
+            for sources in (["untrusted:web:c-1"], ["user"], ["untrusted:web:c-1", "user"], ["tool:dir:c-2"], [])
+            for taint in ([], ["untrusted_content"])
+        ],
     ],
 )
 def test_compiled_path_and_interpreter_agree(engine: EmbeddedEngine, policy_input: PolicyInput) -> None:

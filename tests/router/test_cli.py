@@ -91,7 +91,7 @@ def test_demo_then_verify_and_query_its_audit_log(tmp_path: Path) -> None:
     assert json.loads(verify.stdout)["ok"] is True
 
     denied = json.loads(run("audit", "query", "--path", str(audit), "--outcome", "deny", "--json").stdout)
-    assert [e["tool"] for e in denied] == ["export_contacts"]
+    assert [e["tool"] for e in denied] == ["export_contacts", "send_email"]
     table = run("audit", "query", "--path", str(audit), "--tool", "spin")
     assert "timeout" in table.stdout
 
