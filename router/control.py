@@ -47,6 +47,8 @@ from router.errors import (
     StockadeError,
 )
 from router.provenance import source_label
+from router.rates import RateCounter
+from router.rates import scopes as rate_scopes
 from router.results import Artifact, DecisionResult, RunUsage, ToolResult
 from router.sessions import UNTRUSTED_CONTENT, PendingExternal, Session, SessionStore
 from router.settings import Settings
@@ -119,6 +121,7 @@ class ControlPlane:
         self.audit = audit
         self.registry = ToolRegistry()
         self.sessions = SessionStore(settings.session_idle_ttl_s)
+        self.rates = RateCounter()
         self._sweeper: asyncio.Task[None] | None = None
         self._labels = {"instance": settings.instance, "version": VERSION}
 
@@ -355,6 +358,9 @@ class ControlPlane:
             ),
             args=call.args,
             provenance=call.session.provenance.lookup(call.args),
+            rate=(self.rates.hit if mode == "call" else self.rates.peek)(
+                rate_scopes(call.session.id, call.session.agent, spec.name)
+            ),
             now=_now(),
         )
         started = time.perf_counter_ns()

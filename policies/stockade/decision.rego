@@ -90,6 +90,15 @@ approval_reasons contains {
 	count(watched_args) == 0
 }
 
+deny_reasons contains {
+	"code": "rate.exceeded",
+	"message": sprintf("%d calls in the last minute (%s), over the limit of %d", [count_now, window, limit]),
+} if {
+	some window, limit in catalog.rate_limits
+	count_now := object.get(object.get(input, "rate", {}), window, 0)
+	count_now > limit
+}
+
 # METADATA
 # description: >-
 #   The lethal trifecta: after untrusted content, a consequential call whose destination or

@@ -163,3 +163,22 @@ test_egress_to_a_host_not_allowlisted_is_denied if {
 	d.outcome == "deny"
 	d.reasons[0].code == "egress.not_allowlisted"
 }
+
+test_calls_within_the_rate_limits_are_allowed if {
+	i := object.union(_input(_tool([], "low"), []), {"rate": {"session_per_minute": 120, "agent_tool_per_minute": 60}})
+	d := stockade.decision with input as i
+	d.outcome == "allow"
+}
+
+test_a_call_over_a_rate_limit_is_denied if {
+	i := object.union(_input(_tool([], "low"), []), {"rate": {"agent_tool_per_minute": 61}})
+	d := stockade.decision with input as i
+	d.outcome == "deny"
+	d.reasons[0].code == "rate.exceeded"
+}
+
+test_rate_limits_are_data if {
+	i := object.union(_input(_tool([], "low"), []), {"rate": {"session_per_minute": 3}})
+	d := stockade.decision with input as i with data.stockade.catalog.rate_limits as {"session_per_minute": 2}
+	d.outcome == "deny"
+}

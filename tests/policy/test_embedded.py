@@ -102,6 +102,8 @@ async def test_sending_on_a_clean_session_is_allowed(engine: EmbeddedEngine) -> 
         make_input(["bogus"], "nope"),
         make_input(limits={"timeout_s": 3, "pids": 10_000, "cpus": 0.25}),
         make_input(["executes_code"]),
+        make_input().model_copy(update={"rate": {"session_per_minute": 5, "agent_tool_per_minute": 61}}),
+        make_input().model_copy(update={"rate": {"session_per_minute": 120}}),
         *[
             trifecta_input(sources, taint)
             for sources in (["untrusted:web:c-1"], ["user"], ["untrusted:web:c-1", "user"], ["tool:dir:c-2"], [])
