@@ -1,5 +1,6 @@
 """stockade's router: composes policy, runner, audit and sessions into the tool-call pipeline."""
 
+from router.approvals import Approval, ApprovalError, ApprovalStatus
 from router.control import VERSION, ControlPlane
 from router.errors import (
     AuditError,
@@ -20,6 +21,9 @@ from router.tools import ToolSpec
 
 __all__ = [
     "VERSION",
+    "Approval",
+    "ApprovalError",
+    "ApprovalStatus",
     "AuditError",
     "ControlPlane",
     "DecisionResult",

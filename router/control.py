@@ -36,6 +36,7 @@ import runner.base
 import runner.files
 from policy import Decision, Outcome, PolicyEngine, PolicyInput, SessionInfo, SubjectInfo, ToolInfo
 from policy.base import EgressRequest
+from router.approvals import Approval, ApprovalBook, ApprovalError, ApprovalStatus
 from router.audit import AuditEvent, AuditLog, JsonlAuditLog, sha256_hex
 from router.errors import (
     AuditError,
@@ -81,6 +82,7 @@ class _Call:
     """One call in flight: the ids and facts every audit event of it shares."""
 
     __slots__ = (
+        "approval",
         "args",
         "argv",
         "call_id",
@@ -99,6 +101,7 @@ class _Call:
         self.canonical_args = canonical_args
         self.argv: tuple[str, ...] = ()
         self.inputs: tuple[runner_pkg.InputFile, ...] = ()
+        self.approval: Approval | None = None
         self.tier: str = tool.spec.sandbox.tier
         self.call_id = "c-" + secrets.token_hex(8)
         self.decision_id = str(uuid.uuid4())
@@ -122,6 +125,7 @@ class ControlPlane:
         self.registry = ToolRegistry()
         self.sessions = SessionStore(settings.session_idle_ttl_s)
         self.rates = RateCounter()
+        self.approvals = ApprovalBook(settings.approval_ttl_s)
         self._sweeper: asyncio.Task[None] | None = None
         self._labels = {"instance": settings.instance, "version": VERSION}
 
@@ -205,6 +209,38 @@ class ControlPlane:
         for sandbox in self.sandboxes.values():
             await sandbox.close_session(session_id)
 
+    # -- approvals --------------------------------------------------------------------------
+
+    def list_approvals(self, status: ApprovalStatus | None = None) -> list[Approval]:
+        """Approvals, optionally only those in ``status`` (e.g. pending ones for an approver)."""
+        return self.approvals.list(status)
+
+    def get_approval(self, approval_id: str) -> Approval:
+        """One approval. Raises `ApprovalError` if unknown."""
+        return self.approvals.get(approval_id)
+
+    async def approve(self, approval_id: str, approver: str, note: str = "") -> Approval:
+        """Grant a pending approval. Refused for the requesting agent itself, or if not pending."""
+        return await self._decide_approval(approval_id, approver, note, approve=True)
+
+    async def deny_approval(self, approval_id: str, approver: str, note: str = "") -> Approval:
+        """Refuse a pending approval; the call it was for cannot run with it."""
+        return await self._decide_approval(approval_id, approver, note, approve=False)
+
+    async def _decide_approval(self, approval_id: str, approver: str, note: str, *, approve: bool) -> Approval:
+        decided = self.approvals.decide(approval_id, approver=approver, approve=approve, note=note)
+        if not await self._record_approval(decided, decided.status.value):
+            raise AuditError(f"the decision on approval {approval_id} could not be audited")
+        log.info("approval_decided", approval_id=approval_id, status=decided.status.value, approver=approver)
+        return decided
+
+    async def _record_approval(self, approval: Approval, outcome: str) -> bool:
+        return await self._record(AuditEvent(
+            kind="approval", decision_id=approval.decision_id, timestamp=_now(), session_id=approval.session_id,
+            agent=approval.agent, tool=approval.tool, outcome=outcome, labels=self._labels,
+            result=approval.model_dump(mode="json", exclude={"args"}),
+        ))  # fmt: skip
+
     async def reload_policy(self) -> str:
         """Reload the policy directory; the old policy stays on any error. Returns the revision."""
         try:
@@ -231,15 +267,30 @@ class ControlPlane:
         args: Mapping[str, Any] | str | bytes,
         *,
         inputs: Mapping[str, bytes] | None = None,
+        approval_id: str | None = None,
     ) -> ToolResult:
         """Validate, decide, run and audit one tool call. ``inputs``: files the tool sees read-only
-        at ``/in/<name>``, each recorded in the audit log by sha256 and size.
+        at ``/in/<name>``, each recorded in the audit log by sha256 and size. ``approval_id``: the
+        approval a human granted for exactly this call (after ``pending_approval``); the call is
+        decided again with it, and it is used up if the call goes ahead.
 
         Raises:
             SessionNotFound: no such session.
             InvalidCall, ToolNotFound: the call is malformed (audited; nothing ran).
         """
         call = await self._prepare(session_id, tool, args, inputs)
+        if approval_id is not None:
+            try:
+                call.approval = self.approvals.check(
+                    approval_id,
+                    session_id=call.session.id,
+                    tool=call.tool.spec.name,
+                    canonical_args=call.canonical_args,
+                )
+            except ApprovalError as exc:
+                await self._audit_rejection(call.session, tool, exc)
+                raise
+            call.decision_id = call.approval.decision_id  # one trail: request, approval, decision, run
         with structlog.contextvars.bound_contextvars(
             decision_id=call.decision_id, session_id=call.session.id, tool=call.tool.spec.name
         ):
@@ -251,8 +302,25 @@ class ControlPlane:
                 log.info("tool_call_denied", reasons=decision.reason_codes)
                 return self._result(call, "denied", reasons=decision.reason_codes)
             if decision.outcome is Outcome.REQUIRE_APPROVAL:
-                log.info("tool_call_held_for_approval", reasons=decision.reason_codes)
-                return self._result(call, "pending_approval", reasons=decision.reason_codes)
+                approval = self.approvals.open(
+                    decision_id=call.decision_id, session_id=call.session.id, agent=call.session.agent,
+                    principal=call.session.principal, tool=call.tool.spec.name, canonical_args=call.canonical_args,
+                    reasons=[r.model_dump() for r in decision.reasons],
+                )  # fmt: skip
+                if not await self._record_approval(approval, "requested"):
+                    return self._result(call, "denied", reasons=["audit.unavailable"])
+                log.info("tool_call_held_for_approval", reasons=decision.reason_codes, approval_id=approval.id)
+                return self._result(call, "pending_approval", reasons=decision.reason_codes).model_copy(
+                    update={"approval_id": approval.id}
+                )
+            if call.approval is not None:
+                try:
+                    used = self.approvals.redeem(call.approval.id)
+                except ApprovalError as exc:  # redeemed by a concurrent call in the meantime
+                    await self._audit_rejection(call.session, call.tool.spec.name, exc)
+                    raise
+                if not await self._record_approval(used, "redeemed"):
+                    return self._result(call, "denied", reasons=["audit.unavailable"])
             if isinstance(call.tool.spec.executor, ExternalExecutor):
                 self.sessions.expect_report(
                     PendingExternal(call.session.id, call.call_id, call.decision_id, call.tool.spec.name)
@@ -357,6 +425,14 @@ class ControlPlane:
                 amount_args=spec.amount_args,
             ),
             args=call.args,
+            approval=None
+            if call.approval is None
+            else {
+                "id": call.approval.id,
+                "status": call.approval.status.value,
+                "approver": call.approval.approver,
+                "reasons": [r["code"] for r in call.approval.reasons],
+            },
             provenance=call.session.provenance.lookup(call.args),
             rate=(self.rates.hit if mode == "call" else self.rates.peek)(
                 rate_scopes(call.session.id, call.session.agent, spec.name)

@@ -6,6 +6,7 @@
      ├── InvalidToolSpec          a registration is malformed
      │    └── DuplicateTool       a tool of that name is already registered
      ├── SessionNotFound          no open session with that id
+     ├── ApprovalError            an approval cannot be used or decided (router/approvals.py)
      ├── PolicyError              the policy cannot be loaded
      │    └── PolicyUnavailable   no policy is in force
      ├── SandboxError             the sandbox itself failed

@@ -64,6 +64,7 @@ class ToolResult(BaseModel):
     usage: RunUsage | None = None
     tier: str | None = None
     start: str | None = None
+    approval_id: str | None = None
     artifacts: list[Artifact] = Field(default_factory=list)
     quarantine: str | None = None
 

@@ -43,4 +43,6 @@ class Settings(BaseSettings):
     max_input_bytes: int = Field(default=16 << 20, gt=0)
     # A session unused for this long expires: its calls are refused and its sandboxes destroyed.
     session_idle_ttl_s: float = Field(default=3600.0, gt=0)
+    # How long a human has to decide a held call before its approval expires.
+    approval_ttl_s: float = Field(default=900.0, gt=0)
     instance: str = Field(default_factory=socket.gethostname)

@@ -31,12 +31,30 @@ decision := {
 } if {
 	count(deny_reasons) == 0
 	count(approval_reasons) > 0
+	not is_approved
 }
 
 decision := {"outcome": "allow", "reasons": [], "obligations": obligations} if {
 	count(deny_reasons) == 0
 	count(approval_reasons) == 0
 	is_auto_allowed
+}
+
+# METADATA
+# description: >-
+#   A human approved exactly this call (the router checks the binding) for every reason it
+#   needs approval for now. An approval never lifts a deny.
+decision := {"outcome": "allow", "reasons": [], "obligations": obligations} if {
+	count(deny_reasons) == 0
+	count(approval_reasons) > 0
+	is_approved
+}
+
+is_approved if {
+	input.approval.status == "approved"
+	every reason in approval_reasons {
+		reason.code in input.approval.reasons
+	}
 }
 
 sorted_reasons(reasons) := [r | some r in reasons]

@@ -182,3 +182,30 @@ test_rate_limits_are_data if {
 	d := stockade.decision with input as i with data.stockade.catalog.rate_limits as {"session_per_minute": 2}
 	d.outcome == "deny"
 }
+
+_approved(codes) := {"id": "a-1", "status": "approved", "approver": "oncall@example.com", "reasons": codes}
+
+test_an_approval_for_the_reasons_releases_the_call if {
+	i := object.union(_input(_tool([], "high"), []), {"approval": _approved(["approval.high_risk"])})
+	d := stockade.decision with input as i
+	d.outcome == "allow"
+}
+
+test_an_approval_for_other_reasons_does_not if {
+	i := object.union(_input(_tool(["financial"], "high"), []), {"approval": _approved(["approval.high_risk"])})
+	d := stockade.decision with input as i
+	d.outcome == "require_approval"
+}
+
+test_an_approval_never_lifts_a_deny if {
+	i := object.union(_input(_tool(["teleports"], "high"), []), {"approval": _approved(["approval.high_risk"])})
+	d := stockade.decision with input as i
+	d.outcome == "deny"
+}
+
+test_a_denied_approval_releases_nothing if {
+	denied := object.union(_approved(["approval.high_risk"]), {"status": "denied"})
+	i := object.union(_input(_tool([], "high"), []), {"approval": denied})
+	d := stockade.decision with input as i
+	d.outcome == "require_approval"
+}

@@ -104,6 +104,12 @@ async def test_sending_on_a_clean_session_is_allowed(engine: EmbeddedEngine) -> 
         make_input(["executes_code"]),
         make_input().model_copy(update={"rate": {"session_per_minute": 5, "agent_tool_per_minute": 61}}),
         make_input().model_copy(update={"rate": {"session_per_minute": 120}}),
+        make_input([], "high").model_copy(
+            update={"approval": {"status": "approved", "reasons": ["approval.high_risk"]}}
+        ),
+        make_input(["financial"], "critical").model_copy(
+            update={"approval": {"status": "approved", "reasons": ["approval.high_risk"]}}
+        ),
         *[
             trifecta_input(sources, taint)
             for sources in (["untrusted:web:c-1"], ["user"], ["untrusted:web:c-1", "user"], ["tool:dir:c-2"], [])

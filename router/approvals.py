@@ -1,0 +1,138 @@
+"""Approvals: a human's yes or no for one exact action.
+
+An approval is bound to sha256 of (tool, canonical arguments, session): the same call, with the
+same arguments, in the same session, once. It carries the policy's reasons, the requesting agent
+and an expiry. The call that redeems it is decided again with ``input.approval`` set, so an
+approval never overrides a deny, and covers only the reasons it was asked for.
+
+The interface (`open`, `get`, `decide`, `check`, `redeem`) is what a shared store implements for
+several routers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import time
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from router.errors import StockadeError
+from router.tools import show
+
+
+class ApprovalError(StockadeError):
+    """The approval cannot be used or decided: unknown, expired, used, mismatched or self-approved."""
+
+    code = "approval.invalid"
+
+
+class ApprovalStatus(StrEnum):
+    PENDING = "pending"
+    APPROVED = "approved"
+    DENIED = "denied"
+    USED = "used"
+    EXPIRED = "expired"
+
+
+class Approval(BaseModel):
+    """One request for a human decision, and its outcome."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str
+    decision_id: str
+    session_id: str
+    agent: str
+    principal: str
+    tool: str
+    args: str = Field(description="the canonical JSON arguments the approver is asked about")
+    binding: str = Field(description="sha256 of (tool, canonical args, session)")
+    reasons: list[dict[str, str]]
+    created_at: float
+    expires_at: float
+    status: ApprovalStatus = ApprovalStatus.PENDING
+    approver: str | None = None
+    note: str = ""
+    decided_at: float | None = None
+
+
+def binding(tool: str, canonical_args: str, session_id: str) -> str:
+    return hashlib.sha256("\0".join((tool, canonical_args, session_id)).encode()).hexdigest()
+
+
+class ApprovalBook:
+    """Approvals in this process."""
+
+    def __init__(self, ttl_s: float = 900.0) -> None:
+        self._ttl_s = ttl_s
+        self._items: dict[str, Approval] = {}
+
+    def open(
+        self, *, decision_id: str, session_id: str, agent: str, principal: str, tool: str, canonical_args: str,
+        reasons: list[dict[str, str]],
+    ) -> Approval:  # fmt: skip
+        now = time.time()
+        approval = Approval(
+            id="a-" + secrets.token_hex(10), decision_id=decision_id, session_id=session_id, agent=agent,
+            principal=principal, tool=tool, args=canonical_args, binding=binding(tool, canonical_args, session_id),
+            reasons=reasons, created_at=now, expires_at=now + self._ttl_s,
+        )  # fmt: skip
+        self._items[approval.id] = approval
+        return approval
+
+    def get(self, approval_id: object) -> Approval:
+        approval = self._items.get(approval_id) if isinstance(approval_id, str) else None
+        if approval is None:
+            raise ApprovalError(f"no approval {show(approval_id)}")
+        if approval.status in (ApprovalStatus.PENDING, ApprovalStatus.APPROVED) and time.time() > approval.expires_at:
+            approval = self._items[approval.id] = approval.model_copy(update={"status": ApprovalStatus.EXPIRED})
+        return approval
+
+    def list(self, status: ApprovalStatus | None = None) -> list[Approval]:
+        found = [self.get(a) for a in list(self._items)]
+        return [a for a in found if status is None or a.status is status]
+
+    def decide(self, approval_id: str, *, approver: str, approve: bool, note: str = "") -> Approval:
+        """Record a human's decision.
+
+        Raises:
+            ApprovalError: unknown, not pending (decided, used, expired), or the approver is the
+                agent that asked.
+        """
+        approval = self.get(approval_id)
+        if approval.status is not ApprovalStatus.PENDING:
+            raise ApprovalError(f"approval {approval.id} is {approval.status.value}, not pending")
+        if not approver.strip() or approver == approval.agent:
+            raise ApprovalError(f"approval {approval.id} cannot be decided by {show(approver)}: "
+                                "the requesting agent never approves its own calls")  # fmt: skip
+        decided = approval.model_copy(update={
+            "status": ApprovalStatus.APPROVED if approve else ApprovalStatus.DENIED,
+            "approver": approver, "note": note[:2000], "decided_at": time.time(),
+        })  # fmt: skip
+        self._items[approval.id] = decided
+        return decided
+
+    def check(self, approval_id: str, *, session_id: str, tool: str, canonical_args: str) -> Approval:
+        """The approval for exactly this call, approved and unused.
+
+        Raises:
+            ApprovalError: unknown, not approved, used, expired, or for another call.
+        """
+        approval = self.get(approval_id)
+        if approval.binding != binding(tool, canonical_args, session_id):
+            raise ApprovalError(f"approval {approval.id} is for another call: tool, arguments and session "
+                                "must be exactly those approved")  # fmt: skip
+        if approval.status is not ApprovalStatus.APPROVED:
+            raise ApprovalError(f"approval {approval.id} is {approval.status.value}, not approved")
+        return approval
+
+    def redeem(self, approval_id: str) -> Approval:
+        """Mark an approved approval used: it cannot release another call."""
+        approval = self.get(approval_id)
+        if approval.status is not ApprovalStatus.APPROVED:
+            raise ApprovalError(f"approval {approval.id} is {approval.status.value}, not approved")
+        used = approval.model_copy(update={"status": ApprovalStatus.USED})
+        self._items[approval.id] = used
+        return used
