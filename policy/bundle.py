@@ -50,6 +50,19 @@ def _mount(data: dict[str, Any], parts: tuple[str, ...], value: Any, source: str
         node[key] = item
 
 
+def fingerprint(root: Path) -> tuple[tuple[str, int, int], ...]:
+    """Path, mtime and size of every policy file: cheap to take, changes when any file does."""
+    found = []
+    for path in sorted(root.rglob("*")):
+        if path.suffix == ".rego" or path.name == "data.json":
+            try:
+                info = path.stat()
+            except OSError:
+                continue
+            found.append((path.relative_to(root).as_posix(), info.st_mtime_ns, info.st_size))
+    return tuple(found)
+
+
 def load_bundle(root: Path, *, max_bytes: int = 1 << 20) -> PolicyBundle:
     """Load every ``.rego`` and ``data.json`` under ``root``.
 

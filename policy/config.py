@@ -19,6 +19,8 @@ class PolicySettings(BaseModel):
     engine: Literal["embedded"] = "embedded"
     dir: Path = Field(default_factory=_shipped_policies)
     entrypoint: str = "data.stockade.decision"
+    # A running control plane checks the policy files this often and reloads on change (0: never).
+    watch_interval_s: float = Field(default=2.0, ge=0)
     # regorus has no evaluation timeout: bound what it is given instead.
     max_policy_bytes: int = 1 << 20
     max_input_bytes: int = 2 << 20

@@ -18,11 +18,13 @@ from rich.console import Console
 
 import runner as runner_pkg
 from policy import EmbeddedEngine, PolicyBundleError, PolicyInput, PolicySettings, run_rego_tests
+from policy.tooling import check, coverage, explain
 from router.audit import AuditFilter, JsonlAuditLog
 from router.demo import run_demo
 from router.errors import AuditError, StockadeError
 from router.logging import configure_logging
 from router.render import audit_table
+from router.replay import replay
 from router.settings import Settings
 from runner.image import build_default_image
 
@@ -40,7 +42,7 @@ sandbox_app = typer.Typer(help="Build the sandbox image and check which tiers wo
 app.add_typer(sandbox_app, name="sandbox")
 
 out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
 PolicyDir = Annotated[Path | None, typer.Option("--dir", help="Policy directory (default: STOCKADE_POLICY__DIR).")]
@@ -96,28 +98,50 @@ def _policy_settings(ctx: typer.Context, directory: Path | None) -> PolicySettin
     return base.model_copy(update={"dir": directory}) if directory else base
 
 
+InputFile = Annotated[Path, typer.Option("--input", "-i", help="JSON file holding a PolicyInput ('-' for stdin).")]
+
+
+def _read_input(path: Path) -> PolicyInput:
+    raw = sys.stdin.read() if str(path) == "-" else path.read_text()
+    try:
+        return PolicyInput.model_validate_json(raw)
+    except ValueError as exc:
+        raise _fail(f"{path} is not a valid PolicyInput: {exc}") from exc
+
+
 @policy_app.command("test")
-def policy_test(ctx: typer.Context, directory: PolicyDir = None, as_json: JsonFlag = False) -> None:
+def policy_test(
+    ctx: typer.Context,
+    directory: PolicyDir = None,
+    with_coverage: Annotated[bool, typer.Option("--coverage", help="Also report line coverage per file.")] = False,
+    as_json: JsonFlag = False,
+) -> None:
     """Run every test_* rule in *_test.rego under the policy directory; exit 1 if any fails."""
     settings = _policy_settings(ctx, directory)
     try:
         results = run_rego_tests(settings.dir, max_bytes=settings.max_policy_bytes)
+        covered = coverage(settings.dir) if with_coverage else []
     except PolicyBundleError as exc:
         raise _fail(str(exc)) from exc
     failed = [r for r in results if not r.passed]
     if as_json:
-        _emit_json(
-            [
-                {"file": r.file, "test": r.name, "passed": r.passed, "ms": r.duration_ms, "error": r.error}
-                for r in results
-            ]
-        )
+        document: dict[str, Any] = {"tests": [
+            {"file": r.file, "test": r.name, "passed": r.passed, "ms": r.duration_ms, "error": r.error}
+            for r in results
+        ]}  # fmt: skip
+        if with_coverage:
+            document["coverage"] = [{"file": c.file, "percent": round(c.percent, 1), "not_covered": c.not_covered}
+                                    for c in covered]  # fmt: skip
+        _emit_json(document if with_coverage else document["tests"])
     else:
         for r in results:
             mark = "[green]PASS[/green]" if r.passed else "[red]FAIL[/red]"
             out.print(f"{mark} {r.file}::{r.name} ({r.duration_ms:.2f} ms)")
             if r.error:
                 out.print(f"     {r.error.splitlines()[-1] if r.error.splitlines() else r.error}", markup=False)
+        for c in covered:
+            missing = f" (not covered: lines {', '.join(map(str, c.not_covered))})" if c.not_covered else ""
+            out.print(f"coverage {c.file}: {c.percent:.1f}%{missing}")
         out.print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
     if not results:
         raise _fail(f"no test_* rules found in *_test.rego under {settings.dir}", 1)
@@ -125,22 +149,79 @@ def policy_test(ctx: typer.Context, directory: PolicyDir = None, as_json: JsonFl
 
 
 @policy_app.command("eval")
-def policy_eval(
-    ctx: typer.Context,
-    input_file: Annotated[Path, typer.Argument(help="JSON file holding a PolicyInput ('-' for stdin).")],
-    directory: PolicyDir = None,
-) -> None:
+def policy_eval(ctx: typer.Context, input_file: InputFile, directory: PolicyDir = None) -> None:
     """Evaluate the decision for one input on the compiled path and print it as JSON."""
-    raw = sys.stdin.read() if str(input_file) == "-" else input_file.read_text()
-    try:
-        policy_input = PolicyInput.model_validate_json(raw)
-    except ValueError as exc:
-        raise _fail(f"{input_file} is not a valid PolicyInput: {exc}") from exc
+    policy_input = _read_input(input_file)
     try:
         engine = EmbeddedEngine(_policy_settings(ctx, directory))
     except PolicyBundleError as exc:
         raise _fail(str(exc)) from exc
     _emit_json(engine.evaluate(policy_input).model_dump(mode="json"))
+
+
+@policy_app.command("explain")
+def policy_explain(
+    ctx: typer.Context, input_file: InputFile, directory: PolicyDir = None, as_json: JsonFlag = False
+) -> None:
+    """Show the decision for one input, where in the policy each reason comes from, and the
+    helper rules it rests on."""
+    policy_input = _read_input(input_file)
+    try:
+        why = explain(_policy_settings(ctx, directory).dir, policy_input)
+    except (PolicyBundleError, RuntimeError) as exc:
+        raise _fail(str(exc).strip()) from exc
+    if as_json:
+        _emit_json({"decision": why.decision, "reasons": why.reasons, "helpers": why.helpers})
+        return
+    outcome = why.decision.get("outcome") if isinstance(why.decision, dict) else None
+    out.print(f"outcome: [bold]{outcome}[/bold]")
+    for reason in why.reasons:
+        out.print(f"  {reason.get('code')}: {reason.get('message')}  ({', '.join(reason['defined_at']) or '?'})",
+                  markup=False)  # fmt: skip
+    out.print("helper rules:")
+    for name, value in why.helpers.items():
+        out.print(f"  {name} = {json.dumps(value)}", markup=False)
+
+
+@policy_app.command("check")
+def policy_check(ctx: typer.Context, directory: PolicyDir = None) -> None:
+    """Parse and compile every rule; name builtins regorus lacks. Exit 1 on any problem."""
+    root = _policy_settings(ctx, directory).dir
+    problems = check(root)
+    for problem in problems:
+        err.print(f"[red]problem:[/red] {problem}", markup=True)
+    if not problems:
+        out.print(f"[green]OK[/green] {root}: parses, compiles, and uses only builtins regorus provides")
+    raise typer.Exit(1 if problems else 0)
+
+
+@policy_app.command("replay")
+def policy_replay(
+    ctx: typer.Context,
+    candidate: Annotated[Path, typer.Option("--policy", help="The candidate policy directory.")],
+    since: Annotated[str | None, typer.Option(help="Only decisions at or after this ISO 8601 time.")] = None,
+    path: AuditPath = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """What-if: decide every input recorded in the audit log with a candidate policy and show
+    each decision that would change, with counts by reason."""
+    try:
+        engine = EmbeddedEngine(_settings(ctx).policy.model_copy(update={"dir": candidate}))
+    except PolicyBundleError as exc:
+        raise _fail(str(exc)) from exc
+    events = _audit_log(ctx, path).query_sync(AuditFilter(since=_when(since, "--since"), kind="decision"))
+    report = replay(events, engine)
+    if as_json:
+        _emit_json(report)
+    else:
+        for change in report["changed"]:
+            out.print(f"{change['timestamp'][:19]} {change['tool']:<20} {change['was']:>16} -> {change['now']:<16} "
+                      f"{', '.join(change['now_reasons'])}  {change['decision_id'][:8]}", markup=False)  # fmt: skip
+        out.print(f"{report['replayed']} decisions replayed, {len(report['changed'])} would change, "
+                  f"{report['skipped']} skipped")  # fmt: skip
+        for code, count in report["by_reason"].items():
+            out.print(f"  {code}: {count}")
+    raise typer.Exit(0)
 
 
 # -- audit --------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ import runner.base
 import runner.files
 from policy import Decision, Outcome, PolicyEngine, PolicyInput, SessionInfo, SubjectInfo, ToolInfo
 from policy.base import EgressRequest
+from policy.bundle import fingerprint
 from router.approvals import Approval, ApprovalBook, ApprovalError, ApprovalStatus
 from router.audit import AuditEvent, AuditLog, JsonlAuditLog, sha256_hex
 from router.errors import (
@@ -127,6 +128,9 @@ class ControlPlane:
         self.rates = RateCounter()
         self.approvals = ApprovalBook(settings.approval_ttl_s)
         self._sweeper: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        # Taken now, next to the load: an edit made before the watcher starts must still count.
+        self._policy_seen = fingerprint(settings.policy.dir)
         self._labels = {"instance": settings.instance, "version": VERSION}
 
     @classmethod
@@ -159,10 +163,11 @@ class ControlPlane:
 
     async def aclose(self) -> None:
         """Stop sandboxes and close the policy engine and the audit log."""
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+        for task in (self._sweeper, self._watcher):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         for sandbox in self.sandboxes.values():
             await sandbox.aclose()
         await self.policy.aclose()
@@ -173,6 +178,7 @@ class ControlPlane:
     async def register(self, spec: ToolSpec | Mapping[str, Any]) -> ToolSpec:
         """Register a tool. Raises `InvalidToolSpec` or `DuplicateTool`."""
         registered = self.registry.register(spec)
+        self._start_background()
         log.info("tool_registered", tool=registered.name, risk=registered.risk, executor=registered.executor.kind)
         return registered
 
@@ -180,9 +186,33 @@ class ControlPlane:
         """Open a session for one agent task; returns its id."""
         session = self.sessions.open(agent, principal, trusted_context or [])
         log.info("session_opened", session_id=session.id, agent=agent)
-        if self._sweeper is None:
-            self._sweeper = asyncio.get_running_loop().create_task(self._sweep_sessions())
+        self._start_background()
         return session.id
+
+    def _start_background(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._sweeper is None:
+            self._sweeper = loop.create_task(self._sweep_sessions())
+        if self._watcher is None and self.settings.policy.watch_interval_s > 0:
+            self._watcher = loop.create_task(self._watch_policy())
+
+    async def _watch_policy(self) -> None:
+        """Reload the policy when its files change; a broken policy keeps the old one in force."""
+        while True:
+            await asyncio.sleep(self.settings.policy.watch_interval_s)
+            now = await asyncio.to_thread(fingerprint, self.settings.policy.dir)
+            if now == self._policy_seen:
+                continue
+            self._policy_seen = now
+            try:
+                await self.reload_policy()
+            except PolicyError as exc:
+                log.error("policy_reload_refused", error=str(exc), revision=self.policy.revision)
+                await self._record(AuditEvent(
+                    kind="error", decision_id=str(uuid.uuid4()), timestamp=_now(), outcome="policy_reload_failed",
+                    labels=self._labels, result={"code": "policy.reload_failed", "message": str(exc)[:2000]},
+                    bundles={"policies": {"revision": self.policy.revision}},
+                ))  # fmt: skip
 
     async def expire_sessions(self) -> list[str]:
         """Close every session idle for longer than the TTL, destroying its own sandboxes."""

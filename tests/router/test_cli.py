@@ -75,7 +75,7 @@ def test_policy_eval_prints_the_decision(tmp_path: Path) -> None:
         "now": "2026-11-22T10:00:00Z",
     }
     (tmp_path / "in.json").write_text(json.dumps(policy_input))
-    result = run("policy", "eval", str(tmp_path / "in.json"))
+    result = run("policy", "eval", "--input", str(tmp_path / "in.json"))
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["outcome"] == "require_approval"
 

@@ -1,0 +1,104 @@
+"""Operating policy: hot reload in a running control plane, replay, and the CLI around them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from policy import PolicySettings
+from router import ControlPlane, Settings
+from router.audit import AuditFilter
+from router.settings import AuditSettings
+from tests.conftest import ECHO, REPO, python_tool
+
+STOCKADE = str(Path(sys.executable).parent / "stockade")
+
+
+def copy_policies(tmp_path: Path) -> Path:
+    root = tmp_path / "policies"
+    shutil.copytree(REPO / "policies", root)
+    return root
+
+
+def edit_catalog(root: Path, **changes: object) -> None:
+    data_file = root / "stockade" / "data.json"
+    data = json.loads(data_file.read_text())
+    data["catalog"].update(changes)
+    data_file.write_text(json.dumps(data))
+
+
+async def test_a_changed_policy_is_picked_up_and_a_broken_one_is_refused(tmp_path: Path) -> None:
+    root = copy_policies(tmp_path)
+    settings = Settings(
+        audit=AuditSettings(path=tmp_path / "a.jsonl"), policy=PolicySettings(dir=root, watch_interval_s=0.1)
+    )
+    async with ControlPlane.from_settings(settings) as plane:
+        await plane.register(python_tool("echo", ECHO))
+        session = await plane.open_session("agent-1", "alice@example.com")
+        first = plane.policy.revision
+        assert (await plane.decide(session, "echo", {})).outcome == "allow"
+
+        edit_catalog(root, auto_allow_risks=[])  # a security team tightens the policy, in data
+        for _ in range(50):
+            await asyncio.sleep(0.1)
+            if plane.policy.revision != first:
+                break
+        assert (await plane.decide(session, "echo", {})).reasons == ["policy.default_deny"]
+
+        second = plane.policy.revision
+        (root / "stockade" / "broken.rego").write_text("package stockade\n\nthis is not rego\n")
+        for _ in range(50):
+            await asyncio.sleep(0.1)
+            if await plane.audit.query(AuditFilter(kind="error")):
+                break
+        assert plane.policy.revision == second  # the last good policy stays in force
+        [failure] = await plane.audit.query(AuditFilter(kind="error"))
+        assert failure.outcome == "policy_reload_failed"
+        assert "broken.rego" in (failure.result or {}).get("message", "")
+        assert (await plane.decide(session, "echo", {})).reasons == ["policy.default_deny"]
+
+
+async def record_some_decisions(audit: Path) -> None:
+    async with ControlPlane.from_settings(Settings(audit=AuditSettings(path=audit))) as plane:
+        await plane.register(python_tool("echo", ECHO))
+        await plane.register(python_tool("risky", ECHO, risk="medium"))
+        session = await plane.open_session("agent-1", "alice@example.com")
+        for tool in ("echo", "risky", "risky", "echo"):
+            await plane.decide(session, tool, {})
+
+
+def test_replay_shows_what_a_candidate_policy_would_change(tmp_path: Path) -> None:
+    audit = tmp_path / "audit.jsonl"
+    asyncio.run(record_some_decisions(audit))
+    candidate = copy_policies(tmp_path)
+    edit_catalog(candidate, auto_allow_risks=["low"])  # medium-risk tools no longer pass unattended
+    done = subprocess.run([STOCKADE, "policy", "replay", "--policy", str(candidate), "--path", str(audit), "--json"],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["replayed"] == 4
+    assert [(c["tool"], c["was"], c["now"]) for c in report["changed"]] == [("risky", "allow", "deny")] * 2
+    assert report["by_reason"] == {"policy.default_deny": 2}
+
+
+def test_cli_explain_and_check(tmp_path: Path) -> None:
+    policy_input = {"subject": {"agent": "a", "principal": "p"}, "session": {"id": "s"},
+                    "tool": {"name": "t", "capabilities": ["financial"], "risk": "low"}, "args": {},
+                    "now": "2026-11-22T10:00:00Z"}  # fmt: skip
+    (tmp_path / "in.json").write_text(json.dumps(policy_input))
+    explained = subprocess.run([STOCKADE, "policy", "explain", "--input", str(tmp_path / "in.json")],
+                               capture_output=True, text=True, check=False)  # fmt: skip
+    assert explained.returncode == 0, explained.stderr
+    assert "approval.financial" in explained.stdout
+    assert "stockade/decision.rego:" in explained.stdout
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "x.rego").write_text("package x\n\ny := crypto.x509.parse_certificates(input.pem)\n")
+    checked = subprocess.run([STOCKADE, "policy", "check", "--dir", str(bad)], capture_output=True, text=True,
+                             check=False)  # fmt: skip
+    assert checked.returncode == 1
+    assert "crypto.x509.parse_certificates is not provided by regorus" in checked.stderr
