@@ -62,6 +62,18 @@ def measure_interpreter(engine: EmbeddedEngine, n: int) -> list[float]:
     return samples
 
 
+async def timed_decides(plane: ControlPlane, session_id: str, args: dict[str, str], n: int) -> list[float]:
+    """Durations of ``n`` ControlPlane.decide() calls for send_email, after a warm-up."""
+    for _ in range(50):
+        await plane.decide(session_id, "send_email", args)
+    samples = []
+    for _ in range(n):
+        started = time.perf_counter()
+        await plane.decide(session_id, "send_email", args)
+        samples.append(time.perf_counter() - started)
+    return samples
+
+
 async def measure_plane(durability: Literal["fsync", "relaxed"], n: int) -> list[float]:
     with tempfile.TemporaryDirectory(dir=REPO) as tmp:  # on the project's disk, not a tmpfs
         settings = Settings(audit=AuditSettings(path=Path(tmp) / "audit.jsonl", durability=durability))
@@ -69,14 +81,7 @@ async def measure_plane(durability: Literal["fsync", "relaxed"], n: int) -> list
             await plane.register(TOOL)
             session = await plane.open_session("bench", "alice@example.com")
             args = {"to": "bob@example.com", "body": "hello"}
-            for _ in range(50):
-                await plane.decide(session, "send_email", args)
-            samples = []
-            for _ in range(n):
-                t = time.perf_counter()
-                await plane.decide(session, "send_email", args)
-                samples.append(time.perf_counter() - t)
-            return samples
+            return await timed_decides(plane, session, args, n)
 
 
 FETCH = {
@@ -106,14 +111,7 @@ async def measure_provenance(prior_outputs: int, durability: Literal["fsync", "r
             for i in range(prior_outputs):  # the path a real call's output takes into the index
                 plane._remember(session, fetch, f"c-{i}", page(i))
             args = {"to": "sales7@vendor7.example", "body": "hello"}
-            for _ in range(50):
-                await plane.decide(session_id, "send_email", args)
-            samples = []
-            for _ in range(n):
-                t = time.perf_counter()
-                await plane.decide(session_id, "send_email", args)
-                samples.append(time.perf_counter() - t)
-            return samples
+            return await timed_decides(plane, session_id, args, n)
 
 
 async def main() -> None:
