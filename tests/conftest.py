@@ -64,6 +64,19 @@ def python_tool(name: str, source: str, **overrides: Any) -> dict[str, Any]:
     return spec
 
 
+def external_tool(name: str, **overrides: Any) -> dict[str, Any]:
+    """An ``external`` tool spec (the framework runs it) taking any object as arguments."""
+    spec: dict[str, Any] = {
+        "name": name,
+        "description": f"test tool {name}",
+        "input_schema": {"type": "object"},
+        "risk": "low",
+        "executor": {"kind": "external"},
+    }
+    spec.update(overrides)
+    return spec
+
+
 ECHO = "def main(**kwargs):\n    return kwargs\n"
 
 

@@ -24,7 +24,7 @@ from router import (
 from router.audit import AuditFilter, JsonlAuditLog
 from router.settings import AuditSettings
 from runner import BwrapSandbox, RunResult, SandboxSpec
-from tests.conftest import ECHO, REPO, python_tool
+from tests.conftest import ECHO, REPO, external_tool, python_tool
 
 
 class CountingSandbox(BwrapSandbox):
@@ -119,16 +119,7 @@ async def test_untrusted_content_taints_the_session(plane: ControlPlane) -> None
             capabilities=["reads_untrusted"],
         )
     )
-    await plane.register(
-        {
-            "name": "send",
-            "description": "send",
-            "risk": "medium",
-            "input_schema": {"type": "object"},
-            "capabilities": ["sends_external"],
-            "executor": {"kind": "external"},
-        }
-    )
+    await plane.register(external_tool("send", risk="medium", capabilities=["sends_external"]))
     clean = await plane.open_session("agent-1", "alice@example.com")
     assert (await plane.decide(clean, "send", {})).outcome == "allow"
     tainted = await plane.open_session("agent-1", "alice@example.com")
@@ -151,16 +142,7 @@ async def test_decide_is_audited_and_runs_nothing(counted: tuple[ControlPlane, C
 
 
 async def test_external_tool_is_decided_then_reported_once(plane: ControlPlane) -> None:
-    await plane.register(
-        {
-            "name": "browse",
-            "description": "the framework browses",
-            "risk": "low",
-            "input_schema": {"type": "object"},
-            "capabilities": ["reads_untrusted"],
-            "executor": {"kind": "external"},
-        }
-    )
+    await plane.register(external_tool("browse", description="the framework browses", capabilities=["reads_untrusted"]))
     session = await plane.open_session("agent-1", "alice@example.com")
     pending = await plane.call(session, "browse", {"url": "https://example.com"})
     assert pending.status == "awaiting_report"
@@ -175,15 +157,7 @@ async def test_external_tool_is_decided_then_reported_once(plane: ControlPlane) 
 
 
 async def test_report_for_another_sessions_call_is_refused(plane: ControlPlane) -> None:
-    await plane.register(
-        {
-            "name": "ext",
-            "description": "x",
-            "risk": "low",
-            "input_schema": {"type": "object"},
-            "executor": {"kind": "external"},
-        }
-    )
+    await plane.register(external_tool("ext"))
     mine = await plane.open_session("agent-1", "alice@example.com")
     other = await plane.open_session("agent-2", "bob@example.com")
     pending = await plane.call(mine, "ext", {})
@@ -463,15 +437,7 @@ async def test_sandbox_failing_at_start_is_an_audited_error(settings: Settings, 
 
 
 async def test_bad_reports_are_refused_and_the_call_stays_reportable(plane: ControlPlane) -> None:
-    await plane.register(
-        {
-            "name": "ext",
-            "description": "x",
-            "risk": "low",
-            "input_schema": {"type": "object"},
-            "executor": {"kind": "external"},
-        }
-    )
+    await plane.register(external_tool("ext"))
     session = await plane.open_session("agent-1", "alice@example.com")
     pending = await plane.call(session, "ext", {})
     with pytest.raises(InvalidCall, match="not JSON-serialisable"):
