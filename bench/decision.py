@@ -105,11 +105,11 @@ async def measure_provenance(prior_outputs: int, durability: Literal["fsync", "r
             await plane.register({**TOOL, "destination_args": ["to"]})
             await plane.register(FETCH)
             session_id = await plane.open_session("bench", "alice@example.com", ["email bob@example.com"])
-            session = plane.sessions.get(session_id)
+            session = await plane.store.load_session(session_id)
+            assert session is not None
             fetch = plane.registry.get("get_webpage").spec
-            session.taint.add("untrusted_content")
             for i in range(prior_outputs):  # the path a real call's output takes into the index
-                plane._remember(session, fetch, f"c-{i}", page(i))
+                await plane._remember(session, fetch, f"c-{i}", page(i))
             args = {"to": "sales7@vendor7.example", "body": "hello"}
             return await timed_decides(plane, session_id, args, n)
 

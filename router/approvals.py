@@ -5,8 +5,8 @@ same arguments, in the same session, once. It carries the policy's reasons, the 
 and an expiry. The call that redeems it is decided again with ``input.approval`` set, so an
 approval never overrides a deny, and covers only the reasons it was asked for.
 
-The interface (`open`, `get`, `decide`, `check`, `redeem`) is what a shared store implements for
-several routers.
+The approvals themselves live in the `Store`: status changes are compare-and-set there, so two
+routers can never both approve, or both redeem, one approval.
 """
 
 from __future__ import annotations
@@ -15,11 +15,15 @@ import hashlib
 import secrets
 import time
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from router.errors import StockadeError
 from router.tools import show
+
+if TYPE_CHECKING:
+    from router.store.base import Store
 
 
 class ApprovalError(StockadeError):
@@ -63,13 +67,15 @@ def binding(tool: str, canonical_args: str, session_id: str) -> str:
 
 
 class ApprovalBook:
-    """Approvals in this process."""
+    """The approval rules, over a `Store` (so an approval granted through one router releases the
+    call on another)."""
 
-    def __init__(self, ttl_s: float = 900.0) -> None:
+    def __init__(self, store: Store, ttl_s: float = 900.0, keep_s: float = 86400.0) -> None:
+        self._store = store
         self._ttl_s = ttl_s
-        self._items: dict[str, Approval] = {}
+        self._keep_s = keep_s
 
-    def open(
+    async def open(
         self, *, decision_id: str, session_id: str, agent: str, principal: str, tool: str, canonical_args: str,
         reasons: list[dict[str, str]],
     ) -> Approval:  # fmt: skip
@@ -79,29 +85,28 @@ class ApprovalBook:
             principal=principal, tool=tool, args=canonical_args, binding=binding(tool, canonical_args, session_id),
             reasons=reasons, created_at=now, expires_at=now + self._ttl_s,
         )  # fmt: skip
-        self._items[approval.id] = approval
+        await self._store.put_approval(approval, self._ttl_s + self._keep_s)
         return approval
 
-    def get(self, approval_id: object) -> Approval:
-        approval = self._items.get(approval_id) if isinstance(approval_id, str) else None
+    async def get(self, approval_id: object) -> Approval:
+        """The approval, shown as expired once its time is up (if it was not decided or used)."""
+        approval = await self._store.get_approval(approval_id) if isinstance(approval_id, str) else None
         if approval is None:
-            raise ApprovalError(f"no approval {show(approval_id)}")
-        if approval.status in (ApprovalStatus.PENDING, ApprovalStatus.APPROVED) and time.time() > approval.expires_at:
-            approval = self._items[approval.id] = approval.model_copy(update={"status": ApprovalStatus.EXPIRED})
-        return approval
+            raise ApprovalError(f"no approval {show(approval_id)} (unknown, or no longer kept)")
+        return _as_of_now(approval)
 
-    def list(self, status: ApprovalStatus | None = None) -> list[Approval]:
-        found = [self.get(a) for a in list(self._items)]
+    async def list(self, status: ApprovalStatus | None = None) -> list[Approval]:
+        found = [_as_of_now(a) for a in await self._store.list_approvals()]
         return [a for a in found if status is None or a.status is status]
 
-    def decide(self, approval_id: str, *, approver: str, approve: bool, note: str = "") -> Approval:
+    async def decide(self, approval_id: str, *, approver: str, approve: bool, note: str = "") -> Approval:
         """Record a human's decision.
 
         Raises:
             ApprovalError: unknown, not pending (decided, used, expired), or the approver is the
                 agent that asked.
         """
-        approval = self.get(approval_id)
+        approval = await self.get(approval_id)
         if approval.status is not ApprovalStatus.PENDING:
             raise ApprovalError(f"approval {approval.id} is {approval.status.value}, not pending")
         if not approver.strip() or approver == approval.agent:
@@ -111,16 +116,17 @@ class ApprovalBook:
             "status": ApprovalStatus.APPROVED if approve else ApprovalStatus.DENIED,
             "approver": approver, "note": note[:2000], "decided_at": time.time(),
         })  # fmt: skip
-        self._items[approval.id] = decided
+        if not await self._store.swap_approval(decided, ApprovalStatus.PENDING):
+            raise ApprovalError(f"approval {approval.id} was decided by someone else meanwhile")
         return decided
 
-    def check(self, approval_id: str, *, session_id: str, tool: str, canonical_args: str) -> Approval:
+    async def check(self, approval_id: str, *, session_id: str, tool: str, canonical_args: str) -> Approval:
         """The approval for exactly this call, approved and unused.
 
         Raises:
             ApprovalError: unknown, not approved, used, expired, or for another call.
         """
-        approval = self.get(approval_id)
+        approval = await self.get(approval_id)
         if approval.binding != binding(tool, canonical_args, session_id):
             raise ApprovalError(f"approval {approval.id} is for another call: tool, arguments and session "
                                 "must be exactly those approved")  # fmt: skip
@@ -128,11 +134,18 @@ class ApprovalBook:
             raise ApprovalError(f"approval {approval.id} is {approval.status.value}, not approved")
         return approval
 
-    def redeem(self, approval_id: str) -> Approval:
-        """Mark an approved approval used: it cannot release another call."""
-        approval = self.get(approval_id)
+    async def redeem(self, approval_id: str) -> Approval:
+        """Mark an approved approval used: it cannot release another call, on any router."""
+        approval = await self.get(approval_id)
         if approval.status is not ApprovalStatus.APPROVED:
             raise ApprovalError(f"approval {approval.id} is {approval.status.value}, not approved")
         used = approval.model_copy(update={"status": ApprovalStatus.USED})
-        self._items[approval.id] = used
+        if not await self._store.swap_approval(used, ApprovalStatus.APPROVED):
+            raise ApprovalError(f"approval {approval.id} was used by another call meanwhile")
         return used
+
+
+def _as_of_now(approval: Approval) -> Approval:
+    if approval.status in (ApprovalStatus.PENDING, ApprovalStatus.APPROVED) and time.time() > approval.expires_at:
+        return approval.model_copy(update={"status": ApprovalStatus.EXPIRED})
+    return approval

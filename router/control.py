@@ -2,12 +2,12 @@
 
     call(session, tool, args)
       1. registry: find the tool, parse and validate args ......... InvalidCall (audited, nothing runs)
-      2. session: load taint, counters, trusted context
+      2. store: load the session (taint, counters, trusted context) . store down → StoreError (audited)
       3. policy: decide ............................................ any engine error → deny (policy.error)
       4. audit: append the decision ................................ audit down → deny, nothing runs
       5. deny → Denied; require_approval → Pending; external → AwaitingReport
       6. runner: run in the sandbox with limits from tool ⊕ obligations
-      7. session: taint from the tool's capabilities
+      7. store: index the output for provenance, taint the session . store down → output withheld
       8. audit: append the execution (verdict, usage, output and digests)
       9. return ToolResult
 
@@ -47,13 +47,14 @@ from router.errors import (
     SandboxUnavailable,
     SessionNotFound,
     StockadeError,
+    StoreError,
 )
-from router.provenance import source_label
-from router.rates import RateCounter
+from router.provenance import argument_keys, content_keys, source_label
 from router.rates import scopes as rate_scopes
 from router.results import Artifact, DecisionResult, RunUsage, ToolResult
-from router.sessions import UNTRUSTED_CONTENT, PendingExternal, Session, SessionStore
+from router.sessions import UNTRUSTED_CONTENT, new_session
 from router.settings import Settings
+from router.store import MemoryStore, PendingExternal, SessionRecord, Store, make_store
 from router.tools import (
     CommandExecutor,
     ExternalExecutor,
@@ -63,6 +64,7 @@ from router.tools import (
     ToolSpec,
     command_argv,
     parse_args,
+    show,
     validate_args,
 )
 
@@ -95,7 +97,7 @@ class _Call:
         "tool",
     )
 
-    def __init__(self, session: Session, tool: RegisteredTool, args: dict[str, Any], canonical_args: str) -> None:
+    def __init__(self, session: SessionRecord, tool: RegisteredTool, args: dict[str, Any], canonical_args: str) -> None:
         self.session = session
         self.tool = tool
         self.args = args
@@ -118,15 +120,18 @@ class ControlPlane:
         policy: PolicyEngine,
         sandboxes: Mapping[str, runner_pkg.Sandbox],
         audit: AuditLog,
+        store: Store | None = None,
     ) -> None:
         self.settings = settings
         self.policy = policy
         self.sandboxes = dict(sandboxes)
         self.audit = audit
+        self.store: Store = store if store is not None else MemoryStore(settings.session_idle_ttl_s)
         self.registry = ToolRegistry()
-        self.sessions = SessionStore(settings.session_idle_ttl_s)
-        self.rates = RateCounter()
-        self.approvals = ApprovalBook(settings.approval_ttl_s)
+        self.approvals = ApprovalBook(self.store, settings.approval_ttl_s, settings.approval_keep_s)
+        # Sessions this router opened or served: the ones whose sandboxes it may hold and must
+        # destroy when the session closes or expires, wherever that happens.
+        self._here: set[str] = set()
         self._sweeper: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
         # Taken now, next to the load: an edit made before the watcher starts must still count.
@@ -135,11 +140,13 @@ class ControlPlane:
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> ControlPlane:
-        """The embedded defaults: in-process Rego, bubblewrap, JSONL audit log.
+        """The backends ``settings`` name; by default the embedded ones: in-process Rego and store,
+        bubblewrap, JSONL audit log.
 
         Raises:
             PolicyError: the policy directory does not load.
             SandboxUnavailable: the configured tier is unknown.
+            StoreError: the store URL is malformed.
         """
         settings = settings or Settings()
         try:
@@ -151,7 +158,7 @@ class ControlPlane:
         except runner_pkg.SandboxUnavailable as exc:
             raise SandboxUnavailable(str(exc)) from exc
         audit = JsonlAuditLog(settings.audit.path, durability=settings.audit.durability)
-        return cls(settings, policy=engine, sandboxes=sandboxes, audit=audit)
+        return cls(settings, policy=engine, sandboxes=sandboxes, audit=audit, store=make_store(settings))
 
     async def __aenter__(self) -> Self:
         return self
@@ -162,7 +169,7 @@ class ControlPlane:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Stop sandboxes and close the policy engine and the audit log."""
+        """Stop sandboxes and close the policy engine, the store and the audit log."""
         for task in (self._sweeper, self._watcher):
             if task is not None:
                 task.cancel()
@@ -171,6 +178,7 @@ class ControlPlane:
         for sandbox in self.sandboxes.values():
             await sandbox.aclose()
         await self.policy.aclose()
+        await self.store.aclose()
         await self.audit.aclose()
 
     # -- registration and sessions -------------------------------------------------------
@@ -183,8 +191,16 @@ class ControlPlane:
         return registered
 
     async def open_session(self, agent: str, principal: str, trusted_context: list[str] | None = None) -> str:
-        """Open a session for one agent task; returns its id."""
-        session = self.sessions.open(agent, principal, trusted_context or [])
+        """Open a session for one agent task; returns its id. ``trusted_context``: what the user
+        gave (their request, addresses, accounts); values from it have provenance ``user``.
+
+        Raises:
+            InvalidCall: a bad agent or principal name, or trusted_context not a list of strings.
+            StoreError: the store cannot be written.
+        """
+        session = new_session(agent, principal, [] if trusted_context is None else trusted_context)
+        await self.store.create_session(session, content_keys(session.trusted_context))
+        self._here.add(session.id)
         log.info("session_opened", session_id=session.id, agent=agent)
         self._start_background()
         return session.id
@@ -215,13 +231,16 @@ class ControlPlane:
                 ))  # fmt: skip
 
     async def expire_sessions(self) -> list[str]:
-        """Close every session idle for longer than the TTL, destroying its own sandboxes."""
-        expired = self.sessions.expired()
-        for session_id in expired:
-            with contextlib.suppress(SessionNotFound):
-                await self.close_session(session_id)
-            log.info("session_expired", session_id=session_id)
-        return expired
+        """Destroy the sandboxes of sessions that expired (idle for longer than the TTL) or were
+        closed through another router; returns their ids."""
+        live = await self.store.live_sessions(self._here)
+        gone = sorted(self._here - live)
+        for session_id in gone:
+            self._here.discard(session_id)
+            for sandbox in self.sandboxes.values():
+                await sandbox.close_session(session_id)
+            log.info("session_ended_elsewhere_or_expired", session_id=session_id)
+        return gone
 
     async def _sweep_sessions(self) -> None:
         interval = min(max(self.settings.session_idle_ttl_s / 2, 0.05), 30.0)
@@ -234,20 +253,22 @@ class ControlPlane:
 
     async def close_session(self, session_id: str) -> None:
         """Close a session: its pending external calls can no longer be reported, and its own
-        sandboxes, if any, are destroyed."""
-        self.sessions.close(session_id)
+        sandboxes, if any, are destroyed (on other routers, by their sweepers)."""
+        if not isinstance(session_id, str) or not await self.store.delete_session(session_id):
+            raise SessionNotFound(f"no open session {show(session_id)}")
+        self._here.discard(session_id)
         for sandbox in self.sandboxes.values():
             await sandbox.close_session(session_id)
 
     # -- approvals --------------------------------------------------------------------------
 
-    def list_approvals(self, status: ApprovalStatus | None = None) -> list[Approval]:
+    async def list_approvals(self, status: ApprovalStatus | None = None) -> list[Approval]:
         """Approvals, optionally only those in ``status`` (e.g. pending ones for an approver)."""
-        return self.approvals.list(status)
+        return await self.approvals.list(status)
 
-    def get_approval(self, approval_id: str) -> Approval:
+    async def get_approval(self, approval_id: str) -> Approval:
         """One approval. Raises `ApprovalError` if unknown."""
-        return self.approvals.get(approval_id)
+        return await self.approvals.get(approval_id)
 
     async def approve(self, approval_id: str, approver: str, note: str = "") -> Approval:
         """Grant a pending approval. Refused for the requesting agent itself, or if not pending."""
@@ -258,7 +279,7 @@ class ControlPlane:
         return await self._decide_approval(approval_id, approver, note, approve=False)
 
     async def _decide_approval(self, approval_id: str, approver: str, note: str, *, approve: bool) -> Approval:
-        decided = self.approvals.decide(approval_id, approver=approver, approve=approve, note=note)
+        decided = await self.approvals.decide(approval_id, approver=approver, approve=approve, note=note)
         if not await self._record_approval(decided, decided.status.value):
             raise AuditError(f"the decision on approval {approval_id} could not be audited")
         log.info("approval_decided", approval_id=approval_id, status=decided.status.value, approver=approver)
@@ -282,7 +303,7 @@ class ControlPlane:
 
     async def decide(self, session_id: str, tool: str, args: Mapping[str, Any] | str | bytes) -> DecisionResult:
         """Decide a call without running it. The decision is audited like any other."""
-        call = await self._prepare(session_id, tool, args)
+        call = await self._prepare(session_id, tool, args, count_call=False)
         decision = await self._decide_and_audit(call, mode="decide")
         if isinstance(decision, _AuditFailed):
             return DecisionResult(decision_id=call.decision_id, outcome="deny", reasons=["audit.unavailable"])
@@ -308,23 +329,22 @@ class ControlPlane:
             SessionNotFound: no such session.
             InvalidCall, ToolNotFound: the call is malformed (audited; nothing ran).
         """
-        call = await self._prepare(session_id, tool, args, inputs)
+        call = await self._prepare(session_id, tool, args, inputs, count_call=True)
         if approval_id is not None:
             try:
-                call.approval = self.approvals.check(
+                call.approval = await self.approvals.check(
                     approval_id,
                     session_id=call.session.id,
                     tool=call.tool.spec.name,
                     canonical_args=call.canonical_args,
                 )
-            except ApprovalError as exc:
+            except (ApprovalError, StoreError) as exc:
                 await self._audit_rejection(call.session, tool, exc)
                 raise
             call.decision_id = call.approval.decision_id  # one trail: request, approval, decision, run
         with structlog.contextvars.bound_contextvars(
             decision_id=call.decision_id, session_id=call.session.id, tool=call.tool.spec.name
         ):
-            call.session.call_count += 1
             decision = await self._decide_and_audit(call, mode="call")
             if isinstance(decision, _AuditFailed):
                 return self._result(call, "denied", reasons=["audit.unavailable"])
@@ -332,11 +352,14 @@ class ControlPlane:
                 log.info("tool_call_denied", reasons=decision.reason_codes)
                 return self._result(call, "denied", reasons=decision.reason_codes)
             if decision.outcome is Outcome.REQUIRE_APPROVAL:
-                approval = self.approvals.open(
-                    decision_id=call.decision_id, session_id=call.session.id, agent=call.session.agent,
-                    principal=call.session.principal, tool=call.tool.spec.name, canonical_args=call.canonical_args,
-                    reasons=[r.model_dump() for r in decision.reasons],
-                )  # fmt: skip
+                try:
+                    approval = await self.approvals.open(
+                        decision_id=call.decision_id, session_id=call.session.id, agent=call.session.agent,
+                        principal=call.session.principal, tool=call.tool.spec.name,
+                        canonical_args=call.canonical_args, reasons=[r.model_dump() for r in decision.reasons],
+                    )  # fmt: skip
+                except StoreError as exc:
+                    return await self._store_failed(call, exc)
                 if not await self._record_approval(approval, "requested"):
                     return self._result(call, "denied", reasons=["audit.unavailable"])
                 log.info("tool_call_held_for_approval", reasons=decision.reason_codes, approval_id=approval.id)
@@ -345,16 +368,21 @@ class ControlPlane:
                 )
             if call.approval is not None:
                 try:
-                    used = self.approvals.redeem(call.approval.id)
+                    used = await self.approvals.redeem(call.approval.id)
+                except StoreError as exc:
+                    return await self._store_failed(call, exc)
                 except ApprovalError as exc:  # redeemed by a concurrent call in the meantime
                     await self._audit_rejection(call.session, call.tool.spec.name, exc)
                     raise
                 if not await self._record_approval(used, "redeemed"):
                     return self._result(call, "denied", reasons=["audit.unavailable"])
             if isinstance(call.tool.spec.executor, ExternalExecutor):
-                self.sessions.expect_report(
-                    PendingExternal(call.session.id, call.call_id, call.decision_id, call.tool.spec.name)
-                )
+                try:
+                    await self.store.expect_report(
+                        PendingExternal(call.session.id, call.call_id, call.decision_id, call.tool.spec.name)
+                    )
+                except StoreError as exc:
+                    return await self._store_failed(call, exc)
                 return self._result(call, "awaiting_report")
             return await self._run(call, decision)
 
@@ -364,8 +392,10 @@ class ControlPlane:
         Raises:
             SessionNotFound, InvalidCall: unknown session or call, oversized or non-JSON output.
             AuditError: the output could not be recorded (the call stays reportable).
+            StoreError: the store failed (if the output was taken, it is audited but not indexed,
+                and the call cannot be reported again: the framework must not show the output).
         """
-        session = self.sessions.get(session_id)
+        session = await self._load_session(session_id)
         try:
             encoded = json.dumps(output, sort_keys=True, allow_nan=False)
         except (TypeError, ValueError) as exc:
@@ -378,7 +408,12 @@ class ControlPlane:
                 f"{self.settings.max_report_bytes}-byte cap: report less or raise STOCKADE_MAX_REPORT_BYTES",
                 [FieldProblem("output", "over the cap")],
             )
-        pending = self.sessions.take_report(session.id, call_id)
+        pending = await self.store.take_report(session.id, call_id) if isinstance(call_id, str) else None
+        if pending is None:
+            raise InvalidCall(
+                f"no external call {show(call_id)} is awaiting a report in session {session.id}: "
+                "report only the call_id returned by call() for an external tool, once"
+            )
         tool = self.registry.get(pending.tool)
         event = self._event(
             "execution",
@@ -392,10 +427,9 @@ class ControlPlane:
         try:
             await self.audit.append(event)
         except AuditError:
-            self.sessions.expect_report(pending)
+            await self.store.expect_report(pending)
             raise
-        self._taint(session, tool.spec)
-        self._remember(session, tool.spec, pending.call_id, output)
+        await self._remember(session, tool.spec, pending.call_id, output)
         return ToolResult(
             status="completed", decision_id=pending.decision_id, call_id=pending.call_id, tool=tool.spec.name,
             verdict="reported", output=output,
@@ -409,8 +443,10 @@ class ControlPlane:
         tool_name: str,
         raw_args: Mapping[str, Any] | str | bytes,
         inputs: Mapping[str, bytes] | None = None,
+        *,
+        count_call: bool,
     ) -> _Call:
-        session = self.sessions.get(session_id)
+        session = await self._load_session(session_id, count_call=count_call)
         try:
             tool = self.registry.get(tool_name)
             args, canonical_args = parse_args(tool.spec.name, raw_args, self.settings.max_args_bytes)
@@ -424,7 +460,43 @@ class ControlPlane:
             raise
         return call
 
-    async def _audit_rejection(self, session: Session, tool_name: object, exc: StockadeError) -> None:
+    async def _load_session(self, session_id: object, *, count_call: bool = False) -> SessionRecord:
+        """The open session ``session_id`` (renewed), counting a call if asked.
+
+        Raises:
+            SessionNotFound: unknown, closed, or idle for longer than the session TTL.
+            StoreError: the store failed (audited: nothing can be decided without the session).
+        """
+        if not isinstance(session_id, str) or not 0 < len(session_id) <= 256:
+            raise SessionNotFound(f"no open session {show(session_id)}; open one with open_session()")
+        try:
+            session = await self.store.load_session(session_id, count_call=count_call)
+        except StoreError as exc:
+            log.error("store_failed", error=str(exc), session_id=session_id)
+            await self._record(AuditEvent(
+                kind="error", decision_id=str(uuid.uuid4()), timestamp=_now(), session_id=session_id,
+                outcome="store_unavailable", labels=self._labels, result={"code": exc.code, "message": str(exc)},
+            ))  # fmt: skip
+            raise
+        if session is None:
+            self._here.discard(session_id)
+            raise SessionNotFound(
+                f"no open session {show(session_id)} (unknown, closed, or idle for longer than "
+                f"{self.settings.session_idle_ttl_s:g}s); open one with open_session()"
+            )
+        self._here.add(session_id)
+        return session
+
+    async def _store_failed(self, call: _Call, exc: StoreError) -> ToolResult:
+        """Deny a call whose next step needed the store, with an audit record."""
+        log.error("store_failed", error=str(exc))
+        await self._record(self._event(
+            "error", call.decision_id, call.session, call.tool.spec.name, call.call_id,
+            outcome="store_unavailable", result={"code": exc.code, "message": str(exc)},
+        ))  # fmt: skip
+        return self._result(call, "denied", reasons=[exc.code])
+
+    async def _audit_rejection(self, session: SessionRecord, tool_name: object, exc: StockadeError) -> None:
         name = tool_name if isinstance(tool_name, str) and len(tool_name) <= 256 else repr(tool_name)[:256]
         event = self._event(
             "error", str(uuid.uuid4()), session, name, None,
@@ -435,13 +507,24 @@ class ControlPlane:
 
     async def _decide_and_audit(self, call: _Call, *, mode: str) -> Decision | _AuditFailed:
         spec = call.tool.spec
+        provenance: dict[str, list[str]] = {}
+        rate: dict[str, int] = {}
+        store_problem = None
+        try:
+            provenance = await self.store.provenance(call.session.id, argument_keys(call.args))
+            rate = await self.store.count_rates(
+                rate_scopes(call.session.id, call.session.agent, spec.name), hit=mode == "call"
+            )
+        except StoreError as exc:  # decided without what the store knows: denied, never guessed
+            log.error("store_failed", error=str(exc))
+            store_problem = str(exc)
         policy_input = PolicyInput(
             subject=SubjectInfo(agent=call.session.agent, principal=call.session.principal),
             session=SessionInfo(
                 id=call.session.id,
                 taint=sorted(call.session.taint),
                 call_count=call.session.call_count,
-                trusted_context=call.session.trusted_context,
+                trusted_context=list(call.session.trusted_context),
             ),
             tool=ToolInfo(
                 name=spec.name,
@@ -463,15 +546,16 @@ class ControlPlane:
                 "approver": call.approval.approver,
                 "reasons": [r["code"] for r in call.approval.reasons],
             },
-            provenance=call.session.provenance.lookup(call.args),
-            rate=(self.rates.hit if mode == "call" else self.rates.peek)(
-                rate_scopes(call.session.id, call.session.agent, spec.name)
-            ),
+            provenance=provenance,
+            rate=rate,
             now=_now(),
         )
         started = time.perf_counter_ns()
         try:
-            decision = await self.policy.decide(policy_input)
+            if store_problem is not None:
+                decision = policy_pkg.deny(StoreError.code, store_problem, revision=self.policy.revision)
+            else:
+                decision = await self.policy.decide(policy_input)
         except Exception as exc:  # a backend that breaks its contract still fails closed
             log.error("policy_engine_raised", error=str(exc))
             decision = policy_pkg.deny("policy.error", f"policy engine raised: {exc}", revision=self.policy.revision)
@@ -539,7 +623,6 @@ class ControlPlane:
             await self._record(event)
             return self._result(call, "error", reasons=[code])
         elapsed = time.perf_counter_ns() - started
-        self._taint(call.session, spec)
 
         stdout, stderr = _text(run.stdout), _text(run.stderr)
         verdict, output, reasons = run.verdict.value, None, []
@@ -572,7 +655,11 @@ class ControlPlane:
             # The output is withheld: nothing leaves the router without an audit record.
             return self._result(call, "denied", reasons=["audit.unavailable"])
         # What the agent gets back enters its context: index it for the provenance of later calls.
-        self._remember(call.session, spec, call.call_id, output if output is not None else stdout, stderr)
+        # If that fails, the output is withheld: unindexed, it could later pass for the user's.
+        try:
+            await self._remember(call.session, spec, call.call_id, output if output is not None else stdout, stderr)
+        except StoreError as exc:
+            return await self._store_failed(call, exc)
         log.info("tool_call_completed", verdict=verdict, wall_ms=round(usage.wall_ms, 2))
         return ToolResult(
             status="completed", decision_id=call.decision_id, call_id=call.call_id, tool=spec.name,
@@ -604,15 +691,14 @@ class ControlPlane:
             return False
         return True
 
-    @staticmethod
-    def _remember(session: Session, spec: ToolSpec, call_id: str, *content: Any) -> None:
-        label = source_label(spec.name, call_id, untrusted="reads_untrusted" in spec.capabilities)
-        session.provenance.add_all(label, content)
-
-    @staticmethod
-    def _taint(session: Session, spec: ToolSpec) -> None:
-        if "reads_untrusted" in spec.capabilities:
-            session.taint.add(UNTRUSTED_CONTENT)
+    async def _remember(self, session: SessionRecord, spec: ToolSpec, call_id: str, *content: Any) -> None:
+        """Index output the agent is about to see, and taint the session if the tool reads
+        untrusted content. Raises `StoreError`."""
+        untrusted = "reads_untrusted" in spec.capabilities
+        await self.store.record_output(
+            session.id, source_label(spec.name, call_id, untrusted=untrusted), content_keys(content),
+            taint=UNTRUSTED_CONTENT if untrusted else None,
+        )  # fmt: skip
 
     @staticmethod
     def _result(call: _Call, status: Any, reasons: list[str] | None = None) -> ToolResult:
@@ -622,7 +708,7 @@ class ControlPlane:
         )  # fmt: skip
 
     def _event(
-        self, kind: Any, decision_id: str, session: Session, tool: str, call_id: str | None, **fields: Any
+        self, kind: Any, decision_id: str, session: SessionRecord, tool: str, call_id: str | None, **fields: Any
     ) -> AuditEvent:
         return AuditEvent(
             kind=kind, decision_id=decision_id, timestamp=_now(), session_id=session.id, agent=session.agent,

@@ -11,6 +11,7 @@
      │    └── PolicyUnavailable   no policy is in force
      ├── SandboxError             the sandbox itself failed
      │    └── SandboxUnavailable  the tier cannot run on this host
+     ├── StoreError               the shared state (sessions, approvals, rates) cannot be reached
      └── AuditError               the audit log cannot be written or read
 
 Each message names the thing that is wrong and what to do about it. Exceptions from the
@@ -95,6 +96,13 @@ class SandboxUnavailable(SandboxError):
     """The sandbox tier cannot run on this host."""
 
     code = "sandbox.unavailable"
+
+
+class StoreError(StockadeError):
+    """The store holding sessions, provenance, approvals and rate windows failed; calls are denied
+    until it answers again."""
+
+    code = "store.unavailable"
 
 
 class AuditError(StockadeError):

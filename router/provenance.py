@@ -34,14 +34,14 @@ of its keys. A key remembers at most 16 sources.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Any
 from urllib.parse import urlsplit
 
 USER = "user"
 _MAX_WHOLE = 256
-_MAX_SOURCES = 16
+MAX_SOURCES = 16  # per key: enough to name the culprit, bounded whatever the session reads
 _MAX_DEPTH = 32
 
 _EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,63}")
@@ -145,11 +145,19 @@ def source_label(tool: str, call_id: str, *, untrusted: bool) -> str:
     return f"{'untrusted' if untrusted else 'tool'}:{tool}:{call_id}"
 
 
-class ProvenanceIndex:
-    """One session's index from value keys to the sources they were seen in.
+def content_keys(items: Iterable[Any]) -> set[str]:
+    """The keys content entering a session contributes."""
+    return {key for item in items for key in value_keys(item)}
 
-    The interface (`add`, `lookup`) is what a shared store implements for several routers.
-    """
+
+def argument_keys(args: dict[str, Any]) -> dict[str, set[str]]:
+    """The keys each top-level argument of a call is looked up by."""
+    return {name: set(value_keys(value, indexing=False)) for name, value in args.items()}
+
+
+class ProvenanceIndex:
+    """One session's index from value keys to the sources they were seen in, in this process
+    (`MemoryStore` keeps one per session; `RedisStore` keeps the same map in a Redis hash)."""
 
     __slots__ = ("_keys",)
 
@@ -159,24 +167,26 @@ class ProvenanceIndex:
     def __len__(self) -> int:
         return len(self._keys)
 
-    def add(self, source: str, content: Any) -> None:
-        """Index ``content`` (any JSON value, or text) as seen from ``source``."""
-        for key in set(value_keys(content)):
+    def add_keys(self, source: str, keys: Iterable[str]) -> None:
+        for key in keys:
             sources = self._keys.setdefault(key, [])
-            if source not in sources and len(sources) < _MAX_SOURCES:
+            if source not in sources and len(sources) < MAX_SOURCES:
                 sources.append(source)
 
-    def add_all(self, source: str, items: Iterable[Any]) -> None:
-        for item in items:
-            self.add(source, item)
-
-    def lookup(self, args: dict[str, Any]) -> dict[str, list[str]]:
-        """For each top-level argument, every source any of its keys was seen in (sorted)."""
+    def lookup_keys(self, keys_by_arg: Mapping[str, Iterable[str]]) -> dict[str, list[str]]:
         found: dict[str, list[str]] = {}
-        for name, value in args.items():
+        for name, keys in keys_by_arg.items():
             sources: set[str] = set()
-            for key in set(value_keys(value, indexing=False)):
+            for key in keys:
                 sources.update(self._keys.get(key, ()))
             if sources:
                 found[name] = sorted(sources)
         return found
+
+    def add(self, source: str, content: Any) -> None:
+        """Index ``content`` (any JSON value, or text) as seen from ``source``."""
+        self.add_keys(source, content_keys([content]))
+
+    def lookup(self, args: dict[str, Any]) -> dict[str, list[str]]:
+        """For each top-level argument, every source any of its keys was seen in (sorted)."""
+        return self.lookup_keys(argument_keys(args))

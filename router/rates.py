@@ -4,13 +4,15 @@ Every ``call`` (allowed or not) is counted before it is decided, so ``input.rate
 call being decided; ``decide`` shows the counts without adding to them. Policy decides what to
 do with the numbers (`policies/stockade/data.json` ``catalog.rate_limits``).
 
-The interface (`hit`, `peek`) is what a shared store implements for several routers.
+`RateCounter` is the in-process window (`MemoryStore`); `RedisStore` keeps the same windows as
+Redis sorted sets, so routers sharing it count together.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Mapping
 
 WINDOW_S = 60.0
 _MAX_SCOPES = 100_000  # beyond this, the idlest windows are forgotten first
@@ -50,7 +52,7 @@ class RateCounter:
         for key in stale or sorted(self._hits, key=lambda k: self._hits[k][-1])[: len(self._hits) // 10]:
             del self._hits[key]
 
-    def hit(self, windows: dict[str, str], now: float | None = None) -> dict[str, int]:
+    def hit(self, windows: Mapping[str, str], now: float | None = None) -> dict[str, int]:
         """Count one call in each window; returns the counts including it."""
         at = time.monotonic() if now is None else now
         counts = {}
@@ -60,7 +62,7 @@ class RateCounter:
             counts[name] = len(hits)
         return counts
 
-    def peek(self, windows: dict[str, str], now: float | None = None) -> dict[str, int]:
+    def peek(self, windows: Mapping[str, str], now: float | None = None) -> dict[str, int]:
         """The counts without counting anything."""
         at = time.monotonic() if now is None else now
         return {name: len(self._count(key, at)) for name, key in windows.items()}

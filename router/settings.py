@@ -28,6 +28,18 @@ class AuditSettings(BaseModel):
     durability: Literal["fsync", "relaxed"] = "fsync"
 
 
+class StoreSettings(BaseModel):
+    """Where sessions, provenance, approvals and rate windows live."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # None: in this process (the embedded default). ``redis://host:6379/0``: shared by every
+    # router pointed at it (STOCKADE_STORE__URL).
+    url: str | None = None
+    # A store slower than this fails the call closed rather than hanging it.
+    timeout_s: float = Field(default=2.0, gt=0)
+
+
 class Settings(BaseSettings):
     """Everything configurable about a stockade router."""
 
@@ -36,6 +48,7 @@ class Settings(BaseSettings):
     policy: PolicySettings = Field(default_factory=PolicySettings)
     runner: RunnerSettings = Field(default_factory=RunnerSettings)
     audit: AuditSettings = Field(default_factory=AuditSettings)
+    store: StoreSettings = Field(default_factory=StoreSettings)
     log_format: Literal["console", "json"] = "console"
     log_level: Literal["debug", "info", "warning", "error"] = "warning"
     max_args_bytes: int = Field(default=1 << 20, gt=0)
@@ -45,4 +58,6 @@ class Settings(BaseSettings):
     session_idle_ttl_s: float = Field(default=3600.0, gt=0)
     # How long a human has to decide a held call before its approval expires.
     approval_ttl_s: float = Field(default=900.0, gt=0)
+    # How long a decided, used or expired approval stays listed for review after its expiry.
+    approval_keep_s: float = Field(default=86400.0, ge=0)
     instance: str = Field(default_factory=socket.gethostname)

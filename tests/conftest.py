@@ -1,5 +1,6 @@
 """Shared fixtures: settings pointing at temporary files, and a real control plane
-(in-process regorus, real bubblewrap, a real JSONL audit file)."""
+(in-process regorus, real bubblewrap, a real JSONL audit file; the embedded store, or a real
+Redis where a module asks for both stores)."""
 
 from __future__ import annotations
 
@@ -16,15 +17,18 @@ from typing import Any
 
 import docker
 import pytest
+import redis
 import trustme
 
 from policy import PolicySettings
 from router import ControlPlane, Settings
-from router.settings import AuditSettings
+from router.settings import AuditSettings, StoreSettings
 from runner import RunnerSettings
 
 REPO = Path(__file__).resolve().parent.parent
 ALLOWED_HOST = "api.allowed.test"
+# scripts/services starts this Redis; the tests own database 15 and flush it around each test.
+REDIS_URL = os.environ.get("STOCKADE_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 
 
 @pytest.fixture(autouse=True)
@@ -38,10 +42,40 @@ def clean_environ() -> Iterator[None]:
 
 
 @pytest.fixture
-def settings(tmp_path: Path) -> Settings:
+def redis_url() -> Iterator[str]:
+    """A real, empty Redis database, flushed again afterwards."""
+    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2)
+    try:
+        client.flushdb()
+    except redis.exceptions.ConnectionError as exc:
+        client.close()
+        pytest.fail(f"no Redis at {REDIS_URL} ({exc}): scripts/services starts one")
+    yield REDIS_URL
+    client.flushdb()
+    client.close()
+
+
+@pytest.fixture
+def store_url() -> str | None:
+    """The store the control plane fixtures use: the embedded one unless a module asks for both."""
+    return None
+
+
+@pytest.fixture(params=["memory", "redis"])
+def both_stores(request: pytest.FixtureRequest) -> str | None:
+    """Runs a test once on the embedded store and once on Redis (override ``store_url`` with it)."""
+    if request.param == "memory":
+        return None
+    url: str = request.getfixturevalue("redis_url")
+    return url
+
+
+@pytest.fixture
+def settings(tmp_path: Path, store_url: str | None) -> Settings:
     return Settings(
         audit=AuditSettings(path=tmp_path / "audit.jsonl"),
         policy=PolicySettings(dir=REPO / "policies"),
+        store=StoreSettings(url=store_url),
     )
 
 

@@ -13,8 +13,15 @@ import pytest
 from policy import PolicySettings
 from router import ApprovalError, ApprovalStatus, ControlPlane, Settings
 from router.audit import AuditFilter
-from router.settings import AuditSettings
+from router.settings import AuditSettings, StoreSettings
 from tests.conftest import ECHO, REPO, python_tool
+
+
+@pytest.fixture
+def store_url(both_stores: str | None) -> str | None:
+    """Every test here runs on the embedded store and on Redis."""
+    return both_stores
+
 
 DROP = python_tool("drop_table", ECHO, risk="critical", capabilities=["mutates_state"], input_schema={
     "type": "object", "properties": {"table": {"type": "string"}}, "required": ["table"]})  # fmt: skip
@@ -31,14 +38,14 @@ async def held(plane: ControlPlane, table: str = "users") -> tuple[str, str]:
 
 async def test_an_approved_call_runs_once_and_the_whole_trail_shares_one_decision_id(plane: ControlPlane) -> None:
     session, approval_id = await held(plane)
-    [pending] = plane.list_approvals(ApprovalStatus.PENDING)
+    [pending] = await plane.list_approvals(ApprovalStatus.PENDING)
     assert (pending.id, pending.tool, pending.agent, json.loads(pending.args)) == (
         approval_id, "drop_table", "db-agent", {"table": "users"})  # fmt: skip
     await plane.approve(approval_id, "oncall@example.com", note="ticket OPS-7")
     result = await plane.call(session, "drop_table", {"table": "users"}, approval_id=approval_id)
     assert result.ok
     assert result.output == {"table": "users"}
-    assert plane.get_approval(approval_id).status is ApprovalStatus.USED
+    assert (await plane.get_approval(approval_id)).status is ApprovalStatus.USED
     trail = [e.model_dump(mode="json") for e in await plane.audit.query(AuditFilter(decision_id=result.decision_id))]
     assert [(e["kind"], e["outcome"]) for e in trail] == [
         ("decision", "require_approval"), ("approval", "requested"), ("approval", "approved"),
@@ -54,7 +61,7 @@ async def test_an_approval_does_not_release_different_arguments(plane: ControlPl
     await plane.approve(approval_id, "oncall@example.com")
     with pytest.raises(ApprovalError, match="another call"):
         await plane.call(session, "drop_table", {"table": "users"}, approval_id=approval_id)
-    assert plane.get_approval(approval_id).status is ApprovalStatus.APPROVED  # still good for its own call
+    assert (await plane.get_approval(approval_id)).status is ApprovalStatus.APPROVED  # still good for its own call
 
 
 async def test_an_approval_does_not_release_the_call_in_another_session(plane: ControlPlane) -> None:
@@ -69,7 +76,7 @@ async def test_the_requesting_agent_cannot_approve_itself(plane: ControlPlane) -
     _, approval_id = await held(plane)
     with pytest.raises(ApprovalError, match="never approves its own"):
         await plane.approve(approval_id, "db-agent")
-    assert plane.get_approval(approval_id).status is ApprovalStatus.PENDING
+    assert (await plane.get_approval(approval_id)).status is ApprovalStatus.PENDING
 
 
 async def test_a_denied_approval_releases_nothing(plane: ControlPlane) -> None:
@@ -81,8 +88,10 @@ async def test_a_denied_approval_releases_nothing(plane: ControlPlane) -> None:
         await plane.approve(approval_id, "someone-else@example.com")
 
 
-async def test_an_expired_approval_is_refused(tmp_path: Path) -> None:
-    settings = Settings(audit=AuditSettings(path=tmp_path / "a.jsonl"), approval_ttl_s=0.2)
+async def test_an_expired_approval_is_refused(tmp_path: Path, store_url: str | None) -> None:
+    settings = Settings(
+        audit=AuditSettings(path=tmp_path / "a.jsonl"), store=StoreSettings(url=store_url), approval_ttl_s=0.2
+    )
     async with ControlPlane.from_settings(settings) as plane:
         session, approval_id = await held(plane)
         await plane.approve(approval_id, "oncall@example.com")
@@ -91,10 +100,14 @@ async def test_an_expired_approval_is_refused(tmp_path: Path) -> None:
             await plane.call(session, "drop_table", {"table": "users"}, approval_id=approval_id)
 
 
-async def test_an_approval_never_overrides_a_deny(tmp_path: Path) -> None:
+async def test_an_approval_never_overrides_a_deny(tmp_path: Path, store_url: str | None) -> None:
     policies = tmp_path / "policies"
     shutil.copytree(REPO / "policies", policies)
-    settings = Settings(audit=AuditSettings(path=tmp_path / "a.jsonl"), policy=PolicySettings(dir=policies))
+    settings = Settings(
+        audit=AuditSettings(path=tmp_path / "a.jsonl"),
+        store=StoreSettings(url=store_url),
+        policy=PolicySettings(dir=policies),
+    )
     async with ControlPlane.from_settings(settings) as plane:
         session, approval_id = await held(plane)
         await plane.approve(approval_id, "oncall@example.com")
@@ -105,7 +118,7 @@ async def test_an_approval_never_overrides_a_deny(tmp_path: Path) -> None:
         await plane.reload_policy()
         result = await plane.call(session, "drop_table", {"table": "users"}, approval_id=approval_id)
         assert (result.status, result.reasons) == ("denied", ["capability.combination_denied"])
-        assert plane.get_approval(approval_id).status is ApprovalStatus.APPROVED  # not used up by a deny
+        assert (await plane.get_approval(approval_id)).status is ApprovalStatus.APPROVED  # not used up by a deny
 
 
 async def test_unknown_approvals_are_refused_and_audited(plane: ControlPlane) -> None:

@@ -153,7 +153,9 @@ async def test_external_tool_is_decided_then_reported_once(plane: ControlPlane) 
     trail = await events(plane, decision_id=pending.decision_id)
     assert [(e["kind"], e["outcome"]) for e in trail] == [("decision", "allow"), ("execution", "reported")]
     assert trail[1]["result"]["output"] == {"html": "<p>hi</p>"}
-    assert plane.sessions.get(session).taint == {"untrusted_content"}
+    loaded = await plane.store.load_session(session)
+    assert loaded is not None
+    assert loaded.taint == {"untrusted_content"}
 
 
 async def test_report_for_another_sessions_call_is_refused(plane: ControlPlane) -> None:

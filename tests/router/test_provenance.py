@@ -6,6 +6,7 @@ from __future__ import annotations
 import string
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,6 +14,13 @@ from router import ControlPlane
 from router.audit import AuditFilter
 from router.provenance import ProvenanceIndex
 from tests.conftest import external_tool, python_tool
+
+
+@pytest.fixture
+def store_url(both_stores: str | None) -> str | None:
+    """Every test here runs on the embedded store and on Redis."""
+    return both_stores
+
 
 # -- the matcher ---------------------------------------------------------------------------
 

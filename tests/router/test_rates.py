@@ -6,11 +6,19 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from policy import PolicySettings
 from router import ControlPlane, Settings
 from router.rates import RateCounter, scopes
-from router.settings import AuditSettings
+from router.settings import AuditSettings, StoreSettings
 from tests.conftest import ECHO, REPO, python_tool
+
+
+@pytest.fixture
+def store_url(both_stores: str | None) -> str | None:
+    """Every test here runs on the embedded store and on Redis."""
+    return both_stores
 
 
 def test_windows_slide() -> None:
@@ -31,14 +39,18 @@ def test_windows_are_separate_per_scope() -> None:
                       "agent_tool_per_minute": 1}  # fmt: skip
 
 
-async def test_a_rate_limit_trips_and_decide_does_not_count(tmp_path: Path) -> None:
+async def test_a_rate_limit_trips_and_decide_does_not_count(tmp_path: Path, store_url: str | None) -> None:
     policies = tmp_path / "policies"
     shutil.copytree(REPO / "policies", policies)
     data_file = policies / "stockade" / "data.json"
     data = json.loads(data_file.read_text())
     data["catalog"]["rate_limits"] = {"agent_tool_per_minute": 2}
     data_file.write_text(json.dumps(data))
-    settings = Settings(audit=AuditSettings(path=tmp_path / "a.jsonl"), policy=PolicySettings(dir=policies))
+    settings = Settings(
+        audit=AuditSettings(path=tmp_path / "a.jsonl"),
+        store=StoreSettings(url=store_url),
+        policy=PolicySettings(dir=policies),
+    )
     async with ControlPlane.from_settings(settings) as plane:
         await plane.register(python_tool("echo", ECHO, executor={"kind": "external"}))
         session = await plane.open_session("agent-1", "alice@example.com")

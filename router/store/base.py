@@ -1,0 +1,108 @@
+"""The `Store` seam: the state a router keeps between calls, and shares with other routers.
+
+It holds sessions (who, taint, call count, trusted context), each session's provenance index and
+pending external reports, approvals, and rate windows. `MemoryStore` keeps them in this process
+(the embedded default); `RedisStore` keeps them in Redis, so several routers act as one. Every
+method raises `StoreError` when the backend fails; the control plane then denies and audits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from router.approvals import Approval, ApprovalStatus
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRecord:
+    """One agent task's session, as loaded for one call (a snapshot, not a live object)."""
+
+    id: str
+    agent: str
+    principal: str
+    trusted_context: tuple[str, ...]
+    opened_at: str
+    taint: frozenset[str] = field(default_factory=frozenset)
+    call_count: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PendingExternal:
+    """An allowed call to an ``external`` tool, waiting for the framework to report its output."""
+
+    session_id: str
+    call_id: str
+    decision_id: str
+    tool: str
+
+
+class Store(Protocol):
+    """Sessions, provenance, pending reports, approvals and rate windows.
+
+    Sessions expire after the store's idle TTL; using one (`load_session`) renews it. Provenance
+    keys are the strings `router.provenance` reduces values to; the store only keeps, per session,
+    which sources each key was seen in (at most ``MAX_SOURCES``).
+    """
+
+    async def create_session(self, session: SessionRecord, provenance_keys: Collection[str]) -> None:
+        """Store a new session, its trusted context already indexed as ``user`` content."""
+        ...
+
+    async def load_session(self, session_id: str, *, count_call: bool = False) -> SessionRecord | None:
+        """The open session (renewing its idle TTL), or None if unknown, closed or expired.
+        ``count_call`` adds one to its call count first, atomically."""
+        ...
+
+    async def delete_session(self, session_id: str) -> bool:
+        """Forget a session with its index and pending reports; False if it was not open."""
+        ...
+
+    async def live_sessions(self, session_ids: Collection[str]) -> set[str]:
+        """Which of ``session_ids`` are still open (without renewing them)."""
+        ...
+
+    async def record_output(
+        self, session_id: str, source: str, provenance_keys: Collection[str], *, taint: str | None
+    ) -> None:
+        """Index content the agent is about to see, and add ``taint`` to the session, atomically."""
+        ...
+
+    async def provenance(self, session_id: str, keys_by_arg: Mapping[str, Collection[str]]) -> dict[str, list[str]]:
+        """For each argument, the sorted sources any of its keys was seen in (arguments with none left out)."""
+        ...
+
+    async def expect_report(self, pending: PendingExternal) -> None:
+        """Remember an allowed external call until its output is reported."""
+        ...
+
+    async def take_report(self, session_id: str, call_id: str) -> PendingExternal | None:
+        """Remove and return the pending external call, or None: each one is reported once."""
+        ...
+
+    async def put_approval(self, approval: Approval, keep_s: float) -> None:
+        """Store a new approval, kept (whatever its status) for ``keep_s`` seconds."""
+        ...
+
+    async def get_approval(self, approval_id: str) -> Approval | None: ...
+
+    async def list_approvals(self) -> list[Approval]:
+        """Every approval still kept, oldest first."""
+        ...
+
+    async def swap_approval(self, approval: Approval, expected: ApprovalStatus) -> bool:
+        """Replace the stored approval with ``approval`` only if its status is still ``expected``:
+        two routers deciding or redeeming the same approval cannot both succeed."""
+        ...
+
+    async def count_rates(self, windows: Mapping[str, str], *, hit: bool) -> dict[str, int]:
+        """The calls in each sliding window (``name -> scope``), after counting one more if ``hit``."""
+        ...
+
+    async def ping(self) -> None:
+        """Raise `StoreError` unless the backend answers."""
+        ...
+
+    async def aclose(self) -> None: ...

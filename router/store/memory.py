@@ -1,0 +1,121 @@
+"""`MemoryStore`: the embedded default, everything in this process's memory.
+
+Nothing is shared with other processes and nothing survives a restart. Sessions expire after the
+idle TTL like in Redis; approvals are dropped when their keep time is over; rate windows of idle
+scopes are forgotten first when there are very many.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+
+from router.approvals import Approval, ApprovalStatus
+from router.provenance import ProvenanceIndex
+from router.rates import WINDOW_S, RateCounter
+from router.store.base import PendingExternal, SessionRecord
+
+
+@dataclass(slots=True)
+class _Session:
+    record: SessionRecord
+    last_used: float
+    index: ProvenanceIndex = field(default_factory=ProvenanceIndex)
+    pending: dict[str, PendingExternal] = field(default_factory=dict)
+
+
+class MemoryStore:
+    """`Store` in this process."""
+
+    def __init__(self, session_ttl_s: float = 3600.0, rate_window_s: float = WINDOW_S) -> None:
+        self._session_ttl_s = session_ttl_s
+        self._sessions: dict[str, _Session] = {}
+        self._approvals: dict[str, tuple[Approval, float]] = {}  # id -> (approval, drop at)
+        self._rates = RateCounter(rate_window_s)
+
+    def _live(self, session_id: str, now: float) -> _Session | None:
+        session = self._sessions.get(session_id)
+        if session is not None and now - session.last_used > self._session_ttl_s:
+            del self._sessions[session_id]
+            return None
+        return session
+
+    async def create_session(self, session: SessionRecord, provenance_keys: Collection[str]) -> None:
+        entry = _Session(session, time.monotonic())
+        entry.index.add_keys("user", provenance_keys)
+        self._sessions[session.id] = entry
+
+    async def load_session(self, session_id: str, *, count_call: bool = False) -> SessionRecord | None:
+        now = time.monotonic()
+        session = self._live(session_id, now)
+        if session is None:
+            return None
+        session.last_used = now
+        if count_call:
+            session.record = dataclasses.replace(session.record, call_count=session.record.call_count + 1)
+        return session.record
+
+    async def delete_session(self, session_id: str) -> bool:
+        return self._sessions.pop(session_id, None) is not None
+
+    async def live_sessions(self, session_ids: Collection[str]) -> set[str]:
+        now = time.monotonic()
+        return {s for s in session_ids if self._live(s, now) is not None}
+
+    async def record_output(
+        self, session_id: str, source: str, provenance_keys: Collection[str], *, taint: str | None
+    ) -> None:
+        session = self._sessions.get(session_id)
+        if session is None:  # closed meanwhile: nothing more can be called in it
+            return
+        session.index.add_keys(source, provenance_keys)
+        if taint is not None and taint not in session.record.taint:
+            session.record = dataclasses.replace(session.record, taint=session.record.taint | {taint})
+
+    async def provenance(self, session_id: str, keys_by_arg: Mapping[str, Collection[str]]) -> dict[str, list[str]]:
+        session = self._sessions.get(session_id)
+        return {} if session is None else session.index.lookup_keys(keys_by_arg)
+
+    async def expect_report(self, pending: PendingExternal) -> None:
+        session = self._sessions.get(pending.session_id)
+        if session is not None:
+            session.pending[pending.call_id] = pending
+
+    async def take_report(self, session_id: str, call_id: str) -> PendingExternal | None:
+        session = self._sessions.get(session_id)
+        return None if session is None else session.pending.pop(call_id, None)
+
+    def _drop_old_approvals(self, now: float) -> None:
+        for approval_id in [k for k, (_, drop_at) in self._approvals.items() if drop_at <= now]:
+            del self._approvals[approval_id]
+
+    async def put_approval(self, approval: Approval, keep_s: float) -> None:
+        now = time.time()
+        self._drop_old_approvals(now)
+        self._approvals[approval.id] = (approval, now + keep_s)
+
+    async def get_approval(self, approval_id: str) -> Approval | None:
+        entry = self._approvals.get(approval_id)
+        return None if entry is None or entry[1] <= time.time() else entry[0]
+
+    async def list_approvals(self) -> list[Approval]:
+        self._drop_old_approvals(time.time())
+        return sorted((a for a, _ in self._approvals.values()), key=lambda a: a.created_at)
+
+    async def swap_approval(self, approval: Approval, expected: ApprovalStatus) -> bool:
+        entry = self._approvals.get(approval.id)
+        if entry is None or entry[0].status is not expected:
+            return False
+        self._approvals[approval.id] = (approval, entry[1])
+        return True
+
+    async def count_rates(self, windows: Mapping[str, str], *, hit: bool) -> dict[str, int]:
+        return self._rates.hit(windows) if hit else self._rates.peek(windows)
+
+    async def ping(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None

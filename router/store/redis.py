@@ -1,0 +1,265 @@
+"""`RedisStore`: the shared store, so several routers on one Redis act as one router.
+
+Keys are in `router.store.keys`. Every update touching more than one key, or reading before it
+writes, is one Lua script (atomic in Redis); the scripts are below, with their KEYS and ARGV.
+Every key has a TTL. Errors from redis-py become `StoreError` here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Awaitable, Collection, Mapping
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import redis.asyncio
+import redis.exceptions
+
+from router.approvals import Approval, ApprovalStatus
+from router.errors import StoreError
+from router.provenance import MAX_SOURCES, USER
+from router.rates import WINDOW_S
+from router.store import keys
+from router.store.base import PendingExternal, SessionRecord
+
+T = TypeVar("T")
+
+# KEYS: session, provenance, pending. ARGV: ttl_ms, count_call ("1" or "0").
+# Returns the session hash as a flat list, or nil if the session is not open.
+_LOAD_SESSION = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+if ARGV[2] == '1' then redis.call('HINCRBY', KEYS[1], 'call_count', 1) end
+for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], ARGV[1]) end
+return redis.call('HGETALL', KEYS[1])
+"""
+
+# KEYS: session, provenance. ARGV: ttl_ms, source, max_sources, taint ("" for none), key...
+# Adds source to each key's newline-separated list (once, at most max_sources), taints the
+# session; a closed session is left alone. Returns 1 if the session was open.
+_RECORD_OUTPUT = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'taint:' .. ARGV[4], '1') end
+local source, limit = ARGV[2], tonumber(ARGV[3])
+local needle = '\\n' .. source .. '\\n'
+for i = 5, #ARGV do
+  local current = redis.call('HGET', KEYS[2], ARGV[i])
+  if not current then
+    redis.call('HSET', KEYS[2], ARGV[i], source)
+  elseif not string.find('\\n' .. current .. '\\n', needle, 1, true) then
+    local _, newlines = string.gsub(current, '\\n', '')
+    if newlines + 1 < limit then redis.call('HSET', KEYS[2], ARGV[i], current .. '\\n' .. source) end
+  end
+end
+redis.call('PEXPIRE', KEYS[2], ARGV[1])
+return 1
+"""
+
+# KEYS: pending. ARGV: call_id. Removes and returns the pending call's JSON, or nil.
+_TAKE_REPORT = """
+local value = redis.call('HGET', KEYS[1], ARGV[1])
+if value then redis.call('HDEL', KEYS[1], ARGV[1]) end
+return value
+"""
+
+# KEYS: approval, approvals index. ARGV: id, created_at (score), JSON, keep_ms.
+# The index lives as long as the longest-kept approval in it.
+_PUT_APPROVAL = """
+redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[4])
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[4]) then redis.call('PEXPIRE', KEYS[2], ARGV[4]) end
+return 1
+"""
+
+# KEYS: approval. ARGV: expected status, new JSON. Replaces the approval (keeping its TTL) only
+# if its status is still the expected one. Returns 1 if replaced.
+_SWAP_APPROVAL = """
+local current = redis.call('GET', KEYS[1])
+if not current or cjson.decode(current)['status'] ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL')
+return 1
+"""
+
+# KEYS: one sorted set per window. ARGV: now_ms, window_ms, hit ("1" or "0"), unique member.
+# Drops calls older than the window, adds this one if hit, returns each window's count.
+_COUNT_RATES = """
+local counts = {}
+local cutoff = tonumber(ARGV[1]) - tonumber(ARGV[2])
+for i, key in ipairs(KEYS) do
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', cutoff)
+  if ARGV[3] == '1' then
+    redis.call('ZADD', key, ARGV[1], ARGV[4])
+    redis.call('PEXPIRE', key, ARGV[2])
+  end
+  counts[i] = redis.call('ZCARD', key)
+end
+return counts
+"""
+
+
+def redacted(url: str) -> str:
+    """``url`` without its password, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username or ''}:***@{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+class RedisStore:
+    """`Store` in Redis (``redis.asyncio``), shared by every router pointed at the same server."""
+
+    def __init__(
+        self, url: str, *, session_ttl_s: float = 3600.0, rate_window_s: float = WINDOW_S, timeout_s: float = 2.0
+    ) -> None:
+        self._where = redacted(url)
+        try:
+            self._redis = redis.asyncio.Redis.from_url(
+                url, decode_responses=True, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+            )
+        except ValueError as exc:
+            raise StoreError(f"store URL {self._where} is not a redis:// URL: {exc}") from exc
+        self._session_ttl_ms = max(1, int(session_ttl_s * 1000))
+        self._window_ms = max(1, int(rate_window_s * 1000))
+        self._window_s = rate_window_s
+        self._load = self._redis.register_script(_LOAD_SESSION)
+        self._record = self._redis.register_script(_RECORD_OUTPUT)
+        self._take = self._redis.register_script(_TAKE_REPORT)
+        self._put = self._redis.register_script(_PUT_APPROVAL)
+        self._swap = self._redis.register_script(_SWAP_APPROVAL)
+        self._rates = self._redis.register_script(_COUNT_RATES)
+
+    async def _do(self, what: str, operation: Awaitable[T]) -> T:
+        try:
+            return await operation
+        except (redis.exceptions.RedisError, OSError) as exc:
+            raise StoreError(f"store {self._where} failed to {what}: {exc}; check that Redis is up") from exc
+
+    async def create_session(self, session: SessionRecord, provenance_keys: Collection[str]) -> None:
+        async def run() -> None:
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.hset(keys.session(session.id), mapping={
+                    "agent": session.agent, "principal": session.principal, "opened_at": session.opened_at,
+                    "trusted_context": json.dumps(list(session.trusted_context)), "call_count": session.call_count,
+                    **{f"taint:{label}": "1" for label in session.taint},
+                })  # fmt: skip
+                pipe.pexpire(keys.session(session.id), self._session_ttl_ms)
+                if provenance_keys:
+                    pipe.hset(keys.provenance(session.id), mapping=dict.fromkeys(provenance_keys, USER))
+                    pipe.pexpire(keys.provenance(session.id), self._session_ttl_ms)
+                await pipe.execute()
+
+        await self._do("open a session", run())
+
+    async def load_session(self, session_id: str, *, count_call: bool = False) -> SessionRecord | None:
+        session_keys = [keys.session(session_id), keys.provenance(session_id), keys.pending(session_id)]
+        flat = await self._do("load a session", self._load(session_keys, [self._session_ttl_ms, int(count_call)]))
+        if flat is None:
+            return None
+        fields = dict(zip(flat[::2], flat[1::2], strict=True))
+        try:
+            return SessionRecord(
+                id=session_id, agent=fields["agent"], principal=fields["principal"], opened_at=fields["opened_at"],
+                trusted_context=tuple(json.loads(fields["trusted_context"])), call_count=int(fields["call_count"]),
+                taint=frozenset(k.removeprefix("taint:") for k in fields if k.startswith("taint:")),
+            )  # fmt: skip
+        except (KeyError, ValueError, TypeError) as exc:
+            raise StoreError(f"session {session_id} in {self._where} is malformed ({exc}); close it") from exc
+
+    async def delete_session(self, session_id: str) -> bool:
+        removed = await self._do(
+            "close a session",
+            self._redis.delete(keys.session(session_id), keys.provenance(session_id), keys.pending(session_id)),
+        )
+        return bool(removed)
+
+    async def live_sessions(self, session_ids: Collection[str]) -> set[str]:
+        ordered = list(session_ids)
+        if not ordered:
+            return set()
+
+        async def run() -> list[Any]:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for session_id in ordered:
+                    pipe.exists(keys.session(session_id))
+                return await pipe.execute()
+
+        found = await self._do("list sessions", run())
+        return {s for s, exists in zip(ordered, found, strict=True) if exists}
+
+    async def record_output(
+        self, session_id: str, source: str, provenance_keys: Collection[str], *, taint: str | None
+    ) -> None:
+        args: list[Any] = [self._session_ttl_ms, source, MAX_SOURCES, taint or "", *provenance_keys]
+        await self._do("index an output", self._record([keys.session(session_id), keys.provenance(session_id)], args))
+
+    async def provenance(self, session_id: str, keys_by_arg: Mapping[str, Collection[str]]) -> dict[str, list[str]]:
+        wanted = sorted({k for arg_keys in keys_by_arg.values() for k in arg_keys})
+        if not wanted:
+            return {}
+        values = await self._do("look up provenance", self._redis.hmget(keys.provenance(session_id), wanted))
+        seen = {key: str(value).split("\n") for key, value in zip(wanted, values, strict=True) if value}
+        found: dict[str, list[str]] = {}
+        for name, arg_keys in keys_by_arg.items():
+            sources = {source for key in arg_keys for source in seen.get(key, ())}
+            if sources:
+                found[name] = sorted(sources)
+        return found
+
+    async def expect_report(self, pending: PendingExternal) -> None:
+        async def run() -> None:
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.hset(keys.pending(pending.session_id), pending.call_id, json.dumps({
+                    "decision_id": pending.decision_id, "tool": pending.tool,
+                }))  # fmt: skip
+                pipe.pexpire(keys.pending(pending.session_id), self._session_ttl_ms)
+                await pipe.execute()
+
+        await self._do("remember an external call", run())
+
+    async def take_report(self, session_id: str, call_id: str) -> PendingExternal | None:
+        value = await self._do("take an external call", self._take([keys.pending(session_id)], [call_id]))
+        if value is None:
+            return None
+        document = json.loads(value)
+        return PendingExternal(session_id, call_id, document["decision_id"], document["tool"])
+
+    async def put_approval(self, approval: Approval, keep_s: float) -> None:
+        keep_ms = max(1, int(keep_s * 1000))
+        args: list[str | float] = [approval.id, approval.created_at, approval.model_dump_json(), keep_ms]
+        await self._do("store an approval", self._put([keys.approval(approval.id), keys.APPROVALS], args))
+
+    async def get_approval(self, approval_id: str) -> Approval | None:
+        value = await self._do("read an approval", self._redis.get(keys.approval(approval_id)))
+        return None if value is None else Approval.model_validate_json(value)
+
+    async def list_approvals(self) -> list[Approval]:
+        ids = [str(i) for i in await self._do("list approvals", self._redis.zrange(keys.APPROVALS, 0, -1))]
+        if not ids:
+            return []
+        values = await self._do("list approvals", self._redis.mget([keys.approval(i) for i in ids]))
+        gone = [i for i, v in zip(ids, values, strict=True) if v is None]
+        if gone:  # their keys expired: drop them from the index too
+            await self._do("list approvals", self._redis.zrem(keys.APPROVALS, *gone))
+        return [Approval.model_validate_json(v) for v in values if v is not None]
+
+    async def swap_approval(self, approval: Approval, expected: ApprovalStatus) -> bool:
+        swapped = await self._do(
+            "update an approval",
+            self._swap([keys.approval(approval.id)], [expected.value, approval.model_dump_json()]),
+        )
+        return bool(swapped)
+
+    async def count_rates(self, windows: Mapping[str, str], *, hit: bool) -> dict[str, int]:
+        names = list(windows)
+        rate_keys = [keys.rate(windows[name], self._window_s) for name in names]
+        args: list[str | int] = [int(time.time() * 1000), self._window_ms, int(hit), secrets.token_hex(8)]
+        counts = await self._do("count rates", self._rates(rate_keys, args))
+        return {name: int(count) for name, count in zip(names, counts, strict=True)}
+
+    async def ping(self) -> None:
+        await self._do("answer a ping", self._redis.ping())
+
+    async def aclose(self) -> None:
+        await self._redis.aclose()

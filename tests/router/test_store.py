@@ -1,0 +1,215 @@
+"""The `Store` contract: one suite, run on the embedded store and on a real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+import redis
+
+from router.approvals import Approval, ApprovalStatus, binding
+from router.errors import StoreError
+from router.store import MemoryStore, PendingExternal, RedisStore, SessionRecord, Store
+from router.store.redis import redacted
+
+MakeStore = Callable[..., Awaitable[Store]]
+
+
+@pytest.fixture
+async def make(both_stores: str | None) -> AsyncIterator[MakeStore]:
+    """Builds stores of the parametrized kind; all are closed after the test."""
+    made: list[Store] = []
+
+    async def build(session_ttl_s: float = 60.0, rate_window_s: float = 60.0) -> Store:
+        store: Store
+        if both_stores is None:
+            store = MemoryStore(session_ttl_s, rate_window_s)
+        else:
+            store = RedisStore(both_stores, session_ttl_s=session_ttl_s, rate_window_s=rate_window_s)
+        made.append(store)
+        return store
+
+    yield build
+    for store in made:
+        await store.aclose()
+
+
+def record(session_id: str = "s-1", **fields: object) -> SessionRecord:
+    values: dict[str, object] = {
+        "id": session_id, "agent": "agent-1", "principal": "alice@example.com",
+        "trusted_context": ("pay DE89 3704 0044 0532 0130 00",), "opened_at": "2026-11-22T10:00:00Z",
+    }  # fmt: skip
+    values.update(fields)
+    return SessionRecord(**values)  # type: ignore[arg-type]
+
+
+def approval(approval_id: str = "a-1", status: ApprovalStatus = ApprovalStatus.PENDING) -> Approval:
+    now = time.time()
+    return Approval(
+        id=approval_id, decision_id="d-1", session_id="s-1", agent="agent-1", principal="alice@example.com",
+        tool="drop_table", args='{"table":"users"}', binding=binding("drop_table", '{"table":"users"}', "s-1"),
+        reasons=[{"code": "approval.high_risk", "message": "critical"}], created_at=now, expires_at=now + 60,
+        status=status,
+    )  # fmt: skip
+
+
+async def test_a_session_round_trips_and_counts_calls(make: MakeStore) -> None:
+    store = await make()
+    await store.create_session(record(), {"s:alice"})
+    loaded = await store.load_session("s-1")
+    assert loaded == record()
+    assert (await store.load_session("s-1", count_call=True)) == record(call_count=1)
+    assert (await store.load_session("s-1", count_call=True)) == record(call_count=2)
+    assert await store.load_session("s-unknown") is None
+
+
+async def test_two_redis_stores_on_one_server_see_the_same_sessions(redis_url: str) -> None:
+    first, second = RedisStore(redis_url), RedisStore(redis_url)
+    await first.create_session(record(), set())
+    await first.record_output("s-1", "untrusted:web:c-1", {"e:eve@evil.example"}, taint="untrusted_content")
+    loaded = await second.load_session("s-1", count_call=True)
+    assert loaded is not None
+    assert (loaded.taint, loaded.call_count) == ({"untrusted_content"}, 1)
+    assert await second.provenance("s-1", {"to": {"e:eve@evil.example"}}) == {"to": ["untrusted:web:c-1"]}
+    await first.aclose()
+    await second.aclose()
+
+
+async def test_an_idle_session_expires_and_use_renews_it(make: MakeStore) -> None:
+    store = await make(session_ttl_s=0.4)
+    await store.create_session(record("s-used"), set())
+    await store.create_session(record("s-idle"), set())
+    for _ in range(4):
+        await asyncio.sleep(0.15)
+        assert await store.load_session("s-used") is not None
+    assert await store.live_sessions({"s-used", "s-idle", "s-never"}) == {"s-used"}
+    assert await store.load_session("s-idle") is None
+
+
+async def test_deleting_a_session_forgets_its_index_and_pending_reports(make: MakeStore) -> None:
+    store = await make()
+    await store.create_session(record(), {"s:alice"})
+    await store.expect_report(PendingExternal("s-1", "c-1", "d-1", "fetch"))
+    assert await store.delete_session("s-1") is True
+    assert await store.delete_session("s-1") is False
+    assert await store.load_session("s-1") is None
+    assert await store.provenance("s-1", {"x": {"s:alice"}}) == {}
+    assert await store.take_report("s-1", "c-1") is None
+    await store.record_output("s-1", "tool:t:c-2", {"s:late"}, taint="untrusted_content")  # closed: ignored
+    assert await store.load_session("s-1") is None
+
+
+async def test_provenance_names_every_source_once_up_to_the_cap(make: MakeStore) -> None:
+    store = await make()
+    await store.create_session(record(), {"i:DE89370400440532013000"})
+    await store.record_output("s-1", "untrusted:mail:c-1", {"i:DE89370400440532013000", "e:x@y.example"}, taint=None)
+    await store.record_output("s-1", "untrusted:mail:c-1", {"e:x@y.example"}, taint=None)
+    found = await store.provenance("s-1", {
+        "iban": {"i:DE89370400440532013000"}, "to": {"e:x@y.example"}, "other": {"s:nothing"},
+    })  # fmt: skip
+    assert found == {"iban": ["untrusted:mail:c-1", "user"], "to": ["untrusted:mail:c-1"]}
+    for i in range(40):
+        await store.record_output("s-1", f"tool:t:c-{i:02}", {"n:100"}, taint=None)
+    assert len((await store.provenance("s-1", {"amount": {"n:100"}}))["amount"]) == 16
+    loaded = await store.load_session("s-1")
+    assert loaded is not None
+    assert loaded.taint == frozenset()  # no output here was marked as tainting
+
+
+async def test_a_pending_report_is_taken_once_and_only_in_its_session(make: MakeStore) -> None:
+    store = await make()
+    await store.create_session(record("s-1"), set())
+    await store.create_session(record("s-2"), set())
+    pending = PendingExternal("s-1", "c-1", "d-1", "fetch")
+    await store.expect_report(pending)
+    assert await store.take_report("s-2", "c-1") is None
+    assert await store.take_report("s-1", "c-1") == pending
+    assert await store.take_report("s-1", "c-1") is None
+
+
+async def test_approvals_change_status_only_from_the_expected_one(make: MakeStore) -> None:
+    store = await make()
+    await store.put_approval(approval(), keep_s=60)
+    stored = await store.get_approval("a-1")
+    assert stored is not None
+    assert stored.status is ApprovalStatus.PENDING
+    approved = stored.model_copy(update={"status": ApprovalStatus.APPROVED, "approver": "oncall"})
+    assert await store.swap_approval(approved, ApprovalStatus.PENDING) is True
+    assert await store.swap_approval(approved, ApprovalStatus.PENDING) is False  # no longer pending
+    assert await store.get_approval("a-1") == approved
+    assert await store.swap_approval(approval("a-unknown"), ApprovalStatus.PENDING) is False
+
+
+async def test_of_two_concurrent_redeems_exactly_one_wins(make: MakeStore) -> None:
+    store = await make()
+    await store.put_approval(approval(status=ApprovalStatus.APPROVED), keep_s=60)
+    used = approval(status=ApprovalStatus.USED)
+    results = await asyncio.gather(*(store.swap_approval(used, ApprovalStatus.APPROVED) for _ in range(10)))
+    assert sorted(results) == [False] * 9 + [True]
+
+
+async def test_approvals_are_listed_oldest_first_and_dropped_after_their_keep_time(make: MakeStore) -> None:
+    store = await make()
+    await store.put_approval(approval("a-old"), keep_s=0.3)
+    await asyncio.sleep(0.01)
+    await store.put_approval(approval("a-new"), keep_s=60)
+    assert [a.id for a in await store.list_approvals()] == ["a-old", "a-new"]
+    await asyncio.sleep(0.4)
+    assert [a.id for a in await store.list_approvals()] == ["a-new"]
+    assert await store.get_approval("a-old") is None
+
+
+async def test_rate_windows_count_hits_and_slide(make: MakeStore) -> None:
+    store = await make(rate_window_s=0.5)
+    windows = {"session_per_minute": "session:s-1", "agent_per_minute": "agent:a"}
+    assert await store.count_rates(windows, hit=True) == {"session_per_minute": 1, "agent_per_minute": 1}
+    assert await store.count_rates(windows, hit=True) == {"session_per_minute": 2, "agent_per_minute": 2}
+    assert await store.count_rates(windows, hit=False) == {"session_per_minute": 2, "agent_per_minute": 2}
+    other = {"session_per_minute": "session:s-2", "agent_per_minute": "agent:a"}
+    assert await store.count_rates(other, hit=True) == {"session_per_minute": 1, "agent_per_minute": 3}
+    await asyncio.sleep(0.6)
+    assert await store.count_rates(windows, hit=False) == {"session_per_minute": 0, "agent_per_minute": 0}
+
+
+async def test_every_redis_key_is_prefixed_and_expires(redis_url: str) -> None:
+    store = RedisStore(redis_url)
+    try:
+        await store.create_session(record(), {"s:alice"})
+        await store.record_output("s-1", "untrusted:web:c-1", {"h:evil.example"}, taint="untrusted_content")
+        await store.expect_report(PendingExternal("s-1", "c-1", "d-1", "fetch"))
+        await store.put_approval(approval(), keep_s=60)
+        await store.count_rates({"tool_per_minute": "tool:fetch"}, hit=True)
+    finally:
+        await store.aclose()
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        found = {key: client.pttl(key) for key in client.scan_iter("*")}
+    finally:
+        client.close()
+    assert sorted(found) == [
+        "stockade:approval:a-1", "stockade:approvals", "stockade:rate:tool:fetch:60",
+        "stockade:session:s-1", "stockade:session:s-1:pending", "stockade:session:s-1:provenance",
+    ]  # fmt: skip
+    assert all(ttl > 0 for ttl in found.values()), found
+
+
+async def test_an_unreachable_redis_is_a_store_error_naming_it_without_its_password() -> None:
+    with socket.socket() as probe:  # a loopback port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    store = RedisStore(f"redis://:hunter2@127.0.0.1:{port}/0", timeout_s=0.5)
+    try:
+        with pytest.raises(StoreError, match=rf"127\.0\.0\.1:{port}") as caught:
+            await store.load_session("s-1")
+        assert "hunter2" not in str(caught.value)
+    finally:
+        await store.aclose()
+    assert redacted("redis://user:pw@host:6379/0") == "redis://user:***@host:6379/0"
+
+
+def test_a_malformed_store_url_is_refused() -> None:
+    with pytest.raises(StoreError, match="redis://"):
+        RedisStore("http://localhost:6379")
