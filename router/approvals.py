@@ -14,16 +14,21 @@ from __future__ import annotations
 import hashlib
 import secrets
 import time
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
-from router.errors import StockadeError
+from router.audit import AuditEvent, AuditLog, timestamp
+from router.errors import AuditError, StockadeError
 from router.tools import show
 
 if TYPE_CHECKING:
     from router.store.base import Store
+
+log = structlog.get_logger(__name__)
 
 
 class ApprovalError(StockadeError):
@@ -67,13 +72,31 @@ def binding(tool: str, canonical_args: str, session_id: str) -> str:
 
 
 class ApprovalBook:
-    """The approval rules, over a `Store` (so an approval granted through one router releases the
-    call on another)."""
+    """The approval rules, over a `Store` (so an approval granted through one router, or the CLI,
+    releases the call on another) and an audit log (every status change is recorded)."""
 
-    def __init__(self, store: Store, ttl_s: float = 900.0, keep_s: float = 86400.0) -> None:
+    def __init__(
+        self, store: Store, audit: AuditLog, *, ttl_s: float = 900.0, keep_s: float = 86400.0,
+        labels: Mapping[str, str] | None = None,
+    ) -> None:  # fmt: skip
         self._store = store
+        self._audit = audit
         self._ttl_s = ttl_s
         self._keep_s = keep_s
+        self._labels = dict(labels or {})
+
+    async def record(self, approval: Approval, outcome: str) -> bool:
+        """Audit a change of ``approval`` under its decision_id; False (logged) if the log failed."""
+        try:
+            await self._audit.append(AuditEvent(
+                kind="approval", decision_id=approval.decision_id, timestamp=timestamp(),
+                session_id=approval.session_id, agent=approval.agent, tool=approval.tool, outcome=outcome,
+                labels=self._labels, result=approval.model_dump(mode="json", exclude={"args"}),
+            ))  # fmt: skip
+        except AuditError as exc:
+            log.error("audit_append_failed", error=str(exc), kind="approval", decision_id=approval.decision_id)
+            return False
+        return True
 
     async def open(
         self, *, decision_id: str, session_id: str, agent: str, principal: str, tool: str, canonical_args: str,
@@ -105,6 +128,7 @@ class ApprovalBook:
         Raises:
             ApprovalError: unknown, not pending (decided, used, expired), or the approver is the
                 agent that asked.
+            AuditError: the decision could not be audited; it is taken back (still pending).
         """
         approval = await self.get(approval_id)
         if approval.status is not ApprovalStatus.PENDING:
@@ -118,6 +142,10 @@ class ApprovalBook:
         })  # fmt: skip
         if not await self._store.swap_approval(decided, ApprovalStatus.PENDING):
             raise ApprovalError(f"approval {approval.id} was decided by someone else meanwhile")
+        if not await self.record(decided, decided.status.value):
+            await self._store.swap_approval(approval, decided.status)  # unaudited, it must not count
+            raise AuditError(f"the decision on approval {approval.id} could not be audited; it is still pending")
+        log.info("approval_decided", approval_id=approval.id, status=decided.status.value, approver=approver)
         return decided
 
     async def check(self, approval_id: str, *, session_id: str, tool: str, canonical_args: str) -> Approval:

@@ -1,17 +1,20 @@
 """The ``stockade`` command line.
 
-Exit codes: 0 success; 1 the thing checked failed (a Rego test, a broken audit chain);
-2 bad usage or input that could not be read (a policy that does not load, an unreadable log).
+Exit codes: 0 success; 1 the thing checked failed (a Rego test, a broken audit chain) or the
+request was refused (an approval that is not pending, or one's own); 2 bad usage or input that
+could not be read (a policy that does not load, an unreadable log, an unreachable store).
 """
 
 from __future__ import annotations
 
 import asyncio
+import getpass
 import json
 import sys
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -19,13 +22,16 @@ from rich.console import Console
 import runner as runner_pkg
 from policy import EmbeddedEngine, PolicyBundleError, PolicyInput, PolicySettings, run_rego_tests
 from policy.tooling import check, coverage, explain
+from router.approvals import Approval, ApprovalBook, ApprovalError, ApprovalStatus
 from router.audit import AuditFilter, JsonlAuditLog
+from router.control import VERSION
 from router.demo import run_demo
 from router.errors import AuditError, StockadeError
 from router.logging import configure_logging
-from router.render import audit_table
+from router.render import approval_panel, approvals_table, audit_table
 from router.replay import replay
 from router.settings import Settings
+from router.store import make_store
 from runner.image import build_default_image
 
 app = typer.Typer(
@@ -40,6 +46,11 @@ app.add_typer(policy_app, name="policy")
 app.add_typer(audit_app, name="audit")
 sandbox_app = typer.Typer(help="Build the sandbox image and check which tiers work here.", no_args_is_help=True)
 app.add_typer(sandbox_app, name="sandbox")
+approvals_app = typer.Typer(
+    help="List, show and decide calls held for a human (needs the shared store: STOCKADE_STORE__URL).",
+    no_args_is_help=True,
+)
+app.add_typer(approvals_app, name="approvals")
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -308,6 +319,91 @@ def audit_query(
         _emit_json([e.model_dump(mode="json") for e in events])
         return
     out.print(audit_table(events))
+
+
+# -- approvals ----------------------------------------------------------------------------
+
+T = TypeVar("T")
+ApprovalId = Annotated[str, typer.Argument(help="The approval id (a-...), from `stockade approvals list`.")]
+Approver = Annotated[
+    str,
+    typer.Option("--approver", help="Who decides (recorded in the audit log; never the requesting agent).",
+                 default_factory=getpass.getuser, show_default="your login name"),
+]  # fmt: skip
+Note = Annotated[str, typer.Option("--note", help="Why: a ticket, a reason; recorded with the decision.")]
+
+
+def _with_approvals(ctx: typer.Context, work: Callable[[ApprovalBook], Awaitable[T]]) -> T:
+    """Run ``work`` against the shared store and the audit log the routers write."""
+    settings = _settings(ctx)
+    if settings.store.url is None:
+        raise _fail(
+            "approvals live inside the router process when the store is embedded: set STOCKADE_STORE__URL to "
+            "the routers' Redis (redis://host:6379/0), or use ControlPlane.approve() in that process"
+        )
+
+    async def run() -> T:
+        store = make_store(settings)
+        audit = JsonlAuditLog(settings.audit.path, durability=settings.audit.durability)
+        labels = {"instance": settings.instance, "version": VERSION, "via": "cli"}
+        try:
+            return await work(ApprovalBook(store, audit, ttl_s=settings.approval_ttl_s,
+                                           keep_s=settings.approval_keep_s, labels=labels))  # fmt: skip
+        finally:
+            await store.aclose()
+            await audit.aclose()
+
+    try:
+        return asyncio.run(run())
+    except ApprovalError as exc:
+        raise _fail(str(exc), 1) from exc
+    except StockadeError as exc:
+        raise _fail(str(exc)) from exc
+
+
+def _show_approval(approval: Approval, as_json: bool) -> None:
+    if as_json:
+        _emit_json(approval.model_dump(mode="json"))
+        return
+    out.print(approval_panel(approval))
+
+
+@approvals_app.command("list")
+def approvals_list(
+    ctx: typer.Context,
+    status: Annotated[ApprovalStatus | None, typer.Option(help="Only approvals in this status (e.g. pending).")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """List approvals, oldest first: what was asked, by which agent, why, and until when."""
+    found = _with_approvals(ctx, lambda book: book.list(status))
+    if as_json:
+        _emit_json([a.model_dump(mode="json") for a in found])
+        return
+    out.print(approvals_table(found))
+
+
+@approvals_app.command("show")
+def approvals_show(ctx: typer.Context, approval_id: ApprovalId, as_json: JsonFlag = False) -> None:
+    """Show one approval in full, with the exact arguments the approver is asked about."""
+    _show_approval(_with_approvals(ctx, lambda book: book.get(approval_id)), as_json)
+
+
+@approvals_app.command("approve")
+def approvals_approve(
+    ctx: typer.Context, approval_id: ApprovalId, approver: Approver, note: Note = "", as_json: JsonFlag = False
+) -> None:
+    """Grant a pending approval: the held call may then run once, exactly as asked (exit 1 if refused)."""
+    decided = _with_approvals(ctx, lambda book: book.decide(approval_id, approver=approver, approve=True, note=note))
+    _show_approval(decided, as_json)
+
+
+@approvals_app.command("deny")
+def approvals_deny(
+    ctx: typer.Context, approval_id: ApprovalId, approver: Approver, note: Note = "", as_json: JsonFlag = False
+) -> None:
+    """Refuse a pending approval: the held call cannot run with it (exit 1 if refused)."""
+    decided = _with_approvals(ctx, lambda book: book.decide(approval_id, approver=approver, approve=False, note=note))
+    _show_approval(decided, as_json)
 
 
 # -- sandbox ------------------------------------------------------------------------------

@@ -24,7 +24,6 @@ import secrets
 import time
 import uuid
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Self
 
@@ -38,7 +37,7 @@ from policy import Decision, Outcome, PolicyEngine, PolicyInput, SessionInfo, Su
 from policy.base import EgressRequest
 from policy.bundle import fingerprint
 from router.approvals import Approval, ApprovalBook, ApprovalError, ApprovalStatus
-from router.audit import AuditEvent, AuditLog, JsonlAuditLog, sha256_hex
+from router.audit import AuditEvent, AuditLog, JsonlAuditLog, sha256_hex, timestamp
 from router.errors import (
     AuditError,
     FieldProblem,
@@ -73,8 +72,7 @@ log = structlog.get_logger(__name__)
 VERSION = "0.1.0"
 
 
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+_now = timestamp
 
 
 def _text(data: bytes) -> str:
@@ -128,7 +126,10 @@ class ControlPlane:
         self.audit = audit
         self.store: Store = store if store is not None else MemoryStore(settings.session_idle_ttl_s)
         self.registry = ToolRegistry()
-        self.approvals = ApprovalBook(self.store, settings.approval_ttl_s, settings.approval_keep_s)
+        self._labels = {"instance": settings.instance, "version": VERSION}
+        self.approvals = ApprovalBook(
+            self.store, audit, ttl_s=settings.approval_ttl_s, keep_s=settings.approval_keep_s, labels=self._labels
+        )
         # Sessions this router opened or served: the ones whose sandboxes it may hold and must
         # destroy when the session closes or expires, wherever that happens.
         self._here: set[str] = set()
@@ -136,7 +137,6 @@ class ControlPlane:
         self._watcher: asyncio.Task[None] | None = None
         # Taken now, next to the load: an edit made before the watcher starts must still count.
         self._policy_seen = fingerprint(settings.policy.dir)
-        self._labels = {"instance": settings.instance, "version": VERSION}
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> ControlPlane:
@@ -279,18 +279,10 @@ class ControlPlane:
         return await self._decide_approval(approval_id, approver, note, approve=False)
 
     async def _decide_approval(self, approval_id: str, approver: str, note: str, *, approve: bool) -> Approval:
-        decided = await self.approvals.decide(approval_id, approver=approver, approve=approve, note=note)
-        if not await self._record_approval(decided, decided.status.value):
-            raise AuditError(f"the decision on approval {approval_id} could not be audited")
-        log.info("approval_decided", approval_id=approval_id, status=decided.status.value, approver=approver)
-        return decided
+        return await self.approvals.decide(approval_id, approver=approver, approve=approve, note=note)
 
     async def _record_approval(self, approval: Approval, outcome: str) -> bool:
-        return await self._record(AuditEvent(
-            kind="approval", decision_id=approval.decision_id, timestamp=_now(), session_id=approval.session_id,
-            agent=approval.agent, tool=approval.tool, outcome=outcome, labels=self._labels,
-            result=approval.model_dump(mode="json", exclude={"args"}),
-        ))  # fmt: skip
+        return await self.approvals.record(approval, outcome)
 
     async def reload_policy(self) -> str:
         """Reload the policy directory; the old policy stays on any error. Returns the revision."""

@@ -1,9 +1,14 @@
-"""Tables for people: how audit events look in a terminal."""
+"""Tables for people: how audit events and approvals look in a terminal."""
 
 from __future__ import annotations
 
-from rich.table import Table
+import json
+from datetime import UTC, datetime
 
+from rich.table import Table
+from rich.text import Text
+
+from router.approvals import Approval
 from router.audit import AuditEvent
 
 
@@ -27,4 +32,42 @@ def audit_table(events: list[AuditEvent]) -> Table:
             e.decision_id[:8],
             str(detail)[:80],
         )
+    return table
+
+
+def _when(epoch: float | None) -> str:
+    return "" if epoch is None else datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def approvals_table(approvals: list[Approval]) -> Table:
+    """Approvals, one row each. Agent-supplied text is shown as text, never as markup."""
+    table = Table(show_lines=False, pad_edge=False)
+    for column in ("id", "status", "tool", "agent", "expires", "decided by"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("reasons", overflow="fold", min_width=20)
+    for a in approvals:
+        table.add_row(
+            Text(a.id), Text(a.status.value), Text(a.tool[:24]), Text(a.agent[:24]), _when(a.expires_at),
+            Text(a.approver or ""), Text(", ".join(r["code"] for r in a.reasons)),
+        )  # fmt: skip
+    return table
+
+
+def approval_panel(approval: Approval) -> Table:
+    """One approval in full: what exactly would run, for whom, why it was held."""
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
+    rows = [
+        ("approval", approval.id), ("status", approval.status.value), ("tool", approval.tool),
+        ("arguments", json.dumps(json.loads(approval.args), indent=2, ensure_ascii=False)),
+        ("agent", approval.agent), ("principal", approval.principal), ("session", approval.session_id),
+        ("reasons", "\n".join(f"{r['code']}: {r.get('message', '')}" for r in approval.reasons)),
+        ("requested", _when(approval.created_at)), ("expires", _when(approval.expires_at)),
+        ("decided by", approval.approver or ""), ("decided", _when(approval.decided_at)), ("note", approval.note),
+        ("decision id", approval.decision_id), ("binding", approval.binding),
+    ]  # fmt: skip
+    for name, value in rows:
+        if value:
+            table.add_row(name, Text(value))
     return table

@@ -1,6 +1,6 @@
 """The audit log: every decision and every output, hash-chained, verifiable and queryable."""
 
-from router.audit.base import GENESIS_HASH, AuditEvent, AuditFilter, AuditLog, EventKind, VerifyReport
+from router.audit.base import GENESIS_HASH, AuditEvent, AuditFilter, AuditLog, EventKind, VerifyReport, timestamp
 from router.audit.chain import canonical, event_hash, sha256_hex
 from router.audit.jsonl import JsonlAuditLog
 
@@ -15,4 +15,5 @@ __all__ = [
     "canonical",
     "event_hash",
     "sha256_hex",
+    "timestamp",
 ]

@@ -4,13 +4,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
 EventKind = Literal["decision", "approval", "credential", "execution", "egress", "error"]
 GENESIS_HASH = "0" * 64
+
+
+def timestamp() -> str:
+    """Now, as audit events record it: UTC, microseconds, ``Z``."""
+    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 class AuditEvent(BaseModel):

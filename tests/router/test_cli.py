@@ -8,7 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import REPO
+from router import ControlPlane, Settings
+from router.audit import AuditFilter
+from router.settings import AuditSettings, StoreSettings
+from tests.conftest import ECHO, REPO, python_tool
 
 STOCKADE = str(Path(sys.executable).parent / "stockade")
 
@@ -122,3 +125,55 @@ def test_settings_come_from_the_environment(tmp_path: Path) -> None:
     result = run("audit", "verify", "--json", env={"STOCKADE_AUDIT__PATH": str(tmp_path / "a.jsonl")}, cwd=REPO)
     assert result.returncode == 0
     assert json.loads(result.stdout)["events"] == 0
+
+
+# -- approvals ----------------------------------------------------------------------------
+
+
+async def test_an_approver_lists_shows_and_decides_held_calls_from_the_command_line(
+    tmp_path: Path, redis_url: str
+) -> None:
+    audit = tmp_path / "audit.jsonl"
+    settings = Settings(audit=AuditSettings(path=audit), store=StoreSettings(url=redis_url))
+    env = {"STOCKADE_STORE__URL": redis_url, "STOCKADE_AUDIT__PATH": str(audit)}
+    async with ControlPlane.from_settings(settings) as plane:
+        await plane.register(python_tool("drop_table", ECHO, risk="critical", capabilities=["mutates_state"]))
+        session = await plane.open_session("db-agent", "alice@example.com")
+        held = await plane.call(session, "drop_table", {"table": "users", "note": "[red]not markup[/red]"})
+        other = await plane.call(session, "drop_table", {"table": "orders"})
+        assert held.approval_id is not None
+        assert other.approval_id is not None
+
+        listed = run("approvals", "list", "--status", "pending", "--json", env=env)
+        assert listed.returncode == 0, listed.stderr
+        assert [a["id"] for a in json.loads(listed.stdout)] == [held.approval_id, other.approval_id]
+        shown = run("approvals", "show", held.approval_id, env=env)
+        assert shown.returncode == 0, shown.stderr
+        for expected in ('"table": "users"', "[red]not markup[/red]", "approval.high_risk", "db-agent"):
+            assert expected in shown.stdout
+
+        own = run("approvals", "approve", held.approval_id, "--approver", "db-agent", env=env)
+        assert (own.returncode, "never approves its own" in own.stderr) == (1, True)
+        granted = run("approvals", "approve", held.approval_id, "--approver", "oncall", "--note", "OPS-7",
+                      "--json", env=env)  # fmt: skip
+        assert granted.returncode == 0, granted.stderr
+        assert json.loads(granted.stdout)["status"] == "approved"
+        again = run("approvals", "deny", held.approval_id, "--approver", "oncall", env=env)
+        assert (again.returncode, "not pending" in again.stderr) == (1, True)
+        refused = run("approvals", "deny", other.approval_id, "--approver", "oncall", env=env)
+        assert refused.returncode == 0, refused.stderr
+        assert run("approvals", "show", "a-unknown", env=env).returncode == 1
+
+        ran = await plane.call(session, "drop_table", {"table": "users", "note": "[red]not markup[/red]"},
+                               approval_id=held.approval_id)  # fmt: skip
+        assert ran.ok
+        trail = await plane.audit.query(AuditFilter(decision_id=held.decision_id, kind="approval"))
+        assert [(e.outcome, e.labels.get("via")) for e in trail] == [
+            ("requested", None), ("approved", "cli"), ("redeemed", None)]  # fmt: skip
+        assert (await plane.audit.verify()).ok  # the CLI and the router wrote one chain
+
+
+def test_approvals_need_the_shared_store() -> None:
+    result = run("approvals", "list")
+    assert result.returncode == 2
+    assert "STOCKADE_STORE__URL" in result.stderr
