@@ -31,6 +31,20 @@ from policy.embedded import EmbeddedEngine
 from policy.errors import PolicyBundleError, PolicyError
 from policy.testing import RegoTestResult, run_rego_tests
 
+
+def make_engine(settings: PolicySettings) -> PolicyEngine:
+    """The engine ``settings.engine`` names, loaded from ``settings.dir``.
+
+    Raises:
+        PolicyBundleError: the directory does not load (or, embedded, does not compile).
+    """
+    if settings.engine == "opa":
+        from policy.opa import OpaEngine  # noqa: PLC0415  (aiohttp is slow to import; only OPA users pay)
+
+        return OpaEngine(settings)
+    return EmbeddedEngine(settings)
+
+
 __all__ = [
     "CredentialGrant",
     "Decision",
@@ -52,5 +66,6 @@ __all__ = [
     "ToolInfo",
     "deny",
     "load_bundle",
+    "make_engine",
     "run_rego_tests",
 ]

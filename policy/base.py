@@ -6,7 +6,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 
 class _Frozen(BaseModel):
@@ -135,6 +135,24 @@ class Decision(_Frozen):
     def reason_codes(self) -> list[str]:
         """The codes only: what the agent is allowed to see."""
         return [r.code for r in self.reasons]
+
+
+POLICY_ERROR = "policy.error"
+
+
+def to_decision(value: Any, revision: str) -> Decision:
+    """The entrypoint's JSON value (None: undefined) as a `Decision`; anything malformed is a
+    deny (``policy.error``). Every engine validates through here, so they fail alike."""
+    if value is None:
+        return deny(POLICY_ERROR, "data.stockade.decision is undefined for this input", revision=revision)
+    if not isinstance(value, dict):
+        return deny(POLICY_ERROR, f"decision is a {type(value).__name__}, not an object", revision=revision)
+    try:
+        return Decision.model_validate({**value, "policy_revision": revision})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        return deny(POLICY_ERROR, f"malformed decision at {where}: {first['msg']}", revision=revision)
 
 
 def deny(code: str, message: str, *, revision: str = "") -> Decision:

@@ -3,7 +3,7 @@
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 
 def _shipped_policies() -> Path:
@@ -16,7 +16,9 @@ class PolicySettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    engine: Literal["embedded"] = "embedded"
+    # "embedded": regorus in this process. "opa": an OPA server at opa_url, which the engine
+    # loads with this directory's policy and data (STOCKADE_POLICY__ENGINE=opa).
+    engine: Literal["embedded", "opa"] = "embedded"
     dir: Path = Field(default_factory=_shipped_policies)
     entrypoint: str = "data.stockade.decision"
     # A running control plane checks the policy files this often and reloads on change (0: never).
@@ -24,3 +26,7 @@ class PolicySettings(BaseModel):
     # regorus has no evaluation timeout: bound what it is given instead.
     max_policy_bytes: int = 1 << 20
     max_input_bytes: int = 2 << 20
+    opa_url: str = "http://127.0.0.1:8181"
+    opa_token: SecretStr | None = None
+    # An OPA slower than this is a deny (policy.error), not a hung call.
+    opa_timeout_s: float = Field(default=1.0, gt=0)

@@ -14,9 +14,8 @@ from typing import Any
 
 import regorus
 import structlog
-from pydantic import ValidationError
 
-from policy.base import Decision, PolicyInput, deny
+from policy.base import POLICY_ERROR, Decision, PolicyInput, deny, to_decision
 from policy.bundle import PolicyBundle, load_bundle
 from policy.config import PolicySettings
 from policy.errors import PolicyBundleError
@@ -24,7 +23,6 @@ from policy.errors import PolicyBundleError
 log = structlog.get_logger(__name__)
 
 _UNDEFINED = "<undefined>"  # what the RVM returns (JSON-encoded) when the entrypoint is undefined
-POLICY_ERROR = "policy.error"
 
 
 def _is_panic(exc: BaseException) -> bool:
@@ -164,14 +162,4 @@ def _to_decision(raw: str | None, revision: str) -> Decision:
         value = json.loads(raw) if raw is not None else None
     except json.JSONDecodeError:
         value = None
-    if value is None or value == _UNDEFINED:
-        return deny(POLICY_ERROR, "data.stockade.decision is undefined for this input", revision=revision)
-    if not isinstance(value, dict):
-        return deny(POLICY_ERROR, f"decision is a {type(value).__name__}, not an object", revision=revision)
-    try:
-        decision = Decision.model_validate({**value, "policy_revision": revision})
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        return deny(POLICY_ERROR, f"malformed decision at {where}: {first['msg']}", revision=revision)
-    return decision
+    return to_decision(None if value == _UNDEFINED else value, revision)

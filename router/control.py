@@ -150,7 +150,7 @@ class ControlPlane:
         """
         settings = settings or Settings()
         try:
-            engine = policy_pkg.EmbeddedEngine(settings.policy)
+            engine = policy_pkg.make_engine(settings.policy)
         except policy_pkg.PolicyBundleError as exc:
             raise PolicyError(str(exc)) from exc
         try:

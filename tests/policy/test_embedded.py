@@ -91,32 +91,31 @@ async def test_sending_on_a_clean_session_is_allowed(engine: EmbeddedEngine) -> 
     assert decision.outcome is Outcome.ALLOW
 
 
-@pytest.mark.parametrize(
-    "policy_input",
-    [
-        make_input(),
-        make_input([], "high"),
-        make_input(["financial", "mutates_state"], "critical"),
-        make_input(["sends_external"], "medium", ["untrusted_content"]),
-        make_input(["reads_private", "sends_external"]),
-        make_input(["bogus"], "nope"),
-        make_input(limits={"timeout_s": 3, "pids": 10_000, "cpus": 0.25}),
-        make_input(["executes_code"]),
-        make_input().model_copy(update={"rate": {"session_per_minute": 5, "agent_tool_per_minute": 61}}),
-        make_input().model_copy(update={"rate": {"session_per_minute": 120}}),
-        make_input([], "high").model_copy(
-            update={"approval": {"status": "approved", "reasons": ["approval.high_risk"]}}
-        ),
-        make_input(["financial"], "critical").model_copy(
-            update={"approval": {"status": "approved", "reasons": ["approval.high_risk"]}}
-        ),
-        *[
-            trifecta_input(sources, taint)
-            for sources in (["untrusted:web:c-1"], ["user"], ["untrusted:web:c-1", "user"], ["tool:dir:c-2"], [])
-            for taint in ([], ["untrusted_content"])
-        ],
+PARITY_INPUTS = [
+    make_input(),
+    make_input([], "high"),
+    make_input(["financial", "mutates_state"], "critical"),
+    make_input(["sends_external"], "medium", ["untrusted_content"]),
+    make_input(["reads_private", "sends_external"]),
+    make_input(["bogus"], "nope"),
+    make_input(limits={"timeout_s": 3, "pids": 10_000, "cpus": 0.25}),
+    make_input(["executes_code"]),
+    make_input().model_copy(update={"rate": {"session_per_minute": 5, "agent_tool_per_minute": 61}}),
+    make_input().model_copy(update={"rate": {"session_per_minute": 120}}),
+    make_input([], "high").model_copy(update={"approval": {"status": "approved", "reasons": ["approval.high_risk"]}}),
+    make_input(["financial"], "critical").model_copy(
+        update={"approval": {"status": "approved", "reasons": ["approval.high_risk"]}}
+    ),
+    *[
+        trifecta_input(sources, taint)
+        for sources in (["untrusted:web:c-1"], ["user"], ["untrusted:web:c-1", "user"], ["tool:dir:c-2"], [])
+        for taint in ([], ["untrusted_content"])
     ],
-)
+]
+"""Inputs covering every rule of the shipped policy: engines must agree on all of them."""
+
+
+@pytest.mark.parametrize("policy_input", PARITY_INPUTS)
 def test_compiled_path_and_interpreter_agree(engine: EmbeddedEngine, policy_input: PolicyInput) -> None:
     """Decisions run on the RVM; Rego tests run on the interpreter. They must not diverge."""
     raw = engine.evaluate_raw(policy_input)
