@@ -25,7 +25,7 @@ from _stats import report, summarize
 from policy import EmbeddedEngine, PolicyInput, PolicySettings
 from router import ControlPlane, Settings
 from router.logging import configure_logging
-from router.settings import AuditSettings
+from router.settings import AuditSettings, StoreSettings
 
 REPO = Path(__file__).resolve().parent.parent
 INPUT = PolicyInput.model_validate({
@@ -97,10 +97,16 @@ def page(i: int) -> dict[str, str]:
                     f"Price {100 + i}.99 EUR, account {10_000_000 + i}, ref DE89 3704 0044 0532 0130 00."}  # fmt: skip
 
 
-async def measure_provenance(prior_outputs: int, durability: Literal["fsync", "relaxed"], n: int) -> list[float]:
-    """ControlPlane.decide() for a consequential call in a session holding ``prior_outputs`` outputs."""
+async def measure_provenance(
+    prior_outputs: int, durability: Literal["fsync", "relaxed"], n: int, store_url: str | None = None
+) -> list[float]:
+    """ControlPlane.decide() for a consequential call in a session holding ``prior_outputs`` outputs,
+    on the embedded store or (``store_url``) on Redis."""
     with tempfile.TemporaryDirectory(dir=REPO) as tmp:
-        settings = Settings(audit=AuditSettings(path=Path(tmp) / "audit.jsonl", durability=durability))
+        settings = Settings(
+            audit=AuditSettings(path=Path(tmp) / "audit.jsonl", durability=durability),
+            store=StoreSettings(url=store_url),
+        )
         async with ControlPlane.from_settings(settings) as plane:
             await plane.register({**TOOL, "destination_args": ["to"]})
             await plane.register(FETCH)
@@ -111,13 +117,21 @@ async def measure_provenance(prior_outputs: int, durability: Literal["fsync", "r
             for i in range(prior_outputs):  # the path a real call's output takes into the index
                 await plane._remember(session, fetch, f"c-{i}", page(i))
             args = {"to": "sales7@vendor7.example", "body": "hello"}
-            return await timed_decides(plane, session_id, args, n)
+            try:
+                return await timed_decides(plane, session_id, args, n)
+            finally:
+                await plane.close_session(session_id)  # leaves nothing behind in a shared Redis
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=5000)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--redis-url",
+        default="redis://127.0.0.1:6379/0",
+        help="Redis for the shared-store rows (scripts/services starts one); '' to skip them",
+    )
     opts = parser.parse_args()
     n = opts.iterations
     configure_logging("console", "warning")
@@ -133,12 +147,29 @@ async def main() -> None:
         "ControlPlane.decide() durability=fsync": summarize(await measure_plane("fsync", max(200, n // 5))),
         "ControlPlane.decide() durability=relaxed": summarize(await measure_plane("relaxed", max(200, n // 5))),
     }
-    for prior in (0, 100, 10_000):
-        for durability in ("relaxed", "fsync"):
-            rows[f"decide(), {prior} prior outputs, {durability}"] = summarize(
-                await measure_provenance(prior, durability, max(200, n // 5))  # type: ignore[arg-type]
-            )
+    stores: list[tuple[str, str | None]] = [("embedded", None)]
+    if opts.redis_url:
+        stores.append(("redis", opts.redis_url))
+    for store, url in stores:
+        for prior in (0, 100, 10_000):
+            for durability in ("relaxed", "fsync"):
+                rows[f"decide(), {store} store, {prior} prior outputs, {durability}"] = summarize(
+                    await measure_provenance(prior, durability, max(200, n // 5), url)  # type: ignore[arg-type]
+                )
     p50 = rows["engine.decide() compiled RVM path"]["p50_ms"]
+
+    targets = {}
+    for store, limit in (("embedded", 0.3), ("redis", 1.0)):
+        verdicts = []
+        for durability in ("relaxed", "fsync"):
+            worst = max(v["p50_ms"] for k, v in rows.items() if k.startswith(f"decide(), {store} store")
+                        and k.endswith(durability))  # fmt: skip
+            verdicts.append(f"{durability} {'met' if worst < limit else 'NOT met'} ({worst:.3f} ms)")
+        if any(k.startswith(f"decide(), {store} store") for k in rows):
+            targets[f"target, {store} store"] = f"decide() p50 < {limit:g} ms at any session size: " + ", ".join(
+                verdicts
+            )
+
     report("decision latency, shipped policy", rows, {
         "policy revision": engine.revision[:16],
         "policy load + compile": f"{load_ms:.2f} ms",
@@ -147,7 +178,8 @@ async def main() -> None:
             f"{rows['baseline: regorus interpreter (Engine)']['p50_ms'] / p50:.1f}x at p50",
         "audit durability (ControlPlane rows)": "fsync per append is the default; relaxed shown beside it",
         "prior outputs": "a tainted session whose index holds N realistic outputs; the call's recipient "
-        "is in one of them (embedded store)",
+        "is in one of them",
+        **targets,
     }, opts.json)  # fmt: skip
 
 

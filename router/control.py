@@ -23,9 +23,9 @@ import json
 import secrets
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import structlog
 
@@ -49,7 +49,6 @@ from router.errors import (
     StoreError,
 )
 from router.provenance import argument_keys, content_keys, source_label
-from router.rates import scopes as rate_scopes
 from router.results import Artifact, DecisionResult, RunUsage, ToolResult
 from router.sessions import UNTRUSTED_CONTENT, new_session
 from router.settings import Settings
@@ -68,6 +67,7 @@ from router.tools import (
 )
 
 log = structlog.get_logger(__name__)
+_T = TypeVar("_T")
 
 VERSION = "0.1.0"
 
@@ -90,6 +90,8 @@ class _Call:
         "canonical_args",
         "decision_id",
         "inputs",
+        "provenance",
+        "rates",
         "session",
         "tier",
         "tool",
@@ -103,6 +105,8 @@ class _Call:
         self.argv: tuple[str, ...] = ()
         self.inputs: tuple[runner_pkg.InputFile, ...] = ()
         self.approval: Approval | None = None
+        self.provenance: dict[str, list[str]] = {}
+        self.rates: dict[str, int] = {}
         self.tier: str = tool.spec.sandbox.tier
         self.call_id = "c-" + secrets.token_hex(8)
         self.decision_id = str(uuid.uuid4())
@@ -438,22 +442,33 @@ class ControlPlane:
         *,
         count_call: bool,
     ) -> _Call:
-        session = await self._load_session(session_id, count_call=count_call)
+        """Validate the call, then load everything the store knows for it in one step (the session,
+        renewed and counted if ``count_call``; its arguments' provenance; its rate windows)."""
         try:
             tool = self.registry.get(tool_name)
             args, canonical_args = parse_args(tool.spec.name, raw_args, self.settings.max_args_bytes)
             validate_args(tool, args)
-            call = _Call(session, tool, args, canonical_args)
-            call.inputs = _check_inputs(inputs or {}, self.settings.max_input_bytes)
-            if isinstance(tool.spec.executor, CommandExecutor):
-                call.argv = command_argv(tool.spec.executor, args)
+            checked_inputs = _check_inputs(inputs or {}, self.settings.max_input_bytes)
+            argv = command_argv(tool.spec.executor, args) if isinstance(tool.spec.executor, CommandExecutor) else ()
         except StockadeError as exc:
+            session = await self._load_session(session_id)  # an unknown session is reported as such
             await self._audit_rejection(session, tool_name, exc)
             raise
+        name, keys = tool.spec.name, argument_keys(args)
+        context = await self._from_store(
+            session_id, lambda sid: self.store.call_context(sid, name, keys, count=count_call)
+        )
+        call = _Call(context.session, tool, args, canonical_args)
+        call.inputs, call.argv = checked_inputs, argv
+        call.provenance, call.rates = context.provenance, context.rates
         return call
 
-    async def _load_session(self, session_id: object, *, count_call: bool = False) -> SessionRecord:
-        """The open session ``session_id`` (renewed), counting a call if asked.
+    async def _load_session(self, session_id: object) -> SessionRecord:
+        """The open session ``session_id`` (renewed). Raises as `_from_store`."""
+        return await self._from_store(session_id, self.store.load_session)
+
+    async def _from_store(self, session_id: object, load: Callable[[str], Awaitable[_T | None]]) -> _T:
+        """``load(session_id)``, which is None if the session is not open.
 
         Raises:
             SessionNotFound: unknown, closed, or idle for longer than the session TTL.
@@ -462,7 +477,7 @@ class ControlPlane:
         if not isinstance(session_id, str) or not 0 < len(session_id) <= 256:
             raise SessionNotFound(f"no open session {show(session_id)}; open one with open_session()")
         try:
-            session = await self.store.load_session(session_id, count_call=count_call)
+            loaded = await load(session_id)
         except StoreError as exc:
             log.error("store_failed", error=str(exc), session_id=session_id)
             await self._record(AuditEvent(
@@ -470,14 +485,14 @@ class ControlPlane:
                 outcome="store_unavailable", labels=self._labels, result={"code": exc.code, "message": str(exc)},
             ))  # fmt: skip
             raise
-        if session is None:
+        if loaded is None:
             self._here.discard(session_id)
             raise SessionNotFound(
                 f"no open session {show(session_id)} (unknown, closed, or idle for longer than "
                 f"{self.settings.session_idle_ttl_s:g}s); open one with open_session()"
             )
         self._here.add(session_id)
-        return session
+        return loaded
 
     async def _store_failed(self, call: _Call, exc: StoreError) -> ToolResult:
         """Deny a call whose next step needed the store, with an audit record."""
@@ -499,17 +514,6 @@ class ControlPlane:
 
     async def _decide_and_audit(self, call: _Call, *, mode: str) -> Decision | _AuditFailed:
         spec = call.tool.spec
-        provenance: dict[str, list[str]] = {}
-        rate: dict[str, int] = {}
-        store_problem = None
-        try:
-            provenance = await self.store.provenance(call.session.id, argument_keys(call.args))
-            rate = await self.store.count_rates(
-                rate_scopes(call.session.id, call.session.agent, spec.name), hit=mode == "call"
-            )
-        except StoreError as exc:  # decided without what the store knows: denied, never guessed
-            log.error("store_failed", error=str(exc))
-            store_problem = str(exc)
         policy_input = PolicyInput(
             subject=SubjectInfo(agent=call.session.agent, principal=call.session.principal),
             session=SessionInfo(
@@ -538,16 +542,13 @@ class ControlPlane:
                 "approver": call.approval.approver,
                 "reasons": [r["code"] for r in call.approval.reasons],
             },
-            provenance=provenance,
-            rate=rate,
+            provenance=call.provenance,
+            rate=call.rates,
             now=_now(),
         )
         started = time.perf_counter_ns()
         try:
-            if store_problem is not None:
-                decision = policy_pkg.deny(StoreError.code, store_problem, revision=self.policy.revision)
-            else:
-                decision = await self.policy.decide(policy_input)
+            decision = await self.policy.decide(policy_input)
         except Exception as exc:  # a backend that breaks its contract still fails closed
             log.error("policy_engine_raised", error=str(exc))
             decision = policy_pkg.deny("policy.error", f"policy engine raised: {exc}", revision=self.policy.revision)

@@ -30,6 +30,16 @@ class SessionRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class CallContext:
+    """What the store knows for one call: its session, where its arguments were seen before, and
+    the calls in its rate windows (names as in `router.rates.scopes`)."""
+
+    session: SessionRecord
+    provenance: dict[str, list[str]]
+    rates: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
 class PendingExternal:
     """An allowed call to an ``external`` tool, waiting for the framework to report its output."""
 
@@ -51,9 +61,8 @@ class Store(Protocol):
         """Store a new session, its trusted context already indexed as ``user`` content."""
         ...
 
-    async def load_session(self, session_id: str, *, count_call: bool = False) -> SessionRecord | None:
-        """The open session (renewing its idle TTL), or None if unknown, closed or expired.
-        ``count_call`` adds one to its call count first, atomically."""
+    async def load_session(self, session_id: str) -> SessionRecord | None:
+        """The open session (renewing its idle TTL), or None if unknown, closed or expired."""
         ...
 
     async def delete_session(self, session_id: str) -> bool:
@@ -70,8 +79,14 @@ class Store(Protocol):
         """Index content the agent is about to see, and add ``taint`` to the session, atomically."""
         ...
 
-    async def provenance(self, session_id: str, keys_by_arg: Mapping[str, Collection[str]]) -> dict[str, list[str]]:
-        """For each argument, the sorted sources any of its keys was seen in (arguments with none left out)."""
+    async def call_context(
+        self, session_id: str, tool: str, keys_by_arg: Mapping[str, Collection[str]], *, count: bool
+    ) -> CallContext | None:
+        """Everything policy needs from the store for one call, in one step (one round trip in
+        Redis: this is the hot path). The session is renewed; ``count`` adds the call to the
+        session's call count and to its rate windows first. Provenance: for each argument, the
+        sorted sources any of its keys was seen in (arguments with none left out). None if the
+        session is not open."""
         ...
 
     async def expect_report(self, pending: PendingExternal) -> None:
@@ -95,10 +110,6 @@ class Store(Protocol):
     async def swap_approval(self, approval: Approval, expected: ApprovalStatus) -> bool:
         """Replace the stored approval with ``approval`` only if its status is still ``expected``:
         two routers deciding or redeeming the same approval cannot both succeed."""
-        ...
-
-    async def count_rates(self, windows: Mapping[str, str], *, hit: bool) -> dict[str, int]:
-        """The calls in each sliding window (``name -> scope``), after counting one more if ``hit``."""
         ...
 
     async def ping(self) -> None:

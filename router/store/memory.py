@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from router.approvals import Approval, ApprovalStatus
 from router.provenance import ProvenanceIndex
 from router.rates import WINDOW_S, RateCounter
-from router.store.base import PendingExternal, SessionRecord
+from router.rates import scopes as rate_scopes
+from router.store.base import CallContext, PendingExternal, SessionRecord
 
 
 @dataclass(slots=True)
@@ -47,14 +48,12 @@ class MemoryStore:
         entry.index.add_keys("user", provenance_keys)
         self._sessions[session.id] = entry
 
-    async def load_session(self, session_id: str, *, count_call: bool = False) -> SessionRecord | None:
+    async def load_session(self, session_id: str) -> SessionRecord | None:
         now = time.monotonic()
         session = self._live(session_id, now)
         if session is None:
             return None
         session.last_used = now
-        if count_call:
-            session.record = dataclasses.replace(session.record, call_count=session.record.call_count + 1)
         return session.record
 
     async def delete_session(self, session_id: str) -> bool:
@@ -74,9 +73,21 @@ class MemoryStore:
         if taint is not None and taint not in session.record.taint:
             session.record = dataclasses.replace(session.record, taint=session.record.taint | {taint})
 
-    async def provenance(self, session_id: str, keys_by_arg: Mapping[str, Collection[str]]) -> dict[str, list[str]]:
-        session = self._sessions.get(session_id)
-        return {} if session is None else session.index.lookup_keys(keys_by_arg)
+    async def call_context(
+        self, session_id: str, tool: str, keys_by_arg: Mapping[str, Collection[str]], *, count: bool
+    ) -> CallContext | None:
+        if await self.load_session(session_id) is None:
+            return None
+        session = self._sessions[session_id]
+        if count:
+            session.record = dataclasses.replace(session.record, call_count=session.record.call_count + 1)
+        record = session.record
+        windows = rate_scopes(session_id, record.agent, tool)
+        return CallContext(
+            session=record,
+            provenance=session.index.lookup_keys(keys_by_arg),
+            rates=self._rates.hit(windows) if count else self._rates.peek(windows),
+        )
 
     async def expect_report(self, pending: PendingExternal) -> None:
         session = self._sessions.get(pending.session_id)
@@ -110,9 +121,6 @@ class MemoryStore:
             return False
         self._approvals[approval.id] = (approval, entry[1])
         return True
-
-    async def count_rates(self, windows: Mapping[str, str], *, hit: bool) -> dict[str, int]:
-        return self._rates.hit(windows) if hit else self._rates.peek(windows)
 
     async def ping(self) -> None:
         return None

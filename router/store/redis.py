@@ -21,16 +21,16 @@ from router.approvals import Approval, ApprovalStatus
 from router.errors import StoreError
 from router.provenance import MAX_SOURCES, USER
 from router.rates import WINDOW_S
+from router.rates import scopes as rate_scopes
 from router.store import keys
-from router.store.base import PendingExternal, SessionRecord
+from router.store.base import CallContext, PendingExternal, SessionRecord
 
 T = TypeVar("T")
 
-# KEYS: session, provenance, pending. ARGV: ttl_ms, count_call ("1" or "0").
-# Returns the session hash as a flat list, or nil if the session is not open.
+# KEYS: session, provenance, pending. ARGV: ttl_ms.
+# Renews the session; returns its hash as a flat list, or nil if it is not open.
 _LOAD_SESSION = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
-if ARGV[2] == '1' then redis.call('HINCRBY', KEYS[1], 'call_count', 1) end
 for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], ARGV[1]) end
 return redis.call('HGETALL', KEYS[1])
 """
@@ -81,21 +81,34 @@ redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL')
 return 1
 """
 
-# KEYS: one sorted set per window. ARGV: now_ms, window_ms, hit ("1" or "0"), unique member.
-# Drops calls older than the window, adds this one if hit, returns each window's count.
-_COUNT_RATES = """
+# KEYS: session, provenance, pending, then one sorted set per rate window.
+# ARGV: ttl_ms, count ("1" or "0"), the agent the rate keys were built for, now_ms, window_ms,
+#       a unique member, then the provenance keys to look up.
+# Returns {session hash (flat), sources per provenance key (nil: never seen), count per window};
+# nil if the session is not open; {session hash} alone, changing nothing, if the session's agent
+# is not ARGV[3] (the caller built the rate keys without knowing it, and must build them again).
+_CALL_CONTEXT = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+if redis.call('HGET', KEYS[1], 'agent') ~= ARGV[3] then return {redis.call('HGETALL', KEYS[1])} end
+local count = ARGV[2] == '1'
+if count then redis.call('HINCRBY', KEYS[1], 'call_count', 1) end
+for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], ARGV[1]) end
+local sources = {}
+for i = 7, #ARGV do sources[i - 6] = redis.call('HGET', KEYS[2], ARGV[i]) end
 local counts = {}
-local cutoff = tonumber(ARGV[1]) - tonumber(ARGV[2])
-for i, key in ipairs(KEYS) do
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', cutoff)
-  if ARGV[3] == '1' then
-    redis.call('ZADD', key, ARGV[1], ARGV[4])
-    redis.call('PEXPIRE', key, ARGV[2])
+local cutoff = tonumber(ARGV[4]) - tonumber(ARGV[5])
+for i = 4, #KEYS do
+  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', cutoff)
+  if count then
+    redis.call('ZADD', KEYS[i], ARGV[4], ARGV[6])
+    redis.call('PEXPIRE', KEYS[i], ARGV[5])
   end
-  counts[i] = redis.call('ZCARD', key)
+  counts[i - 3] = redis.call('ZCARD', KEYS[i])
 end
-return counts
+return {redis.call('HGETALL', KEYS[1]), sources, counts}
 """
+
+_MAX_AGENTS = 100_000  # sessions whose agent this router remembers; beyond, it starts over
 
 
 def redacted(url: str) -> str:
@@ -128,7 +141,8 @@ class RedisStore:
         self._take = self._redis.register_script(_TAKE_REPORT)
         self._put = self._redis.register_script(_PUT_APPROVAL)
         self._swap = self._redis.register_script(_SWAP_APPROVAL)
-        self._rates = self._redis.register_script(_COUNT_RATES)
+        self._context = self._redis.register_script(_CALL_CONTEXT)
+        self._agents: dict[str, str] = {}
 
     async def _do(self, what: str, operation: Awaitable[T]) -> T:
         try:
@@ -152,11 +166,12 @@ class RedisStore:
 
         await self._do("open a session", run())
 
-    async def load_session(self, session_id: str, *, count_call: bool = False) -> SessionRecord | None:
+    async def load_session(self, session_id: str) -> SessionRecord | None:
         session_keys = [keys.session(session_id), keys.provenance(session_id), keys.pending(session_id)]
-        flat = await self._do("load a session", self._load(session_keys, [self._session_ttl_ms, int(count_call)]))
-        if flat is None:
-            return None
+        flat = await self._do("load a session", self._load(session_keys, [self._session_ttl_ms]))
+        return None if flat is None else self._session(session_id, flat)
+
+    def _session(self, session_id: str, flat: list[str]) -> SessionRecord:
         fields = dict(zip(flat[::2], flat[1::2], strict=True))
         try:
             return SessionRecord(
@@ -167,7 +182,42 @@ class RedisStore:
         except (KeyError, ValueError, TypeError) as exc:
             raise StoreError(f"session {session_id} in {self._where} is malformed ({exc}); close it") from exc
 
+    async def call_context(
+        self, session_id: str, tool: str, keys_by_arg: Mapping[str, Collection[str]], *, count: bool
+    ) -> CallContext | None:
+        wanted = sorted({k for arg_keys in keys_by_arg.values() for k in arg_keys})
+        for _ in range(2):
+            # A session's agent never changes: remembered, it lets the rate keys go in the same
+            # script as everything else. Unknown (first call here), the script says it first.
+            agent = self._agents.get(session_id, "")
+            windows = rate_scopes(session_id, agent, tool)
+            script_keys = [keys.session(session_id), keys.provenance(session_id), keys.pending(session_id),
+                           *(keys.rate(scope, self._window_s) for scope in windows.values())]  # fmt: skip
+            args: list[str | int] = [self._session_ttl_ms, int(count), agent, int(time.time() * 1000), self._window_ms,
+                    secrets.token_hex(8), *wanted]  # fmt: skip
+            reply = await self._do("load a call's context", self._context(script_keys, args))
+            if reply is None:
+                self._agents.pop(session_id, None)
+                return None
+            session = self._session(session_id, reply[0])
+            if len(self._agents) >= _MAX_AGENTS:
+                self._agents.clear()
+            self._agents[session_id] = session.agent
+            if len(reply) == 3:
+                break
+        else:
+            raise StoreError(f"session {session_id} in {self._where} changed agent; close it")
+        seen = {key: str(value).split("\n") for key, value in zip(wanted, reply[1], strict=True) if value}
+        provenance: dict[str, list[str]] = {}
+        for name, arg_keys in keys_by_arg.items():
+            sources = {source for key in arg_keys for source in seen.get(key, ())}
+            if sources:
+                provenance[name] = sorted(sources)
+        rates = {name: int(n) for name, n in zip(windows, reply[2], strict=True)}
+        return CallContext(session=session, provenance=provenance, rates=rates)
+
     async def delete_session(self, session_id: str) -> bool:
+        self._agents.pop(session_id, None)
         removed = await self._do(
             "close a session",
             self._redis.delete(keys.session(session_id), keys.provenance(session_id), keys.pending(session_id)),
@@ -193,19 +243,6 @@ class RedisStore:
     ) -> None:
         args: list[Any] = [self._session_ttl_ms, source, MAX_SOURCES, taint or "", *provenance_keys]
         await self._do("index an output", self._record([keys.session(session_id), keys.provenance(session_id)], args))
-
-    async def provenance(self, session_id: str, keys_by_arg: Mapping[str, Collection[str]]) -> dict[str, list[str]]:
-        wanted = sorted({k for arg_keys in keys_by_arg.values() for k in arg_keys})
-        if not wanted:
-            return {}
-        values = await self._do("look up provenance", self._redis.hmget(keys.provenance(session_id), wanted))
-        seen = {key: str(value).split("\n") for key, value in zip(wanted, values, strict=True) if value}
-        found: dict[str, list[str]] = {}
-        for name, arg_keys in keys_by_arg.items():
-            sources = {source for key in arg_keys for source in seen.get(key, ())}
-            if sources:
-                found[name] = sorted(sources)
-        return found
 
     async def expect_report(self, pending: PendingExternal) -> None:
         async def run() -> None:
@@ -250,13 +287,6 @@ class RedisStore:
             self._swap([keys.approval(approval.id)], [expected.value, approval.model_dump_json()]),
         )
         return bool(swapped)
-
-    async def count_rates(self, windows: Mapping[str, str], *, hit: bool) -> dict[str, int]:
-        names = list(windows)
-        rate_keys = [keys.rate(windows[name], self._window_s) for name in names]
-        args: list[str | int] = [int(time.time() * 1000), self._window_ms, int(hit), secrets.token_hex(8)]
-        counts = await self._do("count rates", self._rates(rate_keys, args))
-        return {name: int(count) for name, count in zip(names, counts, strict=True)}
 
     async def ping(self) -> None:
         await self._do("answer a ping", self._redis.ping())

@@ -46,6 +46,12 @@ def record(session_id: str = "s-1", **fields: object) -> SessionRecord:
     return SessionRecord(**values)  # type: ignore[arg-type]
 
 
+async def provenance(store: Store, session_id: str, keys_by_arg: dict[str, set[str]]) -> dict[str, list[str]]:
+    """The provenance part of a (not counted) call's context; {} if the session is not open."""
+    context = await store.call_context(session_id, "tool", keys_by_arg, count=False)
+    return {} if context is None else context.provenance
+
+
 def approval(approval_id: str = "a-1", status: ApprovalStatus = ApprovalStatus.PENDING) -> Approval:
     now = time.time()
     return Approval(
@@ -56,13 +62,10 @@ def approval(approval_id: str = "a-1", status: ApprovalStatus = ApprovalStatus.P
     )  # fmt: skip
 
 
-async def test_a_session_round_trips_and_counts_calls(make: MakeStore) -> None:
+async def test_a_session_round_trips(make: MakeStore) -> None:
     store = await make()
-    await store.create_session(record(), {"s:alice"})
-    loaded = await store.load_session("s-1")
-    assert loaded == record()
-    assert (await store.load_session("s-1", count_call=True)) == record(call_count=1)
-    assert (await store.load_session("s-1", count_call=True)) == record(call_count=2)
+    await store.create_session(record(taint=frozenset({"untrusted_content"}), call_count=3), {"s:alice"})
+    assert await store.load_session("s-1") == record(taint=frozenset({"untrusted_content"}), call_count=3)
     assert await store.load_session("s-unknown") is None
 
 
@@ -70,10 +73,10 @@ async def test_two_redis_stores_on_one_server_see_the_same_sessions(redis_url: s
     first, second = RedisStore(redis_url), RedisStore(redis_url)
     await first.create_session(record(), set())
     await first.record_output("s-1", "untrusted:web:c-1", {"e:eve@evil.example"}, taint="untrusted_content")
-    loaded = await second.load_session("s-1", count_call=True)
-    assert loaded is not None
-    assert (loaded.taint, loaded.call_count) == ({"untrusted_content"}, 1)
-    assert await second.provenance("s-1", {"to": {"e:eve@evil.example"}}) == {"to": ["untrusted:web:c-1"]}
+    counted = await second.call_context("s-1", "send", {}, count=True)
+    assert counted is not None
+    assert (counted.session.taint, counted.session.call_count) == ({"untrusted_content"}, 1)
+    assert await provenance(second, "s-1", {"to": {"e:eve@evil.example"}}) == {"to": ["untrusted:web:c-1"]}
     await first.aclose()
     await second.aclose()
 
@@ -96,7 +99,7 @@ async def test_deleting_a_session_forgets_its_index_and_pending_reports(make: Ma
     assert await store.delete_session("s-1") is True
     assert await store.delete_session("s-1") is False
     assert await store.load_session("s-1") is None
-    assert await store.provenance("s-1", {"x": {"s:alice"}}) == {}
+    assert await store.call_context("s-1", "tool", {"x": {"s:alice"}}, count=False) is None
     assert await store.take_report("s-1", "c-1") is None
     await store.record_output("s-1", "tool:t:c-2", {"s:late"}, taint="untrusted_content")  # closed: ignored
     assert await store.load_session("s-1") is None
@@ -107,13 +110,13 @@ async def test_provenance_names_every_source_once_up_to_the_cap(make: MakeStore)
     await store.create_session(record(), {"i:DE89370400440532013000"})
     await store.record_output("s-1", "untrusted:mail:c-1", {"i:DE89370400440532013000", "e:x@y.example"}, taint=None)
     await store.record_output("s-1", "untrusted:mail:c-1", {"e:x@y.example"}, taint=None)
-    found = await store.provenance("s-1", {
+    found = await provenance(store, "s-1", {
         "iban": {"i:DE89370400440532013000"}, "to": {"e:x@y.example"}, "other": {"s:nothing"},
     })  # fmt: skip
     assert found == {"iban": ["untrusted:mail:c-1", "user"], "to": ["untrusted:mail:c-1"]}
     for i in range(40):
         await store.record_output("s-1", f"tool:t:c-{i:02}", {"n:100"}, taint=None)
-    assert len((await store.provenance("s-1", {"amount": {"n:100"}}))["amount"]) == 16
+    assert len((await provenance(store, "s-1", {"amount": {"n:100"}}))["amount"]) == 16
     loaded = await store.load_session("s-1")
     assert loaded is not None
     assert loaded.taint == frozenset()  # no output here was marked as tainting
@@ -162,16 +165,48 @@ async def test_approvals_are_listed_oldest_first_and_dropped_after_their_keep_ti
     assert await store.get_approval("a-old") is None
 
 
-async def test_rate_windows_count_hits_and_slide(make: MakeStore) -> None:
+async def test_a_counted_call_adds_to_the_call_count_and_every_rate_window(make: MakeStore) -> None:
     store = await make(rate_window_s=0.5)
-    windows = {"session_per_minute": "session:s-1", "agent_per_minute": "agent:a"}
-    assert await store.count_rates(windows, hit=True) == {"session_per_minute": 1, "agent_per_minute": 1}
-    assert await store.count_rates(windows, hit=True) == {"session_per_minute": 2, "agent_per_minute": 2}
-    assert await store.count_rates(windows, hit=False) == {"session_per_minute": 2, "agent_per_minute": 2}
-    other = {"session_per_minute": "session:s-2", "agent_per_minute": "agent:a"}
-    assert await store.count_rates(other, hit=True) == {"session_per_minute": 1, "agent_per_minute": 3}
+    await store.create_session(record("s-1"), set())
+    await store.create_session(record("s-2"), set())  # the same agent
+
+    async def context(session_id: str, tool: str, *, count: bool) -> tuple[int, dict[str, int]]:
+        found = await store.call_context(session_id, tool, {}, count=count)
+        assert found is not None
+        return found.session.call_count, found.rates
+
+    assert await context("s-1", "echo", count=True) == (
+        1,
+        {"session_per_minute": 1, "agent_per_minute": 1, "tool_per_minute": 1, "agent_tool_per_minute": 1},
+    )
+    assert await context("s-1", "echo", count=True) == (
+        2,
+        {"session_per_minute": 2, "agent_per_minute": 2, "tool_per_minute": 2, "agent_tool_per_minute": 2},
+    )
+    assert await context("s-1", "echo", count=False) == (
+        2,
+        {  # decide(): seen, not counted
+            "session_per_minute": 2,
+            "agent_per_minute": 2,
+            "tool_per_minute": 2,
+            "agent_tool_per_minute": 2,
+        },
+    )
+    assert await context("s-2", "other", count=True) == (
+        1,
+        {"session_per_minute": 1, "agent_per_minute": 3, "tool_per_minute": 1, "agent_tool_per_minute": 1},
+    )
     await asyncio.sleep(0.6)
-    assert await store.count_rates(windows, hit=False) == {"session_per_minute": 0, "agent_per_minute": 0}
+    assert await context("s-1", "echo", count=False) == (
+        2,
+        {  # the window slid; the count stays
+            "session_per_minute": 0,
+            "agent_per_minute": 0,
+            "tool_per_minute": 0,
+            "agent_tool_per_minute": 0,
+        },
+    )
+    assert await store.call_context("s-unknown", "echo", {}, count=True) is None
 
 
 async def test_every_redis_key_is_prefixed_and_expires(redis_url: str) -> None:
@@ -181,7 +216,7 @@ async def test_every_redis_key_is_prefixed_and_expires(redis_url: str) -> None:
         await store.record_output("s-1", "untrusted:web:c-1", {"h:evil.example"}, taint="untrusted_content")
         await store.expect_report(PendingExternal("s-1", "c-1", "d-1", "fetch"))
         await store.put_approval(approval(), keep_s=60)
-        await store.count_rates({"tool_per_minute": "tool:fetch"}, hit=True)
+        await store.call_context("s-1", "fetch", {"to": {"h:evil.example"}}, count=True)
     finally:
         await store.aclose()
     client = redis.Redis.from_url(redis_url, decode_responses=True)
@@ -190,7 +225,8 @@ async def test_every_redis_key_is_prefixed_and_expires(redis_url: str) -> None:
     finally:
         client.close()
     assert sorted(found) == [
-        "stockade:approval:a-1", "stockade:approvals", "stockade:rate:tool:fetch:60",
+        "stockade:approval:a-1", "stockade:approvals", "stockade:rate:agent:agent-1:60",
+        "stockade:rate:agent_tool:agent-1:fetch:60", "stockade:rate:session:s-1:60", "stockade:rate:tool:fetch:60",
         "stockade:session:s-1", "stockade:session:s-1:pending", "stockade:session:s-1:provenance",
     ]  # fmt: skip
     assert all(ttl > 0 for ttl in found.values()), found
