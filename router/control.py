@@ -404,7 +404,11 @@ class ControlPlane:
                 f"{self.settings.max_report_bytes}-byte cap: report less or raise STOCKADE_MAX_REPORT_BYTES",
                 [FieldProblem("output", "over the cap")],
             )
-        pending = await self.store.take_report(session.id, call_id) if isinstance(call_id, str) else None
+        try:
+            pending = await self.store.take_report(session.id, call_id) if isinstance(call_id, str) else None
+        except StoreError as exc:
+            await self._audit_store_failure(exc, str(uuid.uuid4()), session)
+            raise
         if pending is None:
             raise InvalidCall(
                 f"no external call {show(call_id)} is awaiting a report in session {session.id}: "
@@ -425,7 +429,11 @@ class ControlPlane:
         except AuditError:
             await self.store.expect_report(pending)
             raise
-        await self._remember(session, tool.spec, pending.call_id, output)
+        try:
+            await self._remember(session, tool.spec, pending.call_id, output)
+        except StoreError as exc:
+            await self._audit_store_failure(exc, pending.decision_id, session, tool.spec.name, pending.call_id)
+            raise
         return ToolResult(
             status="completed", decision_id=pending.decision_id, call_id=pending.call_id, tool=tool.spec.name,
             verdict="reported", output=output,
@@ -496,12 +504,19 @@ class ControlPlane:
 
     async def _store_failed(self, call: _Call, exc: StoreError) -> ToolResult:
         """Deny a call whose next step needed the store, with an audit record."""
-        log.error("store_failed", error=str(exc))
-        await self._record(self._event(
-            "error", call.decision_id, call.session, call.tool.spec.name, call.call_id,
-            outcome="store_unavailable", result={"code": exc.code, "message": str(exc)},
-        ))  # fmt: skip
+        await self._audit_store_failure(exc, call.decision_id, call.session, call.tool.spec.name, call.call_id)
         return self._result(call, "denied", reasons=[exc.code])
+
+    async def _audit_store_failure(
+        self, exc: StoreError, decision_id: str, session: SessionRecord, tool: str | None = None,
+        call_id: str | None = None,
+    ) -> None:  # fmt: skip
+        log.error("store_failed", error=str(exc), session_id=session.id)
+        await self._record(AuditEvent(
+            kind="error", decision_id=decision_id, timestamp=_now(), session_id=session.id, agent=session.agent,
+            tool=tool, call_id=call_id, outcome="store_unavailable", labels=self._labels,
+            result={"code": exc.code, "message": str(exc)},
+        ))  # fmt: skip
 
     async def _audit_rejection(self, session: SessionRecord, tool_name: object, exc: StockadeError) -> None:
         name = tool_name if isinstance(tool_name, str) and len(tool_name) <= 256 else repr(tool_name)[:256]
