@@ -38,6 +38,13 @@ class EgressRequest(_Frozen):
     methods: list[str] = Field(default_factory=list)
 
 
+class CredentialRequest(_Frozen):
+    """A credential the tool says it needs, with the scopes; policy grants it or not."""
+
+    name: str
+    scopes: list[str] = Field(default_factory=list)
+
+
 class ToolInfo(_Frozen):
     """The registered tool, as policy needs it."""
 
@@ -48,6 +55,7 @@ class ToolInfo(_Frozen):
     executor: str = "command"
     tier: str = "bwrap"
     egress: list[EgressRequest] = Field(default_factory=list)
+    credentials: list[CredentialRequest] = Field(default_factory=list)
     destination_args: list[str] = Field(default_factory=list)
     amount_args: list[str] = Field(default_factory=list)
 

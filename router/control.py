@@ -34,7 +34,7 @@ import runner as runner_pkg
 import runner.base
 import runner.files
 from policy import Decision, Outcome, PolicyEngine, PolicyInput, SessionInfo, SubjectInfo, ToolInfo
-from policy.base import EgressRequest
+from policy.base import CredentialRequest, EgressRequest
 from policy.bundle import fingerprint
 from router.approvals import Approval, ApprovalBook, ApprovalError, ApprovalStatus
 from router.audit import AuditEvent, AuditLog, JsonlAuditLog, sha256_hex, timestamp
@@ -545,6 +545,7 @@ class ControlPlane:
                 executor=spec.executor.kind,
                 tier=spec.sandbox.tier,
                 egress=[EgressRequest.model_validate(e.model_dump()) for e in spec.sandbox.egress],
+                credentials=[CredentialRequest.model_validate(c.model_dump()) for c in spec.credentials],
                 destination_args=spec.destination_args,
                 amount_args=spec.amount_args,
             ),

@@ -176,12 +176,47 @@ deny_reasons contains {
 	not is_allowlisted_host(rule.host)
 }
 
+deny_reasons contains {
+	"code": "credential.not_allowlisted",
+	"message": sprintf("credential %s is not in the catalog's credentials", [request.name]),
+} if {
+	some request in requested_credentials
+	not is_catalogued_credential(request.name)
+}
+
+is_catalogued_credential(name) if object.get(catalog.credentials, name, null) != null
+
+deny_reasons contains {
+	"code": "credential.scope_not_allowlisted",
+	"message": sprintf("scope %s of credential %s is not in the catalog", [scope, request.name]),
+} if {
+	some request in requested_credentials
+	some name, allowed in catalog.credentials
+	name == request.name
+	some scope in object.get(request, "scopes", [])
+	not scope in object.get(allowed, "scopes", [])
+}
+
 # METADATA
 # description: >-
 #   Limits are the tool's defaults (or the catalog's) capped by the catalog's maxima. Egress is
-#   what the tool asked for, every host of it allowlisted. The sandbox tier is raised to the
-#   strongest one any of the tool's capabilities requires.
-obligations := {"limits": limits, "egress": requested_egress, "credentials": [], "sandbox": sandbox}
+#   what the tool asked for, every host of it allowlisted. Credentials are what the tool asked
+#   for, each with the catalog's TTL (the router caps it again by the operator's configuration).
+#   The sandbox tier is raised to the strongest one any of the tool's capabilities requires.
+obligations := {"limits": limits, "egress": requested_egress, "credentials": granted_credentials, "sandbox": sandbox}
+
+requested_credentials := object.get(input.tool, "credentials", [])
+
+granted_credentials := [grant |
+	some request in requested_credentials
+	some name, allowed in catalog.credentials
+	name == request.name
+	grant := {
+		"name": request.name,
+		"scopes": object.get(request, "scopes", []),
+		"ttl_s": object.get(allowed, "ttl_s", 60),
+	}
+]
 
 requested_egress := object.get(input.tool, "egress", [])
 

@@ -164,6 +164,34 @@ test_egress_to_a_host_not_allowlisted_is_denied if {
 	d.reasons[0].code == "egress.not_allowlisted"
 }
 
+test_a_catalogued_credential_is_granted_with_the_catalogs_ttl if {
+	tool := object.union(_tool([], "low"), {"credentials": [{"name": "github", "scopes": ["repo:read"]}]})
+	d := stockade.decision with input as _input(tool, [])
+		with data.stockade.catalog.credentials as {"github": {"scopes": ["repo:read", "repo:write"], "ttl_s": 30}}
+	d.outcome == "allow"
+	d.obligations.credentials == [{"name": "github", "scopes": ["repo:read"], "ttl_s": 30}]
+}
+
+test_tools_without_credentials_get_none if {
+	d := stockade.decision with input as _input(_tool([], "low"), [])
+	d.obligations.credentials == []
+}
+
+test_a_credential_not_in_the_catalog_is_denied if {
+	tool := object.union(_tool([], "low"), {"credentials": [{"name": "prod-db", "scopes": []}]})
+	d := stockade.decision with input as _input(tool, [])
+	d.outcome == "deny"
+	[r.code | some r in d.reasons] == ["credential.not_allowlisted"]
+}
+
+test_a_scope_not_in_the_catalog_is_denied if {
+	tool := object.union(_tool([], "low"), {"credentials": [{"name": "github", "scopes": ["admin:org"]}]})
+	d := stockade.decision with input as _input(tool, [])
+		with data.stockade.catalog.credentials as {"github": {"scopes": ["repo:read"]}}
+	d.outcome == "deny"
+	[r.code | some r in d.reasons] == ["credential.scope_not_allowlisted"]
+}
+
 test_calls_within_the_rate_limits_are_allowed if {
 	i := object.union(_input(_tool([], "low"), []), {"rate": {"session_per_minute": 120, "agent_tool_per_minute": 60}})
 	d := stockade.decision with input as i

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from policy import EmbeddedEngine, Outcome, PolicyBundleError, PolicyInput, PolicySettings, run_rego_tests
+from policy.base import CredentialRequest
 from tests.conftest import REPO
 
 
@@ -100,6 +101,18 @@ PARITY_INPUTS = [
     make_input(["bogus"], "nope"),
     make_input(limits={"timeout_s": 3, "pids": 10_000, "cpus": 0.25}),
     make_input(["executes_code"]),
+    make_input().model_copy(
+        update={
+            "tool": make_input().tool.model_copy(
+                update={
+                    "credentials": [
+                        CredentialRequest(name="github", scopes=["repo:read"]),
+                        CredentialRequest(name="unknown"),
+                    ]
+                }
+            )
+        }
+    ),
     make_input().model_copy(update={"rate": {"session_per_minute": 5, "agent_tool_per_minute": 61}}),
     make_input().model_copy(update={"rate": {"session_per_minute": 120}}),
     make_input([], "high").model_copy(update={"approval": {"status": "approved", "reasons": ["approval.high_risk"]}}),
