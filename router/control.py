@@ -38,6 +38,8 @@ from policy.base import CredentialRequest, EgressRequest
 from policy.bundle import fingerprint
 from router.approvals import Approval, ApprovalBook, ApprovalError, ApprovalStatus
 from router.audit import AuditEvent, AuditLog, JsonlAuditLog, sha256_hex, timestamp
+from router.credentials import REDACTOR, Binding, CredentialBroker, CredentialError, Lease, redact
+from router.credentials.base import CredentialUnavailable
 from router.errors import (
     AuditError,
     FieldProblem,
@@ -134,6 +136,10 @@ class ControlPlane:
         self.approvals = ApprovalBook(
             self.store, audit, ttl_s=settings.approval_ttl_s, keep_s=settings.approval_keep_s, labels=self._labels
         )
+        self.credentials = CredentialBroker(
+            settings.credentials, self.store, key_rotation_s=settings.credential_key_rotation_s
+        )
+        self._leases: dict[str, tuple[_Call, Lease]] = {}  # minted and not yet revoked, for shutdown
         # Sessions this router opened or served: the ones whose sandboxes it may hold and must
         # destroy when the session closes or expires, wherever that happens.
         self._here: set[str] = set()
@@ -173,12 +179,18 @@ class ControlPlane:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Stop sandboxes and close the policy engine, the store and the audit log."""
+        """Revoke live credentials; stop sandboxes; close the policy engine, the store and the audit log."""
         for task in (self._sweeper, self._watcher):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        by_call: dict[str, tuple[_Call, list[Lease]]] = {}
+        for call, lease in list(self._leases.values()):
+            by_call.setdefault(call.call_id, (call, []))[1].append(lease)
+        for call, leases in by_call.values():
+            await self._revoke(call, leases)
+        await self.credentials.aclose()
         for sandbox in self.sandboxes.values():
             await sandbox.aclose()
         await self.policy.aclose()
@@ -372,6 +384,12 @@ class ControlPlane:
                     raise
                 if not await self._record_approval(used, "redeemed"):
                     return self._result(call, "denied", reasons=["audit.unavailable"])
+            leases: list[Lease] = []
+            if decision.obligations.credentials:
+                minted = await self._mint(call, decision)
+                if isinstance(minted, ToolResult):
+                    return minted
+                leases = minted
             if isinstance(call.tool.spec.executor, ExternalExecutor):
                 try:
                     await self.store.expect_report(
@@ -380,7 +398,11 @@ class ControlPlane:
                 except StoreError as exc:
                     return await self._store_failed(call, exc)
                 return self._result(call, "awaiting_report")
-            return await self._run(call, decision)
+            try:
+                return await self._run(call, decision, leases)
+            finally:
+                if leases:  # every exit: success, error, timeout, cancellation
+                    await self._revoke(call, leases)
 
     async def report(self, session_id: str, call_id: str, output: Any) -> ToolResult:
         """Record the output of an allowed ``external`` call; each call_id is reported once.
@@ -598,7 +620,48 @@ class ControlPlane:
         call.tier = tier
         return decision
 
-    async def _run(self, call: _Call, decision: Decision) -> ToolResult:
+    async def _mint(self, call: _Call, decision: Decision) -> list[Lease] | ToolResult:
+        """The call's credentials, minted and audited; or the denied result (audited) if they cannot be."""
+        session, spec = call.session, call.tool.spec
+        try:
+            if isinstance(spec.executor, ExternalExecutor):
+                raise CredentialUnavailable(f"tool {spec.name} runs outside the sandbox, where no proxy can inject "
+                                            "a credential: it gets none")  # fmt: skip
+            grants = self.credentials.grant(decision.obligations.credentials)
+            binding = Binding(call.decision_id, call.call_id, session.id, session.agent,
+                              sha256_hex(call.canonical_args.encode()))  # fmt: skip
+            leases = await self.credentials.mint(grants, binding)
+        except CredentialError as exc:
+            log.info("credential_refused", code=exc.code, error=str(exc))
+            await self._record(self._event(
+                "credential", call.decision_id, session, spec.name, call.call_id,
+                outcome="refused", result={"code": exc.code, "message": str(exc)},
+            ))  # fmt: skip
+            return self._result(call, "denied", reasons=[exc.code])
+        except StoreError as exc:
+            return await self._store_failed(call, exc)
+        for lease in leases:
+            self._leases[lease.id] = (call, lease)
+            if not await self._record(self._event(
+                "credential", call.decision_id, session, spec.name, call.call_id,
+                outcome="minted", result=lease.record(),
+            )):  # fmt: skip
+                await self._revoke(call, leases)
+                return self._result(call, "denied", reasons=["audit.unavailable"])
+        return leases
+
+    async def _revoke(self, call: _Call, leases: list[Lease]) -> None:
+        """Revoke the call's leases and audit each revocation (or its failure: the TTL ends it then)."""
+        for lease, problem in await self.credentials.revoke(leases):
+            self._leases.pop(lease.id, None)
+            await self._record(self._event(
+                "credential", call.decision_id, call.session, call.tool.spec.name, call.call_id,
+                outcome="revoked" if problem is None else "revoke_failed",
+                result={"lease_id": lease.id, "name": lease.grant.config.name, "expires_at": lease.expires_at,
+                        **({"error": str(problem)} if problem else {})},
+            ))  # fmt: skip
+
+    async def _run(self, call: _Call, decision: Decision, leases: list[Lease] | None = None) -> ToolResult:
         spec = call.tool.spec
         limits = _limits(spec, decision)
         if isinstance(spec.executor, PythonExecutor):
@@ -618,6 +681,8 @@ class ControlPlane:
             egress=tuple(runner_pkg.EgressRule(e.host, e.port, tuple(e.methods)) for e in decision.obligations.egress),
             on_egress=self._egress_auditor(call),
             session=call.session.id if mode == "session" else None,
+            env={**base.env, **{lease.grant.config.env_var: lease.placeholder for lease in leases or ()}},
+            injections=tuple(_injection(lease) for lease in leases or ()),
         )
         started = time.perf_counter_ns()
         try:
@@ -633,11 +698,12 @@ class ControlPlane:
             return self._result(call, "error", reasons=[code])
         elapsed = time.perf_counter_ns() - started
 
-        stdout, stderr = _text(run.stdout), _text(run.stderr)
+        # A secret the tool got hold of (an upstream echoing it back) never reaches the agent.
+        stdout, stderr = redact(_text(run.stdout)), redact(_text(run.stderr))
         verdict, output, reasons = run.verdict.value, None, []
         if isinstance(spec.executor, PythonExecutor) and run.verdict is runner_pkg.Verdict.OK:
             try:
-                output = runner_pkg.parse_result(run.stdout)
+                output = REDACTOR.deep(runner_pkg.parse_result(run.stdout))
             except ValueError:
                 verdict, reasons = "error", ["output.malformed"]
         elif run.verdict is runner_pkg.Verdict.OK:
@@ -692,7 +758,9 @@ class ControlPlane:
         return audit_egress
 
     async def _record(self, event: AuditEvent) -> bool:
-        """Append ``event``; False (logged) if the audit log failed, so the caller fails closed."""
+        """Append ``event``, redacted; False (logged) if the audit log failed, so the caller fails closed."""
+        if REDACTOR.active:
+            event = AuditEvent.model_validate(REDACTOR.deep(event.model_dump()))
         try:
             await self.audit.append(event)
         except AuditError as exc:
@@ -747,6 +815,12 @@ def _check_inputs(inputs: Mapping[str, bytes], max_bytes: int) -> tuple[runner_p
 
 class _AuditFailed:
     """Marker: the decision could not be audited, so the call is denied."""
+
+
+def _injection(lease: Lease) -> runner_pkg.Injection:
+    """What the egress proxy needs to put the lease's value into requests to its hosts."""
+    config = lease.grant.config
+    return runner_pkg.Injection(config.name, lease.placeholder, lease.value.get_secret_value(), tuple(config.hosts))
 
 
 def _limits(spec: ToolSpec, decision: Decision) -> runner_pkg.ResourceLimits:

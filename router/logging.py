@@ -8,6 +8,8 @@ from typing import Literal
 
 import structlog
 
+from router.credentials.redact import redact_log_event
+
 
 def configure_logging(fmt: Literal["console", "json"], level: str) -> None:
     """Configure structlog for this process. Logs go to stderr; stdout is for command output."""
@@ -20,6 +22,7 @@ def configure_logging(fmt: Literal["console", "json"], level: str) -> None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
+            redact_log_event,  # after exceptions are formatted: a secret in a traceback is scrubbed too
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from policy import PolicySettings
+from router.credentials.base import CredentialConfig
 from runner import RunnerSettings
 
 
@@ -61,3 +62,9 @@ class Settings(BaseSettings):
     # How long a decided, used or expired approval stays listed for review after its expiry.
     approval_keep_s: float = Field(default=86400.0, ge=0)
     instance: str = Field(default_factory=socket.gethostname)
+    # The credentials this router can issue (STOCKADE_CREDENTIALS, a JSON list); policy grants
+    # them per call, capped by these entries.
+    credentials: list[CredentialConfig] = Field(default_factory=list)
+    # How often the token issuer's signing key is replaced (old public keys stay published as
+    # long as tokens they signed can live).
+    credential_key_rotation_s: float = Field(default=3600.0, gt=0)

@@ -61,6 +61,20 @@ class EgressRule:
 
 
 @dataclass(frozen=True, slots=True)
+class Injection:
+    """A credential the egress proxy puts into requests in place of ``placeholder``: in request
+    headers only, only to ``hosts`` (``host`` or ``host:port``). The sandbox never holds ``value``."""
+
+    label: str
+    placeholder: str
+    value: str = field(repr=False)
+    hosts: tuple[str, ...]
+
+    def applies_to(self, host: str, port: int) -> bool:
+        return any(h.lower() in (host, f"{host}:{port}") for h in self.hosts)
+
+
+@dataclass(frozen=True, slots=True)
 class EgressRecord:
     """One request the egress proxy saw, allowed or refused; the router audits each."""
 
@@ -73,6 +87,8 @@ class EgressRecord:
     bytes_up: int = 0
     bytes_down: int = 0
     duration_ms: float = 0.0
+    injected: tuple[str, ...] = ()  # labels of the credentials put into this request, never values
+    intercepted: bool = False  # HTTPS terminated at the proxy (to inject), not tunnelled
 
 
 EgressHook = Callable[[EgressRecord], Awaitable[None]]
@@ -99,6 +115,7 @@ class SandboxSpec:
     egress: tuple[EgressRule, ...] = ()
     on_egress: EgressHook | None = None
     session: str | None = None
+    injections: tuple[Injection, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,7 @@ import structlog
 from runner.base import ResourceLimits, RunResult, SandboxSpec, Usage, Verdict
 from runner.config import RunnerSettings
 from runner.egress import EgressProxy
+from runner.egress.intercept import with_interception
 from runner.errors import SandboxError, SandboxUnavailable
 from runner.files import Quarantine, mount_tmpfs, remove_tree, stage_inputs, unmount
 from runner.seccomp import bpf_program
@@ -178,6 +179,7 @@ class BwrapSandbox:
 
     async def _run_staged(self, spec: SandboxSpec, uid: int, bwrap: str) -> RunResult:
         """A run with inputs, outputs or egress: a staging directory, and a proxy for the call."""
+        spec, ca = with_interception(spec)
         root = self._settings.state_dir / "bwrap"
         root.mkdir(parents=True, exist_ok=True, mode=0o711)
         staging = Path(tempfile.mkdtemp(prefix="b-", dir=root))
@@ -197,7 +199,8 @@ class BwrapSandbox:
                     out.chmod(0o777)
             if spec.egress:
                 proxy = EgressProxy(staging / "run" / "egress.sock", spec.egress, spec.on_egress,
-                                    hosts=self._settings.egress_hosts)  # fmt: skip
+                                    hosts=self._settings.egress_hosts, injections=spec.injections,
+                                    intercept=ca, upstream_ca=self._settings.egress_ca_file)  # fmt: skip
                 await proxy.start()
             result = await self._run_as(spec, uid, bwrap, staging)
             if spec.outputs is None:

@@ -31,6 +31,9 @@ class RunnerSettings(BaseModel):
     # Static name -> address pins for the egress proxy (like curl --resolve), for hosts the
     # operator runs on private addresses; other names must resolve to public addresses.
     egress_hosts: dict[str, str] = Field(default_factory=dict)
+    # Extra CAs (PEM) the egress proxy trusts for upstreams it terminates TLS to (to inject a
+    # credential), beside the system's; e.g. an internal CA.
+    egress_ca_file: Path | None = None
     bwrap: str = "bwrap"
     # The interpreter for `python` tools, inside the sandbox. The system one: the project's own
     # may live under /root or /home, which a sandbox never sees.

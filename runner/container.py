@@ -39,6 +39,7 @@ from docker.types import LogConfig
 from runner.base import ResourceLimits, RunResult, SandboxSpec, Usage, Verdict
 from runner.config import RunnerSettings
 from runner.egress import EgressProxy
+from runner.egress.intercept import with_interception
 from runner.errors import SandboxError, SandboxUnavailable
 from runner.files import Quarantine, remove_tree, stage_inputs
 from runner.image import default_image
@@ -332,6 +333,7 @@ class ContainerSandbox:
 
     async def _run_counted(self, spec: SandboxSpec) -> RunResult:
         started = time.perf_counter()
+        spec, ca = with_interception(spec)
         box, how, keep = await self._acquire(spec)
         proxy: EgressProxy | None = None
         try:
@@ -340,7 +342,8 @@ class ContainerSandbox:
             inputs = stage_inputs(box.staging / "in", spec.inputs)
             if spec.egress:
                 proxy = EgressProxy(box.staging / "run" / "egress.sock", spec.egress, spec.on_egress,
-                                    hosts=self._settings.egress_hosts)  # fmt: skip
+                                    hosts=self._settings.egress_hosts, injections=spec.injections,
+                                    intercept=ca, upstream_ca=self._settings.egress_ca_file)  # fmt: skip
                 await proxy.start()
             header: dict[str, object] = {
                 "kind": spec.kind, "argv": list(spec.argv), "cwd": "/tmp", "egress": bool(spec.egress),

@@ -94,6 +94,9 @@ def reap_leftovers():
             return
 
 def run_python(job, payload):
+    # The job's environment (proxy, credential placeholders, CA bundle) replaces the last job's.
+    os.environ.clear()
+    os.environ.update(job.get("env", {}))
     before = resource.getrusage(resource.RUSAGE_SELF)
     real_out, real_err = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = Framed(b"e"), Framed(b"e")

@@ -1,7 +1,8 @@
 """The `Store` seam: the state a router keeps between calls, and shares with other routers.
 
 It holds sessions (who, taint, call count, trusted context), each session's provenance index and
-pending external reports, approvals, and rate windows. `MemoryStore` keeps them in this process
+pending external reports, approvals, rate windows, credential leases and the public keys that
+verify minted tokens. `MemoryStore` keeps them in this process
 (the embedded default); `RedisStore` keeps them in Redis, so several routers act as one. Every
 method raises `StoreError` when the backend fails; the control plane then denies and audits.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from router.approvals import Approval, ApprovalStatus
@@ -110,6 +111,26 @@ class Store(Protocol):
     async def swap_approval(self, approval: Approval, expected: ApprovalStatus) -> bool:
         """Replace the stored approval with ``approval`` only if its status is still ``expected``:
         two routers deciding or redeeming the same approval cannot both succeed."""
+        ...
+
+    async def put_lease(self, lease_id: str, record: str, ttl_s: float) -> None:
+        """Record a minted credential (JSON, never its value), active, for ``ttl_s`` seconds."""
+        ...
+
+    async def get_lease(self, lease_id: str) -> tuple[str, dict[str, Any]] | None:
+        """(``active`` or ``revoked``, the record), or None once unknown or past its TTL."""
+        ...
+
+    async def revoke_lease(self, lease_id: str) -> bool:
+        """Mark the lease revoked (it stays recorded until its TTL); False if it is not recorded."""
+        ...
+
+    async def publish_key(self, kid: str, jwk: str, ttl_s: float) -> None:
+        """Publish a public signing key (JWK JSON) for ``ttl_s`` seconds."""
+        ...
+
+    async def public_keys(self) -> dict[str, str]:
+        """The published public keys still in their time, by kid."""
         ...
 
     async def ping(self) -> None:

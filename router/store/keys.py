@@ -38,3 +38,13 @@ APPROVALS = f"{PREFIX}approvals"
 def rate(scope: str, window_s: float) -> str:
     """Sorted set: one member per call, scored by its time in ms. TTL: the window."""
     return f"{PREFIX}rate:{scope}:{window_s:g}"
+
+
+def lease(lease_id: str) -> str:
+    """Hash: status (active, revoked) and record (JSON, never the credential's value).
+    TTL: the credential's TTL, so a lease outlives its credential nowhere."""
+    return f"{PREFIX}cred:{lease_id}"
+
+
+JWKS = f"{PREFIX}jwks"
+"""Hash: kid -> JSON {"jwk": the public key, "until": epoch}. TTL: the longest-lived key's."""

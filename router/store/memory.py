@@ -8,9 +8,11 @@ scopes are forgotten first when there are very many.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from router.approvals import Approval, ApprovalStatus
 from router.provenance import ProvenanceIndex
@@ -35,6 +37,8 @@ class MemoryStore:
         self._sessions: dict[str, _Session] = {}
         self._approvals: dict[str, tuple[Approval, float]] = {}  # id -> (approval, drop at)
         self._rates = RateCounter(rate_window_s)
+        self._leases: dict[str, tuple[str, dict[str, Any], float]] = {}  # id -> (status, record, until)
+        self._keys: dict[str, tuple[str, float]] = {}  # kid -> (jwk, until)
 
     def _live(self, session_id: str, now: float) -> _Session | None:
         session = self._sessions.get(session_id)
@@ -121,6 +125,30 @@ class MemoryStore:
             return False
         self._approvals[approval.id] = (approval, entry[1])
         return True
+
+    async def put_lease(self, lease_id: str, record: str, ttl_s: float) -> None:
+        now = time.time()
+        self._leases = {k: v for k, v in self._leases.items() if v[2] > now}
+        self._leases[lease_id] = ("active", json.loads(record), now + ttl_s)
+
+    async def get_lease(self, lease_id: str) -> tuple[str, dict[str, Any]] | None:
+        entry = self._leases.get(lease_id)
+        return None if entry is None or entry[2] <= time.time() else (entry[0], entry[1])
+
+    async def revoke_lease(self, lease_id: str) -> bool:
+        entry = self._leases.get(lease_id)
+        if entry is None or entry[2] <= time.time():
+            return False
+        self._leases[lease_id] = ("revoked", entry[1], entry[2])
+        return True
+
+    async def publish_key(self, kid: str, jwk: str, ttl_s: float) -> None:
+        self._keys[kid] = (jwk, time.time() + ttl_s)
+
+    async def public_keys(self) -> dict[str, str]:
+        now = time.time()
+        self._keys = {k: v for k, v in self._keys.items() if v[1] > now}
+        return {k: v[0] for k, v in self._keys.items()}
 
     async def ping(self) -> None:
         return None

@@ -108,6 +108,20 @@ end
 return {redis.call('HGETALL', KEYS[1]), sources, counts}
 """
 
+# KEYS: lease. ARGV: none. Marks an existing lease revoked (its TTL unchanged). Returns 1 if it existed.
+_REVOKE_LEASE = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'status', 'revoked')
+return 1
+"""
+
+# KEYS: jwks. ARGV: kid, JSON {"jwk", "until"}, ttl_ms. The hash lives as long as its longest key.
+_PUBLISH_KEY = """
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[3]) then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
+return 1
+"""
+
 _MAX_AGENTS = 100_000  # sessions whose agent this router remembers; beyond, it starts over
 
 
@@ -142,6 +156,8 @@ class RedisStore:
         self._put = self._redis.register_script(_PUT_APPROVAL)
         self._swap = self._redis.register_script(_SWAP_APPROVAL)
         self._context = self._redis.register_script(_CALL_CONTEXT)
+        self._revoke = self._redis.register_script(_REVOKE_LEASE)
+        self._publish = self._redis.register_script(_PUBLISH_KEY)
         self._agents: dict[str, str] = {}
 
     async def _do(self, what: str, operation: Awaitable[T]) -> T:
@@ -287,6 +303,41 @@ class RedisStore:
             self._swap([keys.approval(approval.id)], [expected.value, approval.model_dump_json()]),
         )
         return bool(swapped)
+
+    async def put_lease(self, lease_id: str, record: str, ttl_s: float) -> None:
+        async def run() -> None:
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.hset(keys.lease(lease_id), mapping={"status": "active", "record": record})
+                pipe.pexpire(keys.lease(lease_id), max(1, int(ttl_s * 1000)))
+                await pipe.execute()
+
+        await self._do("record a lease", run())
+
+    async def get_lease(self, lease_id: str) -> tuple[str, dict[str, Any]] | None:
+        found = await self._do("read a lease", self._redis.hgetall(keys.lease(lease_id)))
+        if not found:
+            return None
+        return str(found["status"]), json.loads(found["record"])
+
+    async def revoke_lease(self, lease_id: str) -> bool:
+        return bool(await self._do("revoke a lease", self._revoke([keys.lease(lease_id)], [])))
+
+    async def publish_key(self, kid: str, jwk: str, ttl_s: float) -> None:
+        entry = json.dumps({"jwk": jwk, "until": time.time() + ttl_s})
+        await self._do("publish a key", self._publish([keys.JWKS], [kid, entry, max(1, int(ttl_s * 1000))]))
+
+    async def public_keys(self) -> dict[str, str]:
+        found = await self._do("read the keys", self._redis.hgetall(keys.JWKS))
+        now, live, stale = time.time(), {}, []
+        for kid, value in found.items():
+            entry = json.loads(value)
+            if entry["until"] > now:
+                live[str(kid)] = str(entry["jwk"])
+            else:
+                stale.append(kid)
+        if stale:
+            await self._do("drop old keys", self._redis.hdel(keys.JWKS, *stale))
+        return live
 
     async def ping(self) -> None:
         await self._do("answer a ping", self._redis.ping())

@@ -8,6 +8,12 @@ this proxy's socket, and tools see it as ``HTTP_PROXY``/``HTTPS_PROXY``. For eac
   rule lists methods, the method; forwarded with ``Connection: close``.
 - anything else, or a destination no rule names: ``403`` with the reason; malformed: ``400``.
 
+Credentials (``injections``): the sandbox holds a placeholder; the proxy replaces it with the
+real value in the request headers, only for the credential's hosts (exact host, or host:port).
+For HTTPS to such a host the proxy terminates TLS with a per-call CA (`runner.egress.intercept`)
+and opens its own verified TLS connection upstream; every other host is tunnelled untouched.
+Records name the credentials injected, never their values.
+
 Destinations are matched before any name is resolved, so a refused request causes no DNS
 lookup. A name that resolves to a loopback, private or link-local address is refused unless the
 operator pinned it (``hosts``) or the rule names an IP literal: an allowlisted name must not
@@ -25,6 +31,7 @@ import contextlib
 import ipaddress
 import os
 import socket
+import ssl
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -33,7 +40,8 @@ from urllib.parse import urlsplit
 import h11
 import structlog
 
-from runner.base import EgressHook, EgressRecord, EgressRule
+from runner.base import EgressHook, EgressRecord, EgressRule, Injection
+from runner.egress.intercept import InterceptCA, upstream_context
 
 log = structlog.get_logger(__name__)
 
@@ -65,6 +73,9 @@ class EgressProxy:
         hosts: Mapping[str, str] | None = None,
         connect_timeout_s: float = 10.0,
         idle_timeout_s: float = 60.0,
+        injections: Sequence[Injection] = (),
+        intercept: InterceptCA | None = None,
+        upstream_ca: Path | None = None,
     ) -> None:
         self.path = path
         self._rules = [EgressRule(r.host.lower().rstrip("."), r.port, tuple(m.upper() for m in r.methods))
@@ -73,6 +84,9 @@ class EgressProxy:
         self._hosts = {k.lower(): v for k, v in (hosts or {}).items()}
         self._connect_timeout = connect_timeout_s
         self._idle_timeout = idle_timeout_s
+        self._injections = tuple(injections)
+        self._intercept = intercept
+        self._upstream_tls = upstream_context(upstream_ca) if intercept is not None else None
         self._server: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.records: list[EgressRecord] = []
@@ -145,18 +159,33 @@ class EgressProxy:
             await self._report(EgressRecord(method, host, port, True, reason, 502,
                                             duration_ms=(time.perf_counter() - started) * 1000))  # fmt: skip
             return
+        injections = [i for i in self._injections if i.applies_to(host, port)]
+        intercepted, injected = False, tuple[str, ...]()
         try:
-            if method == "CONNECT":
+            if method == "CONNECT" and injections and self._intercept is not None:
+                intercepted = True
+                status, up, down, injected = await self._intercept_tls(
+                    conn, reader, writer, up_reader, up_writer, host, injections
+                )
+            elif method == "CONNECT":
                 up, down = await self._tunnel(conn, reader, writer, up_reader, up_writer)
                 status = 200
             else:
-                status, up, down = await self._forward(conn, request, target, reader, writer, up_reader, up_writer)
+                status, up, down, injected = await self._forward(
+                    conn, request, target, reader, writer, up_reader, up_writer, injections
+                )
+        except _Refused as refused:
+            with contextlib.suppress(Exception):
+                await _send_error(conn, writer, refused.status, refused.reason)
+            status, up, down, rule_reason = refused.status, 0, 0, refused.reason
+        except (ssl.SSLError, OSError, TimeoutError) as exc:
+            status, up, down, rule_reason = 502, 0, 0, f"TLS with {host}:{port} failed: {exc.__class__.__name__}"
         finally:
             up_writer.close()
             with contextlib.suppress(ConnectionError, OSError):
                 await up_writer.wait_closed()
         await self._report(EgressRecord(method, host, port, True, rule_reason, status, up, down,
-                                        (time.perf_counter() - started) * 1000))  # fmt: skip
+                                        (time.perf_counter() - started) * 1000, injected, intercepted))  # fmt: skip
 
     def _check(self, method: str, host: str, port: int) -> str:
         for rule in self._rules:
@@ -203,6 +232,40 @@ class EgressProxy:
         )
         return counts[0], counts[1]
 
+    async def _intercept_tls(
+        self,
+        conn: h11.Connection,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        up_reader: asyncio.StreamReader,
+        up_writer: asyncio.StreamWriter,
+        host: str,
+        injections: Sequence[Injection],
+    ) -> tuple[int, int, int, tuple[str, ...]]:
+        """Terminate the sandbox's TLS for ``host``, then forward one request with its
+        credentials over the proxy's own verified TLS connection to the upstream."""
+        if self._intercept is None or self._upstream_tls is None:
+            raise _Refused(500, "interception is not set up for this call")
+        leftover, _ = conn.trailing_data
+        if leftover:
+            raise _Refused(400, "send the TLS handshake after the CONNECT response, not with the request")
+        writer.write(conn.send(h11.Response(status_code=200, headers=[], reason=b"Connection Established")))
+        await writer.drain()
+        await asyncio.wait_for(writer.start_tls(self._intercept.server_context(host)), self._connect_timeout)
+        await asyncio.wait_for(up_writer.start_tls(self._upstream_tls, server_hostname=host), self._connect_timeout)
+        inner = h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_HEAD)
+        try:
+            request = await _next_request(inner, reader, self._idle_timeout)
+        except _Refused as refused:
+            await _send_error(inner, writer, refused.status, refused.reason)
+            return refused.status, 0, 0, ()
+        _check_framing(request)
+        target = request.target.decode("ascii", "replace")
+        if not target.startswith("/"):
+            await _send_error(inner, writer, 400, "inside the tunnel, send origin-form targets (/path)")
+            return 400, 0, 0, ()
+        return await self._forward(inner, request, target, reader, writer, up_reader, up_writer, injections)
+
     async def _forward(
         self,
         conn: h11.Connection,
@@ -212,7 +275,8 @@ class EgressProxy:
         writer: asyncio.StreamWriter,
         up_reader: asyncio.StreamReader,
         up_writer: asyncio.StreamWriter,
-    ) -> tuple[int, int, int]:
+        injections: Sequence[Injection] = (),
+    ) -> tuple[int, int, int, tuple[str, ...]]:
         body = bytearray()
         while True:
             event = await _next_event(conn, reader, self._idle_timeout)
@@ -224,7 +288,9 @@ class EgressProxy:
                 break
         upstream = h11.Connection(h11.CLIENT)
         # The body is framed by what we send, never by the client's claims.
-        headers = [(k, v) for k, v in request.headers if k.lower() not in _HOP_BY_HOP | {b"content-length"}]
+        headers, injected = _inject(
+            [(k, v) for k, v in request.headers if k.lower() not in _HOP_BY_HOP | {b"content-length"}], injections
+        )
         headers.append((b"connection", b"close"))
         if body or request.method.upper() in (b"POST", b"PUT", b"PATCH"):
             headers.append((b"content-length", str(len(body)).encode()))
@@ -255,7 +321,21 @@ class EgressProxy:
                 break
             await writer.drain()
         await writer.drain()
-        return status, sent, received
+        return status, sent, received, injected
+
+
+def _inject(
+    headers: list[tuple[bytes, bytes]], injections: Sequence[Injection]
+) -> tuple[list[tuple[bytes, bytes]], tuple[str, ...]]:
+    """Headers with each applicable credential's placeholder replaced by its value; the labels used."""
+    used: list[str] = []
+    for injection in injections:
+        placeholder, value = injection.placeholder.encode(), injection.value.encode()
+        replaced = [(k, v.replace(placeholder, value)) for k, v in headers]
+        if replaced != headers:
+            used.append(injection.label)
+            headers = replaced
+    return headers, tuple(used)
 
 
 async def _next_event(conn: h11.Connection, reader: asyncio.StreamReader, idle_s: float) -> object:

@@ -1,0 +1,93 @@
+"""The credential broker: turns policy's ``obligations.credentials`` into leases for one call.
+
+Policy is the only way a call gets a credential; the operator's configuration caps it: an
+unknown name or a scope the configuration does not list denies the call, and the TTL is the
+smaller of policy's and the configuration's ``max_ttl_s``. Every minted value is registered with
+the redactor until it expires.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from policy import CredentialGrant
+from router.credentials.base import (
+    Binding,
+    CredentialConfig,
+    CredentialError,
+    Grant,
+    Issuer,
+    Lease,
+    ScopeDenied,
+    UnknownCredential,
+)
+from router.credentials.redact import REDACTOR
+from router.credentials.secrets import SecretIssuer
+from router.credentials.tokens import TokenIssuer
+from router.store.base import Store
+
+
+class CredentialBroker:
+    """Grants, mints and revokes the credentials of calls."""
+
+    def __init__(self, configs: Iterable[CredentialConfig], store: Store, *, key_rotation_s: float = 3600.0) -> None:
+        self._configs = {c.name: c for c in configs}
+        max_ttl = max((c.max_ttl_s for c in self._configs.values()), default=300)
+        secrets_issuer = SecretIssuer(store, self._configs.values())
+        for name, value in secrets_issuer.values.items():
+            REDACTOR.add(value.get_secret_value(), name)
+        self._issuers: dict[str, Issuer] = {
+            "token": TokenIssuer(store, rotation_s=key_rotation_s, max_ttl_s=max_ttl),
+            "secret": secrets_issuer,
+        }
+
+    def grant(self, requested: Sequence[CredentialGrant]) -> list[Grant]:
+        """Policy's grants, checked and capped by the operator's configuration.
+
+        Raises:
+            UnknownCredential, ScopeDenied: the grant exceeds what the operator configured.
+        """
+        grants = []
+        for request in requested:
+            config = self._configs.get(request.name)
+            if config is None:
+                raise UnknownCredential(f"policy granted credential {request.name!r}, which this router does not "
+                                        "have; add it to STOCKADE_CREDENTIALS or drop it from the policy")  # fmt: skip
+            extra = sorted(set(request.scopes) - set(config.scopes))
+            if extra:
+                raise ScopeDenied(f"credential {config.name} may not carry scope(s) {', '.join(extra)}; "
+                                  f"configured: {', '.join(config.scopes) or 'none'}")  # fmt: skip
+            grants.append(Grant(config, tuple(request.scopes), min(request.ttl_s, config.max_ttl_s)))
+        return grants
+
+    async def mint(self, grants: Sequence[Grant], binding: Binding) -> list[Lease]:
+        """A lease per grant; if one fails, those already minted are revoked and the error raised."""
+        leases: list[Lease] = []
+        try:
+            for grant in grants:
+                lease = await self._issuers[grant.config.kind].mint(grant, binding)
+                REDACTOR.add(lease.value.get_secret_value(), grant.config.name, until=lease.expires_at + 60)
+                leases.append(lease)
+        except BaseException:
+            await self.revoke(leases)
+            raise
+        return leases
+
+    async def revoke(self, leases: Sequence[Lease]) -> list[tuple[Lease, Exception | None]]:
+        """Revoke every lease, each attempted whatever the others do; returns each one's error."""
+        outcomes: list[tuple[Lease, Exception | None]] = []
+        for lease in leases:
+            try:
+                await self._issuers[lease.grant.config.kind].revoke(lease)
+            except Exception as exc:  # the TTL is the backstop; the caller audits the failure
+                outcomes.append((lease, exc))
+            else:
+                outcomes.append((lease, None))
+        return outcomes
+
+    async def aclose(self) -> None:
+        for issuer in self._issuers.values():
+            await issuer.aclose()
+
+
+__all__ = ["CredentialBroker", "CredentialError"]
