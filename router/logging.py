@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Literal
+from typing import Literal, TextIO
 
 import structlog
 
 from router.credentials.redact import redact_log_event
 
 
-def configure_logging(fmt: Literal["console", "json"], level: str) -> None:
-    """Configure structlog for this process. Logs go to stderr; stdout is for command output."""
+def configure_logging(
+    fmt: Literal["console", "json"], level: str, file: TextIO | None = None, *, cache: bool = True
+) -> None:
+    """Configure structlog for this process. Logs go to stderr (or ``file``); stdout is for command
+    output. ``cache=False`` lets a later configuration take over loggers already used (tests)."""
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
     )
@@ -26,6 +29,6 @@ def configure_logging(fmt: Literal["console", "json"], level: str) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=True,
+        logger_factory=structlog.PrintLoggerFactory(file=file or sys.stderr),
+        cache_logger_on_first_use=cache,
     )

@@ -1,0 +1,261 @@
+"""Credentials end to end: minted after the decision, injected at the real egress proxy (HTTPS
+through a per-call CA, and plain HTTP), introspected while the call runs, revoked after it, and
+never seen by the sandbox, the agent, the logs or the audit log. On the embedded store and Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import io
+import json
+import shutil
+import ssl
+import threading
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+import trustme
+
+from policy import PolicySettings
+from router import ControlPlane, Settings
+from router.audit import AuditFilter
+from router.credentials import Binding, CredentialConfig, Grant, introspect
+from router.logging import configure_logging
+from router.settings import AuditSettings, StoreSettings
+from runner import RunnerSettings
+from tests.conftest import REPO, python_tool
+
+HOST = "api.allowed.test"
+LOOKALIKE = "api.allowed.test.evil.test"
+CANARY = "sk-canary-5f1d8a3b9c7e4d2a"  # the upstream secret: must never show up where it must not
+
+
+@dataclass
+class Echo:
+    """Loopback upstreams (HTTPS for HOST, plain HTTP for any name) that answer with the credentials
+    they received, and with the token's introspection at the moment they received it."""
+
+    https_port: int = 0
+    http_port: int = 0
+    ca_file: Path = Path()
+    seen: list[dict[str, Any]] = field(default_factory=list)
+    introspect: Any = None  # set by the test: token -> introspection result
+
+
+@pytest.fixture(scope="module")
+def echo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Echo]:
+    state = Echo()
+    ca = trustme.CA()
+    state.ca_file = tmp_path_factory.mktemp("ca") / "upstream-ca.pem"
+    ca.cert_pem.write_to_path(str(state.ca_file))
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            auth = self.headers.get("Authorization", "")
+            token = auth.removeprefix("Bearer ")
+            seen = {"host": self.headers.get("Host"), "authorization": auth, "api_key": self.headers.get("X-Api-Key")}
+            if state.introspect is not None and token.count(".") == 2:
+                seen["introspection"] = state.introspect(token)
+            state.seen.append(seen)
+            body = json.dumps(seen).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    servers = []
+    for secure in (True, False):
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if secure:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ca.issue_cert(HOST).configure_cert(context)
+            server.socket = context.wrap_socket(server.socket, server_side=True)
+            state.https_port = server.server_address[1]
+        else:
+            state.http_port = server.server_address[1]
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+    yield state
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def store_url(both_stores: str | None) -> str | None:
+    return both_stores
+
+
+@pytest.fixture
+async def plane(
+    tmp_path: Path, runner_state: Path, echo: Echo, store_url: str | None, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[ControlPlane]:
+    policies = tmp_path / "policies"
+    shutil.copytree(REPO / "policies", policies)
+    data_file = policies / "stockade" / "data.json"
+    data = json.loads(data_file.read_text())
+    data["catalog"]["egress_allowlist"] = [HOST, LOOKALIKE]
+    data["catalog"]["credentials"] = {
+        "api-token": {"scopes": ["read"], "ttl_s": 120}, "api-key": {"ttl_s": 60},
+        "ghost": {}, "api-token-admin": {"scopes": ["admin"]},
+    }  # fmt: skip
+    data_file.write_text(json.dumps(data))
+    monkeypatch.setenv("TEST_API_KEY", CANARY)
+    settings = Settings(
+        audit=AuditSettings(path=tmp_path / "audit.jsonl"), policy=PolicySettings(dir=policies),
+        store=StoreSettings(url=store_url),
+        runner=RunnerSettings(state_dir=runner_state, pool_size=0, egress_ca_file=echo.ca_file,
+                              egress_hosts={HOST: "127.0.0.1", LOOKALIKE: "127.0.0.1"}),
+        credentials=[
+            CredentialConfig(name="api-token", kind="token", hosts=[HOST], scopes=["read"], max_ttl_s=30),
+            CredentialConfig(name="api-key", kind="secret", hosts=[HOST], value_env="TEST_API_KEY"),
+            CredentialConfig(name="api-token-admin", kind="token", hosts=[HOST], scopes=["read"]),
+        ],
+    )  # fmt: skip
+    async with ControlPlane.from_settings(settings) as control_plane:
+        yield control_plane
+    echo.introspect = None
+
+
+FETCH = """
+def main(url):
+    import os, json, urllib.request
+    request = urllib.request.Request(url, headers={
+        "Authorization": "Bearer " + os.environ["STOCKADE_CREDENTIAL_API_TOKEN"],
+        "X-Api-Key": os.environ["STOCKADE_CREDENTIAL_API_KEY"]})
+    body = json.loads(urllib.request.urlopen(request, timeout=10).read())
+    files = {}
+    for root in ("/in", "/tmp"):
+        for name in os.listdir(root):
+            try:
+                files[root + "/" + name] = open(root + "/" + name, errors="replace").read()
+            except OSError:
+                pass
+    environ = open("/proc/self/environ").read()
+    return {"env": dict(os.environ), "upstream": body, "files": files, "proc_environ": environ}
+"""
+
+
+def fetch_tool(echo: Echo, name: str = "fetch", **overrides: Any) -> dict[str, Any]:
+    return python_tool(name, FETCH, **{
+        "credentials": [{"name": "api-token", "scopes": ["read"]}, {"name": "api-key"}],
+        "sandbox": {"egress": [{"host": HOST, "port": echo.https_port}, {"host": HOST, "port": echo.http_port},
+                               {"host": LOOKALIKE, "port": echo.http_port}]},
+        **overrides,
+    })  # fmt: skip
+
+
+async def test_a_call_gets_working_credentials_that_never_reach_the_sandbox_agent_logs_or_audit(
+    plane: ControlPlane, echo: Echo
+) -> None:
+    logs = io.StringIO()
+    configure_logging("json", "debug", file=logs, cache=False)
+    loop = asyncio.get_running_loop()
+    echo.introspect = lambda token: asyncio.run_coroutine_threadsafe(introspect(plane.store, token), loop).result(10)
+    await plane.register(fetch_tool(echo))
+    session = await plane.open_session("agent-1", "alice@example.com")
+    result = await plane.call(session, "fetch", {"url": f"https://{HOST}:{echo.https_port}/data"})
+    assert result.ok, result.stderr
+
+    upstream = echo.seen[-1]
+    assert upstream["api_key"] == CANARY  # the proxy put the real values in
+    token = upstream["authorization"].removeprefix("Bearer ")
+    assert upstream["introspection"]["active"] is True  # accepted while the call ran
+    assert upstream["introspection"]["scope"] == "read"
+    assert upstream["introspection"]["sub"] == "agent-1"
+    assert upstream["introspection"]["stockade"]["call_id"] == result.call_id
+    assert (await introspect(plane.store, token))["active"] is False  # revoked as the call ended
+
+    env = result.output["env"]
+    assert env["STOCKADE_CREDENTIAL_API_KEY"].startswith("stockade-placeholder-")
+    assert env["STOCKADE_CREDENTIAL_API_TOKEN"].startswith("stockade-placeholder-")
+    assert result.output["upstream"]["api_key"] == "[REDACTED:api-key]"  # echoed back: scrubbed
+    assert "BEGIN CERTIFICATE" in result.output["files"]["/in/stockade-ca.pem"]  # the CA, never its key
+    for where, text in {
+        "result": result.model_dump_json(), "audit": (plane.settings.audit.path).read_text(),
+        "logs": logs.getvalue(),
+    }.items():  # fmt: skip
+        assert CANARY not in text, where
+        assert token not in text, where
+        assert "PRIVATE KEY" not in text, where
+    structlog.reset_defaults()  # other tests keep structlog's defaults
+    assert '"event": "egress"' in logs.getvalue()  # the logs were captured, and say what happened
+
+    events = await plane.audit.query(AuditFilter(decision_id=result.decision_id))
+    kinds = [(e.kind, e.outcome) for e in events]
+    assert kinds[:3] == [("decision", "allow"), ("credential", "minted"), ("credential", "minted")]
+    assert kinds[-2:] == [("credential", "revoked"), ("credential", "revoked")]
+    [egress] = [e for e in events if e.kind == "egress"]
+    assert egress.result is not None
+    assert (sorted(egress.result["injected"]), egress.result["intercepted"]) == (["api-key", "api-token"], True)
+
+
+async def test_credentials_go_only_to_their_host_never_to_a_lookalike(plane: ControlPlane, echo: Echo) -> None:
+    await plane.register(fetch_tool(echo))
+    session = await plane.open_session("agent-1", "alice@example.com")
+    exact = await plane.call(session, "fetch", {"url": f"http://{HOST}:{echo.http_port}/"})
+    assert exact.ok, exact.stderr
+    assert echo.seen[-1]["api_key"] == CANARY  # plain HTTP: injected in the forwarded request
+    lookalike = await plane.call(session, "fetch", {"url": f"http://{LOOKALIKE}:{echo.http_port}/"})
+    assert lookalike.ok, lookalike.stderr
+    assert echo.seen[-1]["api_key"].startswith("stockade-placeholder-")  # not the secret
+    assert echo.seen[-1]["host"].startswith(LOOKALIKE)
+
+
+async def test_a_token_is_bound_to_its_call_and_dies_with_its_ttl_even_if_never_revoked(plane: ControlPlane) -> None:
+    config = CredentialConfig(name="api-token", kind="token", hosts=[HOST], scopes=["read"])
+    binding = Binding("d-1", "c-1", "s-1", "agent-1", "ab" * 32)
+    # The router dies between mint and run: nothing revokes this lease.
+    [lease] = await plane.credentials.mint([Grant(config, ("read",), 1)], binding)
+    token = lease.value.get_secret_value()
+    assert (await introspect(plane.store, token, call_id="c-1", args_sha256="ab" * 32))["active"] is True
+    assert (await introspect(plane.store, token, call_id="c-2"))["active"] is False  # replayed by another call
+    assert (await introspect(plane.store, token, args_sha256="cd" * 32))["active"] is False  # with other args
+    assert (await introspect(plane.store, token[:-2] + "xx"))["active"] is False  # forged
+    await asyncio.sleep(1.3)
+    assert (await introspect(plane.store, token))["active"] is False
+    assert await plane.store.get_lease(lease.id) is None  # the store forgot it too
+
+
+async def test_denied_and_held_calls_never_mint(plane: ControlPlane, echo: Echo) -> None:
+    await plane.register(fetch_tool(echo))
+    await plane.register(fetch_tool(echo, name="risky", risk="high"))
+    await plane.register(fetch_tool(echo, name="greedy", credentials=[{"name": "prod-db"}]))
+    session = await plane.open_session("agent-1", "alice@example.com")
+    held = await plane.call(session, "risky", {"url": f"http://{HOST}:{echo.http_port}/"})
+    denied = await plane.call(session, "greedy", {"url": f"http://{HOST}:{echo.http_port}/"})
+    assert (held.status, denied.status, denied.reasons) == (
+        "pending_approval", "denied", ["credential.not_allowlisted"])  # fmt: skip
+    assert await plane.audit.query(AuditFilter(session_id=session, kind="credential")) == []
+
+
+async def test_grants_beyond_the_operators_configuration_are_denied(plane: ControlPlane, echo: Echo) -> None:
+    await plane.register(fetch_tool(echo, name="ghostly", credentials=[{"name": "ghost"}]))
+    await plane.register(fetch_tool(echo, name="admin", credentials=[{"name": "api-token-admin", "scopes": ["admin"]}]))
+    session = await plane.open_session("agent-1", "alice@example.com")
+    ghost = await plane.call(session, "ghostly", {"url": f"http://{HOST}:{echo.http_port}/"})
+    admin = await plane.call(session, "admin", {"url": f"http://{HOST}:{echo.http_port}/"})
+    assert (ghost.status, ghost.reasons) == ("denied", ["credential.unknown"])
+    assert (admin.status, admin.reasons) == ("denied", ["credential.scope_denied"])
+    refused = await plane.audit.query(AuditFilter(session_id=session, kind="credential"))
+    assert [e.outcome for e in refused] == ["refused", "refused"]
+
+
+@pytest.mark.parametrize("tier", ["docker", "gvisor"])
+async def test_container_tiers_inject_the_same_way(plane: ControlPlane, echo: Echo, tier: str) -> None:
+    await plane.register(fetch_tool(echo, sandbox={"tier": tier, "egress": [{"host": HOST, "port": echo.https_port}]}))
+    session = await plane.open_session("agent-1", "alice@example.com")
+    result = await plane.call(session, "fetch", {"url": f"https://{HOST}:{echo.https_port}/"})
+    assert result.ok, result.stderr
+    assert result.tier == tier
+    assert echo.seen[-1]["api_key"] == CANARY
+    assert result.output["upstream"]["api_key"] == "[REDACTED:api-key]"
+    assert result.output["env"]["STOCKADE_CREDENTIAL_API_KEY"].startswith("stockade-placeholder-")
+    assert CANARY not in result.model_dump_json()
