@@ -77,6 +77,8 @@ class CredentialBroker:
         """Revoke every lease, each attempted whatever the others do; returns each one's error."""
         outcomes: list[tuple[Lease, Exception | None]] = []
         for lease in leases:
+            if lease.grant.config.kind == "token":
+                REDACTOR.discard(lease.value.get_secret_value())
             try:
                 await self._issuers[lease.grant.config.kind].revoke(lease)
             except Exception as exc:  # the TTL is the backstop; the caller audits the failure

@@ -3,13 +3,14 @@
 Every secret value and minted token is registered here with a label; `redact` replaces each
 occurrence, also in its base64 (standard and URL-safe, padded or not) and URL-encoded forms, with
 ``[REDACTED:<label>]``. Values a secret is merely part of (``base64("user:" + secret)``) are not
-recognised: only the forms listed. Registrations expire with the credential.
+recognised: only the forms listed. Upstream secrets stay registered; a minted token is
+registered while its call runs (its output is scrubbed before the lease is revoked) and until
+its expiry at most, so the pattern stays as small as the number of calls in flight.
 """
 
 from __future__ import annotations
 
 import base64
-import re
 import threading
 import time
 from collections.abc import MutableMapping
@@ -28,12 +29,12 @@ def _forms(secret: str) -> set[str]:
 
 
 class Redactor:
-    """The registered secrets and one compiled pattern over all their forms."""
+    """The registered secrets, each in all its forms."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._entries: dict[str, tuple[str, float]] = {}  # form -> (label, forget after)
-        self._pattern: re.Pattern[str] | None = None
+        self._order: tuple[tuple[str, str], ...] = ()  # (form, replacement), longest form first
         self._next_expiry = float("inf")
 
     def add(self, secret: str, label: str, *, until: float = float("inf")) -> None:
@@ -44,10 +45,18 @@ class Redactor:
             self._next_expiry = min(self._next_expiry, until)
             self._compile()
 
+    def discard(self, secret: str) -> None:
+        """Stop redacting ``secret`` (a revoked token: only its own call's output could hold it)."""
+        with self._lock:
+            for form in _forms(secret):
+                self._entries.pop(form, None)
+            self._compile()
+
     def _compile(self) -> None:
         # Longest first, so a secret's base64 form is not cut by a shorter secret inside it.
+        # Plain substring replacement: compiling a regex over long tokens costs milliseconds per mint.
         forms = sorted(self._entries, key=len, reverse=True)
-        self._pattern = re.compile("|".join(map(re.escape, forms))) if forms else None
+        self._order = tuple((f, f"[REDACTED:{self._entries[f][0]}]") for f in forms)
 
     def _expire(self, now: float) -> None:
         with self._lock:
@@ -58,19 +67,18 @@ class Redactor:
     def __call__(self, text: str) -> str:
         if self._next_expiry <= time.time():
             self._expire(time.time())
-        pattern = self._pattern
-        if pattern is None:
-            return text
-        entries = self._entries
-        return pattern.sub(lambda m: f"[REDACTED:{entries.get(m.group(0), ('secret', 0))[0]}]", text)
+        for form, replacement in self._order:
+            if form in text:
+                text = text.replace(form, replacement)
+        return text
 
     @property
     def active(self) -> bool:
-        return self._pattern is not None
+        return bool(self._order)
 
     def deep(self, value: Any) -> Any:
         """``value`` with every string in it (keys and leaves of dicts and lists) redacted."""
-        if self._pattern is None:
+        if not self._order:
             return value
         if isinstance(value, str):
             return self(value)

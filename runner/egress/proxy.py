@@ -115,6 +115,10 @@ class EgressProxy:
             await self._handle(reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
             pass
+        except asyncio.CancelledError:
+            # aclose() cancels open tunnels: the connection ends here, and asyncio's stream callback
+            # would otherwise report the cancellation as an error.
+            pass
         finally:
             if task is not None:
                 self._tasks.discard(task)
