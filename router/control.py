@@ -24,6 +24,7 @@ import secrets
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -700,6 +701,8 @@ class ControlPlane:
 
         # A secret the tool got hold of (an upstream echoing it back) never reaches the agent.
         stdout, stderr = redact(_text(run.stdout)), redact(_text(run.stderr))
+        if REDACTOR.active and run.artifacts and run.quarantine:
+            run = dataclasses.replace(run, artifacts=await asyncio.to_thread(_scrub_artifacts, run))
         verdict, output, reasons = run.verdict.value, None, []
         if isinstance(spec.executor, PythonExecutor) and run.verdict is runner_pkg.Verdict.OK:
             try:
@@ -815,6 +818,26 @@ def _check_inputs(inputs: Mapping[str, bytes], max_bytes: int) -> tuple[runner_p
 
 class _AuditFailed:
     """Marker: the decision could not be audited, so the call is denied."""
+
+
+def _scrub_artifacts(run: runner_pkg.RunResult) -> tuple[runner_pkg.FileRecord, ...]:
+    """Redact secrets in the text files a run left in quarantine, in place; their new records."""
+    assert run.quarantine is not None  # noqa: S101  (the caller checks)
+    records = []
+    for record in run.artifacts:
+        path = Path(run.quarantine) / record.path
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except (OSError, UnicodeDecodeError):  # binary (or gone): left as it is
+            records.append(record)
+            continue
+        scrubbed = redact(text).encode()
+        if scrubbed == text.encode():
+            records.append(record)
+            continue
+        path.write_bytes(scrubbed)
+        records.append(runner_pkg.FileRecord(record.path, len(scrubbed), sha256_hex(scrubbed)))
+    return tuple(records)
 
 
 def _injection(lease: Lease) -> runner_pkg.Injection:

@@ -10,7 +10,7 @@ import socket
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from policy import PolicySettings
@@ -68,3 +68,5 @@ class Settings(BaseSettings):
     # How often the token issuer's signing key is replaced (old public keys stay published as
     # long as tokens they signed can live).
     credential_key_rotation_s: float = Field(default=3600.0, gt=0)
+    # Bearer tokens of the services allowed to introspect credentials (RFC 7662 callers).
+    introspection_tokens: list[SecretStr] = Field(default_factory=list)

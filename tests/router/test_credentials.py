@@ -5,6 +5,7 @@ never seen by the sandbox, the agent, the logs or the audit log. On the embedded
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import http.server
 import io
 import json
@@ -16,14 +17,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+import jwt
 import pytest
 import structlog
 import trustme
+from pydantic import SecretStr
 
 from policy import PolicySettings
 from router import ControlPlane, Settings
+from router.api import create_app
 from router.audit import AuditFilter
 from router.credentials import Binding, CredentialConfig, Grant, introspect
+from router.credentials.client import TokenIntrospector
 from router.logging import configure_logging
 from router.settings import AuditSettings, StoreSettings
 from runner import RunnerSettings
@@ -32,6 +38,12 @@ from tests.conftest import REPO, python_tool
 HOST = "api.allowed.test"
 LOOKALIKE = "api.allowed.test.evil.test"
 CANARY = "sk-canary-5f1d8a3b9c7e4d2a"  # the upstream secret: must never show up where it must not
+SERVICE_TOKEN = "svc-introspection-token"  # the upstream service's own credential for introspection
+
+
+def introspector(plane: ControlPlane, client_token: str = SERVICE_TOKEN) -> TokenIntrospector:
+    """How a service checks tokens: over HTTP, against the real application."""
+    return TokenIntrospector("http://stockade", client_token, transport=httpx.ASGITransport(create_app(plane)))
 
 
 @dataclass
@@ -110,7 +122,7 @@ async def plane(
     monkeypatch.setenv("TEST_API_KEY", CANARY)
     settings = Settings(
         audit=AuditSettings(path=tmp_path / "audit.jsonl"), policy=PolicySettings(dir=policies),
-        store=StoreSettings(url=store_url),
+        store=StoreSettings(url=store_url), introspection_tokens=[SecretStr(SERVICE_TOKEN)],
         runner=RunnerSettings(state_dir=runner_state, pool_size=0, egress_ca_file=echo.ca_file,
                               egress_hosts={HOST: "127.0.0.1", LOOKALIKE: "127.0.0.1"}),
         credentials=[
@@ -130,7 +142,10 @@ def main(url):
     request = urllib.request.Request(url, headers={
         "Authorization": "Bearer " + os.environ["STOCKADE_CREDENTIAL_API_TOKEN"],
         "X-Api-Key": os.environ["STOCKADE_CREDENTIAL_API_KEY"]})
-    body = json.loads(urllib.request.urlopen(request, timeout=10).read())
+    raw = urllib.request.urlopen(request, timeout=10).read()
+    body = json.loads(raw)
+    if os.path.isdir("/out"):
+        open("/out/response.json", "wb").write(raw)
     files = {}
     for root in ("/in", "/tmp"):
         for name in os.listdir(root):
@@ -158,11 +173,17 @@ async def test_a_call_gets_working_credentials_that_never_reach_the_sandbox_agen
     logs = io.StringIO()
     configure_logging("json", "debug", file=logs, cache=False)
     loop = asyncio.get_running_loop()
-    echo.introspect = lambda token: asyncio.run_coroutine_threadsafe(introspect(plane.store, token), loop).result(10)
-    await plane.register(fetch_tool(echo))
+    service = introspector(plane)
+    echo.introspect = lambda token: asyncio.run_coroutine_threadsafe(service.check(token), loop).result(10)
+    await plane.register(fetch_tool(echo, sandbox={**fetch_tool(echo)["sandbox"], "outputs": {}}))
     session = await plane.open_session("agent-1", "alice@example.com")
     result = await plane.call(session, "fetch", {"url": f"https://{HOST}:{echo.https_port}/data"})
     assert result.ok, result.stderr
+    assert result.quarantine is not None
+    [artifact] = result.artifacts
+    saved = (Path(result.quarantine) / artifact.path).read_text()
+    assert "[REDACTED:api-key]" in saved  # the tool saved the echoed secret: scrubbed in quarantine
+    assert (artifact.size, artifact.sha256) == (len(saved.encode()), hashlib.sha256(saved.encode()).hexdigest())
 
     upstream = echo.seen[-1]
     assert upstream["api_key"] == CANARY  # the proxy put the real values in
@@ -171,7 +192,8 @@ async def test_a_call_gets_working_credentials_that_never_reach_the_sandbox_agen
     assert upstream["introspection"]["scope"] == "read"
     assert upstream["introspection"]["sub"] == "agent-1"
     assert upstream["introspection"]["stockade"]["call_id"] == result.call_id
-    assert (await introspect(plane.store, token))["active"] is False  # revoked as the call ended
+    assert (await service.check(token))["active"] is False  # revoked as the call ended
+    await service.aclose()
 
     env = result.output["env"]
     assert env["STOCKADE_CREDENTIAL_API_KEY"].startswith("stockade-placeholder-")
@@ -179,7 +201,7 @@ async def test_a_call_gets_working_credentials_that_never_reach_the_sandbox_agen
     assert result.output["upstream"]["api_key"] == "[REDACTED:api-key]"  # echoed back: scrubbed
     assert "BEGIN CERTIFICATE" in result.output["files"]["/in/stockade-ca.pem"]  # the CA, never its key
     for where, text in {
-        "result": result.model_dump_json(), "audit": (plane.settings.audit.path).read_text(),
+        "result": result.model_dump_json(), "audit": (plane.settings.audit.path).read_text(), "artifact": saved,
         "logs": logs.getvalue(),
     }.items():  # fmt: skip
         assert CANARY not in text, where
@@ -259,3 +281,56 @@ async def test_container_tiers_inject_the_same_way(plane: ControlPlane, echo: Ec
     assert result.output["upstream"]["api_key"] == "[REDACTED:api-key]"
     assert result.output["env"]["STOCKADE_CREDENTIAL_API_KEY"].startswith("stockade-placeholder-")
     assert CANARY not in result.model_dump_json()
+
+
+async def test_services_introspect_over_http_and_only_with_their_own_token(plane: ControlPlane) -> None:
+    config = CredentialConfig(name="api-token", kind="token", hosts=[HOST], scopes=["read"])
+    [lease] = await plane.credentials.mint([Grant(config, ("read",), 30)], Binding("d-1", "c-1", "s-1", "a", "ab" * 32))
+    token = lease.value.get_secret_value()
+    service, stranger = introspector(plane), introspector(plane, "not-a-configured-token")
+    transport = httpx.ASGITransport(create_app(plane))
+    async with httpx.AsyncClient(transport=transport, base_url="http://stockade") as raw:
+        keys = (await raw.get("/.well-known/jwks.json")).json()["keys"]
+        refused = await raw.post("/v1/credentials/introspect", data={"token": token})
+        empty = await raw.post("/v1/credentials/introspect", data={},
+                               headers={"Authorization": f"Bearer {SERVICE_TOKEN}"})  # fmt: skip
+    assert jwt.get_unverified_header(token)["kid"] in {k["kid"] for k in keys}
+    assert all("d" not in k for k in keys)  # public halves only
+    assert (refused.status_code, empty.status_code) == (401, 400)
+    assert (await service.check(token, call_id="c-1"))["active"] is True
+    assert (await service.check(token, call_id="c-9"))["active"] is False
+    assert (await stranger.check(token))["active"] is False  # unauthenticated callers learn nothing
+    await plane.credentials.revoke([lease])
+    assert (await service.check(token))["active"] is False
+    await service.aclose()
+    await stranger.aclose()
+
+
+SLOW = "def main(seconds):\n    import time\n    time.sleep(seconds)\n    return 'done'\n"
+
+
+async def test_leases_are_revoked_when_the_call_times_out_or_is_cancelled(plane: ControlPlane, echo: Echo) -> None:
+    slow = fetch_tool(echo, name="slow", executor={"kind": "python", "source": SLOW})
+    slow["sandbox"]["limits"] = {"timeout_s": 1}
+    await plane.register(slow)
+    session = await plane.open_session("agent-1", "alice@example.com")
+    timed_out = await plane.call(session, "slow", {"seconds": 5})
+    assert timed_out.verdict == "timeout"
+
+    cancelled = asyncio.create_task(plane.call(session, "slow", {"seconds": 0.9}))
+    for _ in range(200):  # until its credentials are minted and it runs
+        if plane._leases:
+            break
+        await asyncio.sleep(0.01)
+    assert plane._leases
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    assert plane._leases == {}
+    events = await plane.audit.query(AuditFilter(session_id=session, kind="credential"))
+    outcomes = [e.outcome for e in events]
+    assert outcomes.count("minted") == 4
+    assert outcomes.count("revoked") == 4
+    for event in events:
+        if event.outcome == "minted" and event.result and event.result["kind"] == "token":
+            assert (await plane.store.get_lease(event.result["lease_id"]) or ("gone",))[0] in ("revoked", "gone")
