@@ -28,8 +28,9 @@ from policy import PolicySettings
 from router import ControlPlane, Settings
 from router.api import create_app
 from router.audit import AuditFilter
-from router.credentials import Binding, CredentialConfig, Grant, introspect
+from router.credentials import Binding, CredentialConfig, CredentialUnavailable, Grant, introspect
 from router.credentials.client import TokenIntrospector
+from router.credentials.tokens import TokenIssuer
 from router.logging import configure_logging
 from router.settings import AuditSettings, StoreSettings
 from runner import RunnerSettings
@@ -334,3 +335,23 @@ async def test_leases_are_revoked_when_the_call_times_out_or_is_cancelled(plane:
     for event in events:
         if event.outcome == "minted" and event.result and event.result["kind"] == "token":
             assert (await plane.store.get_lease(event.result["lease_id"]) or ("gone",))[0] in ("revoked", "gone")
+
+
+async def test_signing_keys_rotate_and_tokens_signed_by_the_old_key_still_verify(plane: ControlPlane) -> None:
+    issuer = TokenIssuer(plane.store, rotation_s=0.2)
+    grant = Grant(CredentialConfig(name="api-token", kind="token", hosts=[HOST], scopes=["read"]), ("read",), 30)
+    first = await issuer.mint(grant, Binding("d-1", "c-1", "s-1", "a", "ab" * 32))
+    await asyncio.sleep(0.3)
+    second = await issuer.mint(grant, Binding("d-2", "c-2", "s-1", "a", "ab" * 32))
+    kids = {jwt.get_unverified_header(lease.value.get_secret_value())["kid"] for lease in (first, second)}
+    assert len(kids) == 2
+    for lease in (first, second):
+        assert (await introspect(plane.store, lease.value.get_secret_value()))["active"] is True
+    await issuer.aclose()
+
+
+async def test_a_router_missing_an_upstream_secret_does_not_start(tmp_path: Path) -> None:
+    unset = CredentialConfig(name="api-key", kind="secret", hosts=[HOST], value_env="STOCKADE_TEST_UNSET_SECRET")
+    settings = Settings(audit=AuditSettings(path=tmp_path / "a.jsonl"), credentials=[unset])
+    with pytest.raises(CredentialUnavailable, match="STOCKADE_TEST_UNSET_SECRET is empty"):
+        ControlPlane.from_settings(settings)
