@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import getpass
+import hashlib
 import json
+import secrets
 import sys
 from collections.abc import Awaitable, Callable
 from datetime import datetime
@@ -99,6 +101,40 @@ def demo(
     except StockadeError as exc:
         raise _fail(str(exc)) from exc
     raise typer.Exit(code)
+
+
+@app.command()
+def serve(
+    ctx: typer.Context,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 8080,
+) -> None:
+    """Serve the HTTP API (OpenAPI at /openapi.json) with settings from STOCKADE_* variables."""
+    import uvicorn  # noqa: PLC0415  (only the server pays for it)
+
+    from router.api import create_app  # noqa: PLC0415
+    from router.control import ControlPlane  # noqa: PLC0415
+
+    settings = _settings(ctx)
+    if not settings.api_principals:
+        err.print("warning: STOCKADE_API_PRINCIPALS is empty: every /v1 request will be refused (401)")
+    try:
+        plane = ControlPlane.from_settings(settings)
+    except StockadeError as exc:
+        raise _fail(str(exc)) from exc
+    uvicorn.run(create_app(plane, close_plane=True), host=host, port=port, log_level=settings.log_level,
+                access_log=False)  # fmt: skip
+
+
+@app.command("api-token")
+def api_token(as_json: JsonFlag = False) -> None:
+    """Make a new bearer token and print it with the sha256 to configure (STOCKADE_API_PRINCIPALS)."""
+    token = secrets.token_urlsafe(32)
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    if as_json:
+        _emit_json({"token": token, "token_sha256": digest})
+        return
+    out.print(f"token (give to the client; shown once): {token}\ntoken_sha256 (configure this): {digest}")
 
 
 # -- policy -------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import os
 import secrets
 import time
 import uuid
@@ -276,6 +277,35 @@ class ControlPlane:
         self._here.discard(session_id)
         for sandbox in self.sandboxes.values():
             await sandbox.close_session(session_id)
+
+    async def session_owner(self, session_id: str) -> str | None:
+        """The agent a session belongs to, or None if it is not open (renews it, like any use).
+
+        Raises:
+            StoreError: the store failed.
+        """
+        session = await self.store.load_session(session_id) if 0 < len(session_id) <= 256 else None
+        return None if session is None else session.agent
+
+    async def record_refusal(self, who: str | None, what: str, reason: str) -> None:
+        """Audit a request refused at the door (unauthenticated, wrong role, another's session)."""
+        log.info("request_refused", who=who, what=what[:300], reason=reason)
+        await self._record(AuditEvent(
+            kind="error", decision_id=str(uuid.uuid4()), timestamp=_now(), agent=who, outcome="refused",
+            labels=self._labels, result={"code": "auth.refused", "request": what[:300], "message": reason},
+        ))  # fmt: skip
+
+    async def readiness(self) -> dict[str, bool]:
+        """What /readyz reports: a policy in force, the store answering, the audit log writable."""
+        checks = {"policy": bool(self.policy.revision)}
+        try:
+            await self.store.ping()
+            checks["store"] = True
+        except StoreError:
+            checks["store"] = False
+        path = self.settings.audit.path
+        checks["audit"] = os.access(path if path.exists() else path.parent, os.W_OK)
+        return checks
 
     # -- approvals --------------------------------------------------------------------------
 

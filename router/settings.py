@@ -41,6 +41,19 @@ class StoreSettings(BaseModel):
     timeout_s: float = Field(default=2.0, gt=0)
 
 
+class ApiPrincipal(BaseModel):
+    """Who may use the HTTP API, as what. Only the sha256 of the bearer token is configured
+    (``stockade api-token`` makes a token and prints its hash)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9@._+-]{0,127}$")
+    role: Literal["agent", "approver", "auditor", "admin"]
+    token_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    # Agents register tools only if allowed to; admins always may.
+    may_register: bool = False
+
+
 class Settings(BaseSettings):
     """Everything configurable about a stockade router."""
 
@@ -70,3 +83,8 @@ class Settings(BaseSettings):
     credential_key_rotation_s: float = Field(default=3600.0, gt=0)
     # Bearer tokens of the services allowed to introspect credentials (RFC 7662 callers).
     introspection_tokens: list[SecretStr] = Field(default_factory=list)
+    # The HTTP API's principals (STOCKADE_API_PRINCIPALS, a JSON list); none: every request is refused.
+    api_principals: list[ApiPrincipal] = Field(default_factory=list)
+    api_max_body_bytes: int = Field(default=32 << 20, gt=0)
+    # A request (a call included: it waits for the tool) that takes longer is answered 504.
+    api_request_timeout_s: float = Field(default=600.0, gt=0)

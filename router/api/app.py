@@ -1,49 +1,343 @@
-"""The HTTP application: ``create_app(plane)``.
+"""The HTTP application: ``create_app(plane)`` (OpenAPI 3.1 at ``/openapi.json``).
 
-``POST /v1/credentials/introspect`` follows RFC 7662: a form-encoded ``token`` (and, as
-extensions, ``call_id`` and ``args_sha256`` to check the token's binding), answered with
-``{"active": true, ...claims}`` or ``{"active": false}``. Callers (the services tokens are
-presented to) authenticate with a bearer token from ``STOCKADE_INTROSPECTION_TOKENS``, compared
-in constant time; with none configured, every caller is refused. ``GET
-/.well-known/jwks.json`` publishes the public keys that verify live tokens.
+Every ``/v1`` request carries ``Authorization: Bearer <token>``; the token's sha256 names one
+configured principal (``STOCKADE_API_PRINCIPALS``) with one role:
+
+=========  =====================================================================================
+agent      open sessions (as itself) and, in its own sessions only, decide, call, report, close;
+           list tools; register tools if ``may_register``
+approver   list, show, approve, deny approvals (never one its own agent identity asked for)
+auditor    audit query, one decision's trail, verify; policy status
+admin      everything an auditor may, register tools, reload the policy, close any session
+=========  =====================================================================================
+
+Unknown or missing tokens get 401, a wrong role 403, another agent's session 404 (its existence
+is not revealed); every refusal is audited. Errors are RFC 9457 problems (`router.api.problems`).
+Bodies over ``api_max_body_bytes`` get 413; requests over ``api_request_timeout_s``, 504.
+
+Services that receive stockade tokens use ``POST /v1/credentials/introspect`` (RFC 7662, with a
+token from ``STOCKADE_INTROSPECTION_TOKENS``) and ``GET /.well-known/jwks.json``.
 """
 
-from __future__ import annotations
-
+import asyncio
+import base64
+import binascii
 import hashlib
 import hmac
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Annotated, Any, Literal
 from urllib.parse import parse_qs
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
 
+from router.api.problems import from_exception, problem
+from router.approvals import Approval, ApprovalStatus
+from router.audit import AuditEvent, AuditFilter
 from router.control import VERSION, ControlPlane
 from router.credentials import introspect, jwks
+from router.errors import FieldProblem, InvalidCall, SessionNotFound, StockadeError
+from router.results import DecisionResult, ToolResult
+from router.settings import ApiPrincipal
+from router.tools import ToolSpec
 
+Role = Literal["agent", "approver", "auditor", "admin"]
 _MAX_FORM = 16 * 1024
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class OpenSession(_Body):
+    principal: str = Field(description="the human the agent acts for")
+    trusted_context: list[str] = Field(default_factory=list, description="what the user gave: request, addresses")
+
+
+class SessionOpened(_Body):
+    session_id: str
+
+
+class Decide(_Body):
+    tool: str
+    args: Any = Field(default_factory=dict, description="the tool's arguments: a JSON object")
+
+
+class Call(Decide):
+    approval_id: str | None = None
+    inputs: dict[str, str] = Field(default_factory=dict, description="file name -> base64 content, read-only at /in")
+
+
+class Report(_Body):
+    call_id: str
+    output: Any
+
+
+class ApprovalNote(_Body):
+    note: str = Field(default="", max_length=2000)
+
+
+class PolicyStatus(_Body):
+    revision: str
+    engine: str
+
+
+class Verified(_Body):
+    ok: bool
+    events: int
+    head_seq: int
+    head_hash: str
+    broken_seq: int | None = None
+    problem: str = ""
 
 
 def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 
 
-def create_app(plane: ControlPlane) -> FastAPI:
-    """The HTTP API over ``plane``."""
-    app = FastAPI(title="stockade", version=VERSION)
-    allowed = [_digest(t.get_secret_value()) for t in plane.settings.introspection_tokens]
+class _Refused(Exception):
+    """A request turned away at the door; its (audited) answer is ready."""
 
-    def authorized(request: Request) -> bool:
-        scheme, _, presented = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not presented:
-            return False
-        digest = _digest(presented)
-        # Every configured token is compared, so the time taken says nothing about which matched.
-        return sum(hmac.compare_digest(digest, a) for a in allowed) > 0
+    def __init__(self, response: JSONResponse) -> None:
+        self.response = response
+
+
+class Gate:
+    """Authentication, roles and session ownership; every refusal audited."""
+
+    def __init__(self, plane: ControlPlane) -> None:
+        self._plane = plane
+        self._principals = [(bytes.fromhex(p.token_sha256), p) for p in plane.settings.api_principals]
+
+    async def refuse(self, request: Request, status: int, reason: str, who: str | None = None) -> _Refused:
+        await self._plane.record_refusal(who, f"{request.method} {request.url.path}", reason)
+        code = "auth.unauthenticated" if status == 401 else "auth.forbidden"
+        headers = {"WWW-Authenticate": 'Bearer realm="stockade"'} if status == 401 else None
+        return _Refused(
+            problem(status, code, "Unauthorized" if status == 401 else "Forbidden", reason, headers=headers)
+        )
+
+    def lookup(self, digest: bytes | None) -> ApiPrincipal | None:
+        found = None
+        for known, principal in self._principals:  # every entry compared: timing says nothing about which
+            if digest is not None and hmac.compare_digest(digest, known):
+                found = principal
+        return found
+
+    def require(self, *roles: Role) -> Callable[[Request], Awaitable[ApiPrincipal]]:
+        """A FastAPI dependency: the caller's principal, if it has one of ``roles``."""
+
+        async def authenticate(request: Request) -> ApiPrincipal:
+            principal = self.lookup(presented(request))
+            if principal is None:
+                raise await self.refuse(request, 401, "send Authorization: Bearer <token> of a configured principal")
+            if principal.role not in roles:
+                raise await self.refuse(request, 403, f"role {principal.role} may not do this (needs "
+                                        f"{' or '.join(roles)})", principal.name)  # fmt: skip
+            return principal
+
+        return authenticate
+
+    async def own(self, session_id: str, principal: ApiPrincipal) -> None:
+        """A session is its agent's alone: to anyone else (admins aside) it does not exist."""
+        owner = await self._plane.session_owner(session_id)
+        if owner is None or (owner != principal.name and principal.role != "admin"):
+            if owner is not None:
+                await self._plane.record_refusal(principal.name, f"session {session_id}", "another agent's session")
+            raise SessionNotFound(f"no open session {session_id!r} of yours; open one with POST /v1/sessions")
+
+
+def presented(request: Request) -> bytes | None:
+    """The sha256 of the request's bearer token, if it has one."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return _digest(token) if scheme.lower() == "bearer" and token else None
+
+
+def create_app(plane: ControlPlane, *, close_plane: bool = False) -> FastAPI:
+    """The HTTP API over ``plane``; ``close_plane``: close it when the server shuts down."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        if close_plane:
+            await plane.aclose()
+
+    app = FastAPI(title="stockade", version=VERSION, lifespan=lifespan)
+    _errors(app, plane)
+    gate = Gate(plane)
+    _sessions(app, plane, gate)
+    _approvals(app, plane, gate)
+    _audit(app, plane, gate)
+    _credentials(app, plane)
+    return app
+
+
+def _errors(app: FastAPI, plane: ControlPlane) -> None:
+    settings = plane.settings
+
+    @app.exception_handler(_Refused)
+    async def refused(_: Request, exc: _Refused) -> JSONResponse:
+        return exc.response
+
+    @app.exception_handler(StockadeError)
+    async def stockade_error(_: Request, exc: StockadeError) -> JSONResponse:
+        return from_exception(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [{"field": ".".join(str(p) for p in e["loc"]), "problem": e["msg"]} for e in exc.errors()[:20]]
+        return problem(422, "request.invalid", "Invalid request", "the request does not match the schema at "
+                       "/openapi.json: " + "; ".join(f"{e['field']}: {e['problem']}" for e in errors[:5]),
+                       errors=errors)  # fmt: skip
+
+    @app.middleware("http")
+    async def limits(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        declared = request.headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > settings.api_max_body_bytes):
+            return problem(
+                413,
+                "request.too_large",
+                "Payload too large",
+                f"bodies are limited to {settings.api_max_body_bytes} bytes (STOCKADE_API_MAX_BODY_BYTES)",
+            )
+        try:
+            return await asyncio.wait_for(call_next(request), settings.api_request_timeout_s)
+        except TimeoutError:
+            return problem(
+                504,
+                "request.timeout",
+                "Timed out",
+                f"not answered within {settings.api_request_timeout_s:g}s (STOCKADE_API_REQUEST_TIMEOUT_S)",
+            )
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        checks = await plane.readiness()
+        return JSONResponse({"ready": all(checks.values()), "checks": checks},
+                            status_code=200 if all(checks.values()) else 503)  # fmt: skip
+
+
+def _sessions(app: FastAPI, plane: ControlPlane, gate: Gate) -> None:
+    Agent = Annotated[ApiPrincipal, Depends(gate.require("agent"))]
+    Registrar = Annotated[ApiPrincipal, Depends(gate.require("agent", "admin"))]
+    Owner = Annotated[ApiPrincipal, Depends(gate.require("agent", "admin"))]
+    Anyone = Annotated[ApiPrincipal, Depends(gate.require("agent", "approver", "auditor", "admin"))]
+
+    @app.post("/v1/tools", status_code=201)
+    async def register_tool(spec: dict[str, Any], principal: Registrar, request: Request) -> ToolSpec:
+        if principal.role == "agent" and not principal.may_register:
+            raise await gate.refuse(request, 403, f"agent {principal.name} may not register tools", principal.name)
+        return await plane.register(spec)
+
+    @app.get("/v1/tools")
+    async def list_tools(_: Anyone) -> list[ToolSpec]:
+        return plane.registry.list()
+
+    @app.post("/v1/sessions", status_code=201)
+    async def open_session(body: OpenSession, principal: Agent) -> SessionOpened:
+        return SessionOpened(session_id=await plane.open_session(principal.name, body.principal, body.trusted_context))
+
+    @app.delete("/v1/sessions/{session_id}", status_code=204)
+    async def close_session(session_id: str, principal: Owner) -> None:
+        await gate.own(session_id, principal)
+        await plane.close_session(session_id)
+
+    @app.post("/v1/sessions/{session_id}/decide")
+    async def decide(session_id: str, body: Decide, principal: Agent) -> DecisionResult:
+        await gate.own(session_id, principal)
+        return await plane.decide(session_id, body.tool, body.args)
+
+    @app.post("/v1/sessions/{session_id}/calls")
+    async def call(session_id: str, body: Call, principal: Agent) -> ToolResult:
+        await gate.own(session_id, principal)
+        inputs = {}
+        for name, encoded in body.inputs.items():
+            try:
+                inputs[name] = base64.b64decode(encoded, validate=True)
+            except (binascii.Error, ValueError) as exc:
+                raise InvalidCall(f"inputs[{name[:60]!r}] is not base64", [FieldProblem(f"inputs.{name[:60]}",
+                                  "not base64: encode file contents with base64")]) from exc  # fmt: skip
+        return await plane.call(session_id, body.tool, body.args, inputs=inputs, approval_id=body.approval_id)
+
+    @app.post("/v1/sessions/{session_id}/reports")
+    async def report(session_id: str, body: Report, principal: Agent) -> ToolResult:
+        await gate.own(session_id, principal)
+        return await plane.report(session_id, body.call_id, body.output)
+
+
+def _approvals(app: FastAPI, plane: ControlPlane, gate: Gate) -> None:
+    Approver = Annotated[ApiPrincipal, Depends(gate.require("approver"))]
+
+    @app.get("/v1/approvals")
+    async def list_approvals(_: Approver, status: ApprovalStatus | None = None) -> list[Approval]:
+        return await plane.list_approvals(status)
+
+    @app.get("/v1/approvals/{approval_id}")
+    async def show_approval(approval_id: str, _: Approver) -> Approval:
+        return await plane.get_approval(approval_id)
+
+    @app.post("/v1/approvals/{approval_id}/approve")
+    async def approve(approval_id: str, body: ApprovalNote, principal: Approver) -> Approval:
+        return await plane.approve(approval_id, principal.name, body.note)
+
+    @app.post("/v1/approvals/{approval_id}/deny")
+    async def deny(approval_id: str, body: ApprovalNote, principal: Approver) -> Approval:
+        return await plane.deny_approval(approval_id, principal.name, body.note)
+
+
+def _audit(app: FastAPI, plane: ControlPlane, gate: Gate) -> None:
+    Auditor = Annotated[ApiPrincipal, Depends(gate.require("auditor", "admin"))]
+    Admin = Annotated[ApiPrincipal, Depends(gate.require("admin"))]
+    settings = plane.settings
+
+    @app.get("/v1/audit/events")
+    async def audit_events(
+        _: Auditor,
+        session_id: str | None = None, agent: str | None = None, tool: str | None = None,
+        outcome: str | None = None, kind: str | None = None, decision_id: str | None = None,
+        since: datetime | None = None, until: datetime | None = None,
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    ) -> list[AuditEvent]:  # fmt: skip
+        return await plane.audit.query(AuditFilter(since=since, until=until, session_id=session_id, agent=agent,
+                                                   tool=tool, outcome=outcome, decision_id=decision_id, kind=kind,
+                                                   limit=limit))  # fmt: skip
+
+    @app.get("/v1/audit/decisions/{decision_id}")
+    async def audit_decision(decision_id: str, _: Auditor) -> list[AuditEvent]:
+        """Everything joined to one decision: request, approval, credentials, egress, execution."""
+        return await plane.audit.query(AuditFilter(decision_id=decision_id))
+
+    @app.get("/v1/audit/verify")
+    async def audit_verify(_: Auditor) -> Verified:
+        report = await plane.audit.verify()
+        return Verified(ok=report.ok, events=report.events, head_seq=report.head_seq, head_hash=report.head_hash,
+                        broken_seq=report.broken_seq, problem=report.problem)  # fmt: skip
+
+    @app.get("/v1/policy")
+    async def policy_status(_: Auditor) -> PolicyStatus:
+        return PolicyStatus(revision=plane.policy.revision, engine=settings.policy.engine)
+
+    @app.post("/v1/policy/reload")
+    async def policy_reload(_: Admin) -> PolicyStatus:
+        return PolicyStatus(revision=await plane.reload_policy(), engine=settings.policy.engine)
+
+
+def _credentials(app: FastAPI, plane: ControlPlane) -> None:
+    introspectors = [_digest(t.get_secret_value()) for t in plane.settings.introspection_tokens]
 
     @app.post("/v1/credentials/introspect")
     async def introspect_token(request: Request) -> JSONResponse:
-        if not authorized(request):
+        digest = presented(request)
+        # Every configured token is compared, so the time taken says nothing about which matched.
+        if digest is None or sum(hmac.compare_digest(digest, a) for a in introspectors) == 0:
             return JSONResponse({"error": "invalid_client", "error_description": "send a bearer token from "
                                  "STOCKADE_INTROSPECTION_TOKENS"}, status_code=401,
                                 headers={"WWW-Authenticate": 'Bearer realm="stockade"'})  # fmt: skip
@@ -62,5 +356,3 @@ def create_app(plane: ControlPlane) -> FastAPI:
     @app.get("/.well-known/jwks.json")
     async def published_keys() -> dict[str, list[dict[str, Any]]]:
         return await jwks(plane.store)
-
-    return app

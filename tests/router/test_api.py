@@ -1,0 +1,221 @@
+"""The HTTP API: roles, ownership, problem details, limits; and two `stockade serve` processes on
+one Redis acting as one router."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from policy import PolicySettings
+from router import ControlPlane, Settings
+from router.api import create_app
+from router.audit import AuditFilter
+from router.settings import ApiPrincipal, AuditSettings
+from tests.conftest import ECHO, REPO, external_tool, python_tool
+
+TOKENS = {"agent-1": "tok-agent-1", "agent-2": "tok-agent-2", "oncall": "tok-oncall", "audit": "tok-audit",
+          "root": "tok-root", "self-approver": "tok-self"}  # fmt: skip
+PRINCIPALS = [
+    {"name": "agent-1", "role": "agent", "may_register": True}, {"name": "agent-2", "role": "agent"},
+    {"name": "oncall", "role": "approver"}, {"name": "audit", "role": "auditor"}, {"name": "root", "role": "admin"},
+    # An approver identity that is also the agent's: it must never approve that agent's calls.
+    {"name": "agent-1", "role": "approver", "token": "self-approver"},
+]  # fmt: skip
+DROP = python_tool("drop_table", ECHO, risk="critical", capabilities=["mutates_state"])
+
+
+def principals() -> list[dict[str, Any]]:
+    return [{k: v for k, v in p.items() if k != "token"} | {
+        "token_sha256": hashlib.sha256(TOKENS[str(p.get("token", p["name"]))].encode()).hexdigest()}
+        for p in PRINCIPALS]  # fmt: skip
+
+
+def auth(who: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {TOKENS[who]}"}
+
+
+@pytest.fixture
+async def api(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, ControlPlane]]:
+    settings = Settings(
+        audit=AuditSettings(path=tmp_path / "audit.jsonl"), policy=PolicySettings(dir=REPO / "policies"),
+        api_principals=[ApiPrincipal.model_validate(p) for p in principals()], api_max_body_bytes=64 * 1024,
+    )  # fmt: skip
+    async with ControlPlane.from_settings(settings) as plane:
+        transport = httpx.ASGITransport(create_app(plane))
+        async with httpx.AsyncClient(transport=transport, base_url="http://stockade") as client:
+            yield client, plane
+
+
+async def test_missing_unknown_and_wrong_role_tokens_are_refused_and_audited(
+    api: tuple[httpx.AsyncClient, ControlPlane],
+) -> None:
+    client, plane = api
+    missing = await client.get("/v1/tools")
+    unknown = await client.get("/v1/tools", headers={"Authorization": "Bearer nope"})
+    approver_opens = await client.post("/v1/sessions", json={"principal": "alice"}, headers=auth("oncall"))
+    agent_audits = await client.get("/v1/audit/events", headers=auth("agent-1"))
+    agent_reloads = await client.post("/v1/policy/reload", headers=auth("agent-1"))
+    unregistered = await client.post("/v1/tools", json=external_tool("x"), headers=auth("agent-2"))
+    assert [r.status_code for r in (missing, unknown, approver_opens, agent_audits, agent_reloads, unregistered)] == [
+        401, 401, 403, 403, 403, 403]  # fmt: skip
+    assert missing.headers["content-type"] == "application/problem+json"
+    assert missing.json()["type"] == "urn:stockade:problem:auth.unauthenticated"
+    assert missing.headers["www-authenticate"].startswith("Bearer")
+    refusals = [e for e in await plane.audit.query(AuditFilter(kind="error")) if e.outcome == "refused"]
+    assert len(refusals) == 6
+    assert [e.agent for e in refusals] == [None, None, "oncall", "agent-1", "agent-1", "agent-2"]
+
+
+async def test_an_agent_works_in_its_own_sessions_only(api: tuple[httpx.AsyncClient, ControlPlane]) -> None:
+    client, _ = api
+    assert (await client.post("/v1/tools", json=external_tool("echo"), headers=auth("agent-1"))).status_code == 201
+    opened = await client.post("/v1/sessions", json={"principal": "alice@example.com"}, headers=auth("agent-1"))
+    session = opened.json()["session_id"]
+    mine = await client.post(
+        f"/v1/sessions/{session}/calls", json={"tool": "echo", "args": {}}, headers=auth("agent-1")
+    )
+    assert (mine.status_code, mine.json()["status"]) == (200, "awaiting_report")
+    attempts = [
+        (f"/v1/sessions/{session}/calls", {"tool": "echo", "args": {}}),
+        (f"/v1/sessions/{session}/decide", {"tool": "echo"}),
+        (f"/v1/sessions/{session}/reports", {"call_id": mine.json()["call_id"], "output": 1}),
+    ]
+    for path, body in attempts:
+        theirs = await client.post(path, json=body, headers=auth("agent-2"))
+        assert (theirs.status_code, theirs.json()["code"]) == (404, "session.not_found")  # existence not revealed
+    assert (await client.delete(f"/v1/sessions/{session}", headers=auth("agent-2"))).status_code == 404
+    reported = await client.post(f"/v1/sessions/{session}/reports", json={"call_id": mine.json()["call_id"],
+                                 "output": {"ok": True}}, headers=auth("agent-1"))  # fmt: skip
+    assert reported.json()["status"] == "completed"
+    assert (await client.delete(f"/v1/sessions/{session}", headers=auth("agent-1"))).status_code == 204
+
+
+async def test_held_calls_are_approved_over_http_but_never_by_the_requesting_agent(
+    api: tuple[httpx.AsyncClient, ControlPlane],
+) -> None:
+    client, _ = api
+    await client.post("/v1/tools", json=DROP, headers=auth("root"))
+    session = (await client.post("/v1/sessions", json={"principal": "alice"}, headers=auth("agent-1"))).json()
+    path = f"/v1/sessions/{session['session_id']}/calls"
+    held = (
+        await client.post(path, json={"tool": "drop_table", "args": {"t": "users"}}, headers=auth("agent-1"))
+    ).json()
+    assert held["status"] == "pending_approval"
+    listed = await client.get("/v1/approvals", params={"status": "pending"}, headers=auth("oncall"))
+    assert [a["id"] for a in listed.json()] == [held["approval_id"]]
+    own = await client.post(f"/v1/approvals/{held['approval_id']}/approve", json={}, headers=auth("self-approver"))
+    assert (own.status_code, own.json()["code"]) == (409, "approval.invalid")
+    granted = await client.post(f"/v1/approvals/{held['approval_id']}/approve", json={"note": "OPS-7"},
+                                headers=auth("oncall"))  # fmt: skip
+    assert granted.json()["approver"] == "oncall"
+    retry = {"tool": "drop_table", "args": {"t": "users"}, "approval_id": held["approval_id"]}
+    ran = await client.post(path, json=retry, headers=auth("agent-1"))
+    assert (ran.json()["status"], ran.json()["output"]) == ("completed", {"t": "users"})
+    trail = await client.get(f"/v1/audit/decisions/{held['decision_id']}", headers=auth("audit"))
+    assert [e["kind"] for e in trail.json()][:3] == ["decision", "approval", "approval"]
+    assert (await client.get("/v1/audit/verify", headers=auth("audit"))).json()["ok"] is True
+
+
+async def test_errors_are_problem_details_naming_the_field(api: tuple[httpx.AsyncClient, ControlPlane]) -> None:
+    client, _ = api
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    await client.post("/v1/tools", json=python_tool("typed", ECHO, input_schema=schema), headers=auth("root"))
+    session = (await client.post("/v1/sessions", json={"principal": "alice"}, headers=auth("agent-1"))).json()
+    calls = f"/v1/sessions/{session['session_id']}/calls"
+    wrong = await client.post(calls, json={"tool": "typed", "args": {"n": "seven"}}, headers=auth("agent-1"))
+    assert (wrong.status_code, wrong.json()["type"]) == (422, "urn:stockade:problem:call.invalid")
+    assert wrong.json()["errors"][0]["field"].startswith("args.n")
+    unknown = await client.post(calls, json={"tool": "nope"}, headers=auth("agent-1"))
+    assert (unknown.status_code, unknown.json()["code"]) == (404, "tool.not_found")
+    extra = await client.post(calls, json={"tool": "typed", "bogus": 1}, headers=auth("agent-1"))
+    assert (extra.status_code, extra.json()["code"]) == (422, "request.invalid")
+    bad_input = await client.post(calls, json={"tool": "typed", "args": {"n": 1}, "inputs": {"f": "%%%"}},
+                                  headers=auth("agent-1"))  # fmt: skip
+    assert (bad_input.status_code, bad_input.json()["errors"][0]["field"]) == (422, "inputs.f")
+    huge = await client.post(calls, content=b"x" * (65 * 1024), headers={**auth("agent-1"),
+                             "content-type": "application/json"})  # fmt: skip
+    assert (huge.status_code, huge.json()["code"]) == (413, "request.too_large")
+    malformed = await client.post(calls, content=b"{not json", headers={**auth("agent-1"),
+                                  "content-type": "application/json"})  # fmt: skip
+    assert malformed.status_code == 422
+
+
+async def test_health_readiness_policy_status_and_openapi(api: tuple[httpx.AsyncClient, ControlPlane]) -> None:
+    client, plane = api
+    assert (await client.get("/healthz")).json() == {"status": "ok"}
+    ready = await client.get("/readyz")
+    assert (ready.status_code, ready.json()["checks"]) == (200, {"policy": True, "store": True, "audit": True})
+    status = (await client.get("/v1/policy", headers=auth("audit"))).json()
+    assert status == {"revision": plane.policy.revision, "engine": "embedded"}
+    schema = (await client.get("/openapi.json")).json()
+    assert schema["openapi"].startswith("3.1")
+    assert "/v1/sessions/{session_id}/calls" in schema["paths"]
+
+
+# -- two routers ----------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+@contextlib.contextmanager
+def serve(env: dict[str, str], log: Path) -> Iterator[str]:
+    port = free_port()
+    with log.open("wb") as stderr:
+        server = subprocess.Popen(
+            [str(Path(sys.executable).parent / "stockade"), "serve", "--port", str(port)],
+            env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=stderr,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(200):
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            if server.poll() is not None:
+                raise RuntimeError(f"stockade serve exited: {log.read_text()[-2000:]}")
+            time.sleep(0.05)
+        yield url
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def test_two_routers_on_one_redis_act_as_one(tmp_path: Path, redis_url: str) -> None:
+    env = {"STOCKADE_STORE__URL": redis_url, "STOCKADE_AUDIT__PATH": str(tmp_path / "audit.jsonl"),
+           "STOCKADE_API_PRINCIPALS": json.dumps(principals()), "STOCKADE_LOG_LEVEL": "error"}  # fmt: skip
+    with serve(env, tmp_path / "one.log") as one, serve(env, tmp_path / "two.log") as two:
+        for url in (one, two):
+            for tool in (DROP, external_tool("echo")):
+                assert httpx.post(f"{url}/v1/tools", json=tool, headers=auth("root")).status_code == 201
+        session = httpx.post(f"{one}/v1/sessions", json={"principal": "alice"}, headers=auth("agent-1")).json()
+        calls = f"/v1/sessions/{session['session_id']}/calls"
+        held = httpx.post(f"{two}{calls}", json={"tool": "drop_table", "args": {}}, headers=auth("agent-1")).json()
+        assert held["status"] == "pending_approval"
+        approved = httpx.post(f"{one}/v1/approvals/{held['approval_id']}/approve", json={}, headers=auth("oncall"))
+        assert approved.status_code == 200
+        ran = httpx.post(f"{two}{calls}", json={"tool": "drop_table", "args": {}, "approval_id": held["approval_id"]},
+                         headers=auth("agent-1"), timeout=30).json()  # fmt: skip
+        assert ran["status"] == "completed"
+        again = httpx.post(f"{one}{calls}", json={"tool": "drop_table", "args": {}, "approval_id": held["approval_id"]},
+                           headers=auth("agent-1"))  # fmt: skip
+        assert (again.status_code, again.json()["code"]) == (409, "approval.invalid")  # used, on the other router
+        verify = httpx.get(f"{two}/v1/audit/verify", headers=auth("audit")).json()
+        assert verify["ok"] is True
+        assert verify["events"] == 7  # request, approved, allow, redeemed, ran; the refused reuse; one error
