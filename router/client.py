@@ -40,22 +40,9 @@ from router.tools import ToolSpec
 
 T = TypeVar("T")
 
-_BY_CODE: dict[str, type[StockadeError]] = {
-    cls.code: cls
-    for cls in (
-        InvalidCall,
-        ToolNotFound,
-        InvalidToolSpec,
-        DuplicateTool,
-        SessionNotFound,
-        ApprovalError,
-        CredentialError,
-        PolicyError,
-        StoreError,
-        AuditError,
-        SandboxError,
-    )  # fmt: skip
-}
+_KNOWN = (InvalidCall, ToolNotFound, InvalidToolSpec, DuplicateTool, SessionNotFound, ApprovalError,
+          CredentialError, PolicyError, StoreError, AuditError, SandboxError)  # fmt: skip
+_BY_CODE: dict[str, type[StockadeError]] = {cls.code: cls for cls in _KNOWN}
 
 
 class ApiError(StockadeError):
