@@ -126,6 +126,51 @@ def serve(
                 access_log=False)  # fmt: skip
 
 
+@app.command()
+def mcp(
+    ctx: typer.Context,
+    agent: Annotated[str, typer.Option(help="The agent's name: policy, audit and approvals see it.")],
+    principal: Annotated[str, typer.Option(help="The human the agent acts for.")],
+    tools: Annotated[Path | None, typer.Option(help="JSON file: a list of tool specs to register.")] = None,
+    trusted: Annotated[list[str] | None, typer.Option(help="Trusted context (the user's request); repeatable.")] = None,
+    http: Annotated[bool, typer.Option("--http", help="Serve streamable HTTP at /mcp instead of stdio.")] = False,
+    host: Annotated[str, typer.Option(help="Address for --http.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port for --http.")] = 8765,
+) -> None:
+    """Serve the registered tools to MCP clients (stdio by default), every call through stockade."""
+    import mcp.server.stdio  # noqa: PLC0415  (only MCP users pay for it)
+    import uvicorn  # noqa: PLC0415
+
+    from router.control import ControlPlane  # noqa: PLC0415
+    from router.mcp import build_server  # noqa: PLC0415
+
+    settings = _settings(ctx)
+    try:
+        specs = json.loads(tools.read_text()) if tools else []
+    except (OSError, ValueError) as exc:
+        raise _fail(f"cannot read the tool specs in {tools}: {exc}") from exc
+    if not isinstance(specs, list):
+        raise _fail(f"{tools} must hold a JSON list of tool specs")
+
+    async def run() -> None:
+        async with ControlPlane.from_settings(settings) as plane:
+            for spec in specs:
+                await plane.register(spec)
+            server = build_server(plane, agent=agent, principal=principal, trusted_context=trusted or [])
+            if http:
+                config = uvicorn.Config(server.streamable_http_app(host=host), host=host, port=port,
+                                        log_level=settings.log_level, access_log=False)  # fmt: skip
+                await uvicorn.Server(config).serve()
+                return
+            async with mcp.server.stdio.stdio_server() as (read, write):
+                await server.run(read, write, server.create_initialization_options())
+
+    try:
+        asyncio.run(run())
+    except StockadeError as exc:
+        raise _fail(str(exc)) from exc
+
+
 @app.command("api-token")
 def api_token(as_json: JsonFlag = False) -> None:
     """Make a new bearer token and print it with the sha256 to configure (STOCKADE_API_PRINCIPALS)."""

@@ -278,6 +278,26 @@ class ControlPlane:
         for sandbox in self.sandboxes.values():
             await sandbox.close_session(session_id)
 
+    async def permitted_tools(self, session_id: str) -> list[ToolSpec]:
+        """The tools policy could allow in this session now (judged with empty arguments and no rate
+        counts, without auditing: a listing, not a call). What an MCP client is shown.
+
+        Raises:
+            SessionNotFound, StoreError: as for a call.
+        """
+        session = await self._load_session(session_id)
+        permitted = []
+        for spec in self.registry.list():
+            call = _Call(session, self.registry.get(spec.name), {}, "{}")
+            try:
+                decision = await self.policy.decide(_policy_input(call))
+            except Exception as exc:  # a listing fails closed too: the tool is not shown
+                log.error("policy_engine_raised", error=str(exc), tool=spec.name)
+                continue
+            if self._select_tier(call, decision).outcome is not Outcome.DENY:
+                permitted.append(spec)
+        return permitted
+
     async def session_owner(self, session_id: str) -> str | None:
         """The agent a session belongs to, or None if it is not open (renews it, like any use).
 
@@ -582,39 +602,7 @@ class ControlPlane:
 
     async def _decide_and_audit(self, call: _Call, *, mode: str) -> Decision | _AuditFailed:
         spec = call.tool.spec
-        policy_input = PolicyInput(
-            subject=SubjectInfo(agent=call.session.agent, principal=call.session.principal),
-            session=SessionInfo(
-                id=call.session.id,
-                taint=sorted(call.session.taint),
-                call_count=call.session.call_count,
-                trusted_context=list(call.session.trusted_context),
-            ),
-            tool=ToolInfo(
-                name=spec.name,
-                capabilities=list(spec.capabilities),
-                risk=spec.risk,
-                limits=spec.sandbox.limits.model_dump(),
-                executor=spec.executor.kind,
-                tier=spec.sandbox.tier,
-                egress=[EgressRequest.model_validate(e.model_dump()) for e in spec.sandbox.egress],
-                credentials=[CredentialRequest.model_validate(c.model_dump()) for c in spec.credentials],
-                destination_args=spec.destination_args,
-                amount_args=spec.amount_args,
-            ),
-            args=call.args,
-            approval=None
-            if call.approval is None
-            else {
-                "id": call.approval.id,
-                "status": call.approval.status.value,
-                "approver": call.approval.approver,
-                "reasons": [r["code"] for r in call.approval.reasons],
-            },
-            provenance=call.provenance,
-            rate=call.rates,
-            now=_now(),
-        )
+        policy_input = _policy_input(call)
         started = time.perf_counter_ns()
         try:
             decision = await self.policy.decide(policy_input)
@@ -824,6 +812,44 @@ class ControlPlane:
             kind=kind, decision_id=decision_id, timestamp=_now(), session_id=session.id, agent=session.agent,
             tool=tool, call_id=call_id, labels=self._labels, **fields,
         )  # fmt: skip
+
+
+def _policy_input(call: _Call) -> PolicyInput:
+    """What policy sees of a call."""
+    spec = call.tool.spec
+    return PolicyInput(
+        subject=SubjectInfo(agent=call.session.agent, principal=call.session.principal),
+        session=SessionInfo(
+            id=call.session.id,
+            taint=sorted(call.session.taint),
+            call_count=call.session.call_count,
+            trusted_context=list(call.session.trusted_context),
+        ),
+        tool=ToolInfo(
+            name=spec.name,
+            capabilities=list(spec.capabilities),
+            risk=spec.risk,
+            limits=spec.sandbox.limits.model_dump(),
+            executor=spec.executor.kind,
+            tier=spec.sandbox.tier,
+            egress=[EgressRequest.model_validate(e.model_dump()) for e in spec.sandbox.egress],
+            credentials=[CredentialRequest.model_validate(c.model_dump()) for c in spec.credentials],
+            destination_args=spec.destination_args,
+            amount_args=spec.amount_args,
+        ),
+        args=call.args,
+        approval=None
+        if call.approval is None
+        else {
+            "id": call.approval.id,
+            "status": call.approval.status.value,
+            "approver": call.approval.approver,
+            "reasons": [r["code"] for r in call.approval.reasons],
+        },
+        provenance=call.provenance,
+        rate=call.rates,
+        now=_now(),
+    )
 
 
 def _check_inputs(inputs: Mapping[str, bytes], max_bytes: int) -> tuple[runner_pkg.InputFile, ...]:
