@@ -15,15 +15,17 @@ key                   taken from
 ====================  =================================================================
 whole string          a string of at most 256 characters, whitespace collapsed (exact case)
 email                 ``local@domain.tld``, lower-cased; in indexed content also its domain (as a
-                      hostname), but an email argument matches only the whole address
+                      hostname), but an argument that is one address matches only as that
+                      whole address (not by its domain or the digits in it)
 URL                   ``http(s)://...``: the whole URL (scheme and host lower-cased, default
                       port and trailing slash dropped) and, separately, its host
 hostname              ``name.tld`` tokens, lower-cased, trailing dot dropped
 IBAN                  country, check digits, groups of four (spaced or not), spaces removed,
                       upper-cased; only if the ISO 13616 mod-97 check digits are right
 account number        8 or more digits, spaces and dashes removed
-number                at least 3 digits, in canonical form (``100``, ``100.0`` and ``"100.00"``
-                      match; smaller numbers are too common to say where they came from)
+number                at least 3 significant digits, in canonical form (``100``, ``100.0`` and
+                      ``"100.00"`` match; ``000`` or ``0.005`` are too common to say where they
+                      came from)
 ====================  =================================================================
 
 Strings longer than 256 characters (free text) are matched only by the identifiers they contain.
@@ -54,14 +56,16 @@ _SPACE = re.compile(r"\s+")
 
 
 def _number_key(text: str) -> str | None:
-    digits = sum(ch.isdigit() for ch in text)
-    if digits < 3:
+    if sum(ch.isdigit() for ch in text) < 3:
         return None
     try:
-        value = Decimal(text).normalize()
+        canonical = format(Decimal(text).normalize(), "f")
     except InvalidOperation:
         return None
-    return "n:" + format(value, "f")
+    # Significant digits, not written ones: "000" is 0 and "0.005" is 5 thousandths, as common as 5.
+    if sum(ch.isdigit() for ch in canonical.lstrip("-").lstrip("0.")) < 3:
+        return None
+    return "n:" + canonical
 
 
 def _iban_checksum_ok(iban: str) -> bool:
@@ -98,6 +102,11 @@ def string_keys(text: str, *, indexing: bool = True) -> Iterator[str]:
         collapsed = _SPACE.sub(" ", text).strip()
         if collapsed:
             yield "s:" + collapsed
+    if not indexing and _EMAIL.fullmatch(text.strip()):
+        # An argument that is one email address is matched as that address only: not by its
+        # domain, nor by a number in it (``123@a.example`` is not ``123@b.example``).
+        yield "e:" + text.strip().lower()
+        return
     for match in _EMAIL.finditer(text):
         email = match.group(0).lower()
         yield "e:" + email
@@ -105,10 +114,8 @@ def string_keys(text: str, *, indexing: bool = True) -> Iterator[str]:
             yield "h:" + email.rsplit("@", 1)[1]
     for match in _URL.finditer(text):
         yield from _url_keys(match.group(0))
-    # An argument that is one email address is matched as that address, not by its domain.
-    if indexing or not _EMAIL.fullmatch(text.strip()):
-        for match in _HOST.finditer(text):
-            yield "h:" + match.group(0).lower().rstrip(".")
+    for match in _HOST.finditer(text):
+        yield "h:" + match.group(0).lower().rstrip(".")
     for match in _IBAN.finditer(text.upper()):
         iban = match.group(0).replace(" ", "")
         if _iban_checksum_ok(iban):

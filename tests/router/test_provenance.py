@@ -181,3 +181,12 @@ def test_an_email_argument_does_not_match_by_domain_alone() -> None:
     assert index.lookup({"to": "alice@gmail.com"}) == {}
     assert index.lookup({"host": "gmail.com", "url": "https://gmail.com/x"}) == {
         "host": ["untrusted:web:c-1"], "url": ["untrusted:web:c-1"]}  # fmt: skip
+
+
+@pytest.mark.parametrize(("seen", "other"), [("000@0.com", "000@00.com"), ("123@a.example", "123@b.example")])
+def test_an_address_is_not_matched_by_the_digits_in_it(seen: str, other: str) -> None:
+    """Found by hypothesis: a numeric local part once matched as a number."""
+    index = ProvenanceIndex()
+    index.add("untrusted:web:c-1", f"write to {seen}")
+    assert index.lookup({"to": other}) == {}
+    assert index.lookup({"to": seen}) == {"to": ["untrusted:web:c-1"]}
