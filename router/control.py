@@ -38,6 +38,7 @@ import runner.files
 from policy import Decision, Outcome, PolicyEngine, PolicyInput, SessionInfo, SubjectInfo, ToolInfo
 from policy.base import CredentialRequest, EgressRequest
 from policy.bundle import fingerprint
+from router import metrics
 from router.approvals import Approval, ApprovalBook, ApprovalError, ApprovalStatus
 from router.audit import AuditEvent, AuditLog, JsonlAuditLog, sha256_hex, timestamp
 from router.credentials import REDACTOR, Binding, CredentialBroker, CredentialError, Lease, redact
@@ -388,6 +389,23 @@ class ControlPlane:
             SessionNotFound: no such session.
             InvalidCall, ToolNotFound: the call is malformed (audited; nothing ran).
         """
+        try:
+            result = await self._call(session_id, tool, args, inputs, approval_id)
+        except StockadeError as exc:
+            name = tool if isinstance(tool, str) and tool in self.registry.names() else "unknown"  # bounded labels
+            metrics.CALLS.labels(name, exc.code).inc()
+            raise
+        metrics.CALLS.labels(result.tool, result.status).inc()
+        return result
+
+    async def _call(
+        self,
+        session_id: str,
+        tool: str,
+        args: Mapping[str, Any] | str | bytes,
+        inputs: Mapping[str, bytes] | None,
+        approval_id: str | None,
+    ) -> ToolResult:
         call = await self._prepare(session_id, tool, args, inputs, count_call=True)
         if approval_id is not None:
             try:
@@ -611,6 +629,7 @@ class ControlPlane:
             decision = policy_pkg.deny("policy.error", f"policy engine raised: {exc}", revision=self.policy.revision)
         elapsed = time.perf_counter_ns() - started
         decision = self._select_tier(call, decision)
+        metrics.DECISIONS.labels(decision.outcome.value).observe(elapsed / 1e9)
         event = self._event(
             "decision", call.decision_id, call.session, spec.name, call.call_id,
             outcome=decision.outcome.value,
@@ -716,6 +735,7 @@ class ControlPlane:
             await self._record(event)
             return self._result(call, "error", reasons=[code])
         elapsed = time.perf_counter_ns() - started
+        metrics.RUNS.labels(run.tier).observe(elapsed / 1e9)
 
         # A secret the tool got hold of (an upstream echoing it back) never reaches the agent.
         stdout, stderr = redact(_text(run.stdout)), redact(_text(run.stderr))
@@ -782,11 +802,13 @@ class ControlPlane:
         """Append ``event``, redacted; False (logged) if the audit log failed, so the caller fails closed."""
         if REDACTOR.active:
             event = AuditEvent.model_validate(REDACTOR.deep(event.model_dump()))
+        started = time.perf_counter()
         try:
             await self.audit.append(event)
         except AuditError as exc:
             log.error("audit_append_failed", error=str(exc), kind=event.kind, decision_id=event.decision_id)
             return False
+        metrics.AUDIT_APPEND.observe(time.perf_counter() - started)
         return True
 
     async def _remember(self, session: SessionRecord, spec: ToolSpec, call_id: str, *content: Any) -> None:

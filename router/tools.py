@@ -231,6 +231,9 @@ class ToolRegistry:
     def list(self) -> list[ToolSpec]:
         return [t.spec for t in self._tools.values()]
 
+    def names(self) -> set[str]:
+        return set(self._tools)
+
 
 def parse_args(tool: str, raw: Mapping[str, Any] | str | bytes, max_bytes: int) -> tuple[dict[str, Any], str]:
     """Arguments as a JSON object, and their canonical JSON text.

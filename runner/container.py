@@ -131,6 +131,11 @@ class ContainerSandbox:
         """The ``stockade.owner`` label on every container this instance creates."""
         return self._owner
 
+    @property
+    def warm(self) -> int:
+        """Containers started and waiting in the warm pools, ready for a call."""
+        return sum(queue.qsize() for queue in self._pools.values())
+
     # -- availability -----------------------------------------------------------------------
 
     def _docker(self) -> docker.DockerClient:

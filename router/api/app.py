@@ -35,6 +35,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from router import metrics
 from router.api.problems import from_exception, problem
 from router.approvals import Approval, ApprovalStatus
 from router.audit import AuditEvent, AuditFilter
@@ -217,6 +218,14 @@ def _errors(app: FastAPI, plane: ControlPlane) -> None:
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        for tier, sandbox in plane.sandboxes.items():
+            warm = getattr(sandbox, "warm", None)
+            if isinstance(warm, int):
+                metrics.POOL_READY.labels(tier).set(warm)
+        return Response(metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/readyz")
     async def readyz() -> JSONResponse:

@@ -219,3 +219,17 @@ def test_two_routers_on_one_redis_act_as_one(tmp_path: Path, redis_url: str) -> 
         verify = httpx.get(f"{two}/v1/audit/verify", headers=auth("audit")).json()
         assert verify["ok"] is True
         assert verify["events"] == 7  # request, approved, allow, redeemed, ran; the refused reuse; one error
+
+
+async def test_metrics_count_calls_and_time_decisions(api: tuple[httpx.AsyncClient, ControlPlane]) -> None:
+    client, _ = api
+    await client.post("/v1/tools", json=external_tool("metered"), headers=auth("root"))
+    session = (await client.post("/v1/sessions", json={"principal": "alice"}, headers=auth("agent-1"))).json()
+    for _ in range(3):
+        await client.post(f"/v1/sessions/{session['session_id']}/calls", json={"tool": "metered"},
+                          headers=auth("agent-1"))  # fmt: skip
+    text = (await client.get("/metrics")).text
+    counted = [line for line in text.splitlines() if line.startswith("stockade_calls_total{")]
+    assert 'stockade_calls_total{status="awaiting_report",tool="metered"} 3.0' in counted
+    assert "stockade_decision_seconds_bucket{" in text
+    assert "stockade_audit_append_seconds_count" in text

@@ -1,0 +1,36 @@
+"""compose.yaml as docker-compose reads it (no registry here: validated, not run; the same
+topology runs in tests/router/test_api.py as two `stockade serve` processes on one Redis)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+from tests.conftest import REPO
+
+
+def compose_config(*args: str) -> subprocess.CompletedProcess[str]:
+    binary = shutil.which("docker-compose")
+    assert binary is not None, "scripts/services installs docker-compose"
+    return subprocess.run([binary, "-f", str(REPO / "compose.yaml"), "config", *args],
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+
+
+def test_compose_file_is_valid_and_has_the_topology() -> None:
+    checked = compose_config("-q")
+    assert checked.returncode == 0, checked.stderr
+    services = set(compose_config("--services").stdout.split())
+    assert services == {"router", "gateway", "redis", "opa"}
+    config = compose_config().stdout
+    assert "replicas: 2" in config
+    assert "redis://redis:6379/0" in config
+    assert "--appendonly" in config
+    assert "STOCKADE_POLICY__ENGINE: opa" in config
+    for service in ("router", "redis", "opa"):
+        assert config.count("healthcheck:") >= 3, service
+
+
+def test_the_router_image_installs_from_the_lock_with_hashes() -> None:
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert "--require-hashes -r requirements.lock" in dockerfile
+    assert 'CMD ["stockade", "serve"' in dockerfile
