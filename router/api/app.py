@@ -34,6 +34,7 @@ from fastapi import Depends, FastAPI, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router import metrics
 from router.api.problems import from_exception, problem
@@ -158,6 +159,57 @@ def presented(request: Request) -> bytes | None:
     return _digest(token) if scheme.lower() == "bearer" and token else None
 
 
+class Limits:
+    """Body size and request time limits, as plain ASGI (Starlette's BaseHTTPMiddleware costs a
+    task and a stream per request): 413 for a body declared or sent over ``max_body``, 504 for a
+    request not answered within ``timeout_s``."""
+
+    def __init__(self, app: ASGIApp, *, max_body: int, timeout_s: float) -> None:
+        self._app = app
+        self._max_body = max_body
+        self._timeout_s = timeout_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        too_large = problem(413, "request.too_large", "Payload too large",
+                            f"bodies are limited to {self._max_body} bytes (STOCKADE_API_MAX_BODY_BYTES)")  # fmt: skip
+        if declared is not None and (not declared.isdigit() or int(declared) > self._max_body):
+            await too_large(scope, receive, send)
+            return
+        received = 0
+        started = False
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self._max_body:
+                raise _TooLarge
+            return message
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await asyncio.wait_for(self._app(scope, counted, tracked), self._timeout_s)
+        except _TooLarge:
+            if not started:
+                await too_large(scope, receive, send)
+        except TimeoutError:
+            if not started:
+                await problem(504, "request.timeout", "Timed out", f"not answered within {self._timeout_s:g}s "
+                              "(STOCKADE_API_REQUEST_TIMEOUT_S)")(scope, receive, send)  # fmt: skip
+
+
+class _TooLarge(Exception):
+    """A streamed body went over the limit."""
+
+
 def create_app(plane: ControlPlane, *, close_plane: bool = False) -> FastAPI:
     """The HTTP API over ``plane``; ``close_plane``: close it when the server shuts down."""
 
@@ -168,6 +220,9 @@ def create_app(plane: ControlPlane, *, close_plane: bool = False) -> FastAPI:
             await plane.aclose()
 
     app = FastAPI(title="stockade", version=VERSION, lifespan=lifespan)
+    app.add_middleware(
+        Limits, max_body=plane.settings.api_max_body_bytes, timeout_s=plane.settings.api_request_timeout_s
+    )
     _errors(app, plane)
     gate = Gate(plane)
     _sessions(app, plane, gate)
@@ -178,8 +233,6 @@ def create_app(plane: ControlPlane, *, close_plane: bool = False) -> FastAPI:
 
 
 def _errors(app: FastAPI, plane: ControlPlane) -> None:
-    settings = plane.settings
-
     @app.exception_handler(_Refused)
     async def refused(_: Request, exc: _Refused) -> JSONResponse:
         return exc.response
@@ -194,26 +247,6 @@ def _errors(app: FastAPI, plane: ControlPlane) -> None:
         return problem(422, "request.invalid", "Invalid request", "the request does not match the schema at "
                        "/openapi.json: " + "; ".join(f"{e['field']}: {e['problem']}" for e in errors[:5]),
                        errors=errors)  # fmt: skip
-
-    @app.middleware("http")
-    async def limits(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        declared = request.headers.get("content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > settings.api_max_body_bytes):
-            return problem(
-                413,
-                "request.too_large",
-                "Payload too large",
-                f"bodies are limited to {settings.api_max_body_bytes} bytes (STOCKADE_API_MAX_BODY_BYTES)",
-            )
-        try:
-            return await asyncio.wait_for(call_next(request), settings.api_request_timeout_s)
-        except TimeoutError:
-            return problem(
-                504,
-                "request.timeout",
-                "Timed out",
-                f"not answered within {settings.api_request_timeout_s:g}s (STOCKADE_API_REQUEST_TIMEOUT_S)",
-            )
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

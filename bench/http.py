@@ -1,0 +1,183 @@
+"""Decisions over HTTP: decisions/s and p50/p99 of POST /v1/sessions/{id}/decide against one and
+two `stockade serve` routers (two share one Redis and one audit log), with concurrent clients on
+loopback, next to ControlPlane.decide() in process from the same run; and calls of a trivial
+bwrap tool through two routers. Settings are the defaults a user gets (fsync audit appends).
+
+Usage: .venv/bin/python bench/http.py [--decisions N] [--calls N] [--concurrency C] [--json]
+       (needs redis-server on 127.0.0.1:6379, as scripts/services starts it)
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# This file is named like the standard library's http package: its directory must not shadow it.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != _HERE]
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+
+sys.path.append(str(_HERE))  # last: _stats, without shadowing anything
+from _stats import report, summarize
+
+from router import ControlPlane, Settings
+from router.logging import configure_logging
+from router.settings import AuditSettings
+
+REPO = Path(__file__).resolve().parent.parent
+STOCKADE = str(Path(sys.executable).parent / "stockade")
+TOKEN = "bench-agent-token"  # noqa: S105  (a loopback-only stand-in)
+ADMIN = "bench-admin-token"
+PRINCIPALS = [
+    {"name": "bench", "role": "agent", "token_sha256": hashlib.sha256(TOKEN.encode()).hexdigest()},
+    {"name": "root", "role": "admin", "token_sha256": hashlib.sha256(ADMIN.encode()).hexdigest()},
+]
+DECIDE_TOOL = {"name": "lookup", "description": "look up", "risk": "low", "input_schema": {"type": "object"},
+               "executor": {"kind": "external"}}  # fmt: skip
+CALL_TOOL = {"name": "count", "description": "count", "risk": "low", "input_schema": {"type": "object"},
+             "executor": {"kind": "python", "source": "def main(**kw):\n    return len(kw)\n"}}  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+@contextlib.contextmanager
+def routers(count: int, workdir: Path, redis_url: str | None) -> Iterator[list[str]]:
+    """``count`` `stockade serve` processes; with ``redis_url`` they share it and one audit log."""
+    env = {**os.environ, "STOCKADE_API_PRINCIPALS": json.dumps(PRINCIPALS), "STOCKADE_LOG_LEVEL": "error",
+           "STOCKADE_AUDIT__PATH": str(workdir / "audit.jsonl")}  # fmt: skip
+    if redis_url:
+        env["STOCKADE_STORE__URL"] = redis_url
+    servers, urls = [], []
+    try:
+        for i in range(count):
+            port = free_port()
+            log = (workdir / f"router-{i}.log").open("wb")
+            servers.append(subprocess.Popen([STOCKADE, "serve", "--port", str(port)], env=env,
+                                            stdout=subprocess.DEVNULL, stderr=log))  # fmt: skip
+            urls.append(f"http://127.0.0.1:{port}")
+        for url in urls:
+            for _ in range(400):
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                        break
+                time.sleep(0.05)
+            for tool in (DECIDE_TOOL, CALL_TOOL):
+                httpx.post(
+                    f"{url}/v1/tools", json=tool, headers={"Authorization": f"Bearer {ADMIN}"}
+                ).raise_for_status()
+        yield urls
+    finally:
+        for server in servers:
+            server.terminate()
+            server.wait(10)
+
+
+async def load(urls: list[str], path_for: Any, body: dict[str, Any], n: int, concurrency: int) -> dict[str, Any]:
+    """``n`` POSTs spread round-robin over ``urls`` by ``concurrency`` clients; latencies and rate."""
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    limits = httpx.Limits(max_connections=concurrency * 2, max_keepalive_connections=concurrency * 2)
+    async with httpx.AsyncClient(headers=headers, limits=limits, timeout=60) as client:
+        sessions = []
+        for url in urls[:1]:  # one session, used through every router (they share the store)
+            opened = await client.post(f"{url}/v1/sessions", json={"principal": "alice@example.com"})
+            opened.raise_for_status()
+            sessions.append(opened.json()["session_id"])
+        samples: list[float] = []
+        failures: list[int] = []
+        counter = iter(range(n))
+
+        async def worker(k: int) -> None:
+            for i in counter:
+                url = urls[(i + k) % len(urls)]
+                started = time.perf_counter()
+                response = await client.post(url + path_for(sessions[0]), json=body)
+                samples.append(time.perf_counter() - started)
+                if response.status_code != 200:
+                    failures.append(response.status_code)
+
+        began = time.perf_counter()
+        await asyncio.gather(*(worker(k) for k in range(concurrency)))
+        elapsed = time.perf_counter() - began
+    return {"samples": samples, "failures": failures, "rate": n / elapsed}
+
+
+async def in_process(n: int) -> list[float]:
+    with tempfile.TemporaryDirectory(dir=REPO) as tmp:
+        async with ControlPlane.from_settings(Settings(audit=AuditSettings(path=Path(tmp) / "a.jsonl"))) as plane:
+            await plane.register(DECIDE_TOOL)
+            session = await plane.open_session("bench", "alice@example.com")
+            samples = []
+            for _ in range(n):
+                started = time.perf_counter()
+                await plane.decide(session, "lookup", {"q": "x"})
+                samples.append(time.perf_counter() - started)
+            return samples
+
+
+def decide_path(session: str) -> str:
+    return f"/v1/sessions/{session}/decide"
+
+
+def call_path(session: str) -> str:
+    return f"/v1/sessions/{session}/calls"
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--decisions", type=int, default=3000)
+    parser.add_argument("--calls", type=int, default=100)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    parser.add_argument("--json", action="store_true")
+    opts = parser.parse_args()
+    configure_logging("console", "warning")
+    rows: dict[str, dict[str, float]] = {}
+    rates: dict[str, float] = {}
+    rows["baseline: ControlPlane.decide() in process, sequential"] = summarize(await in_process(opts.decisions))
+    decide = {"tool": "lookup", "args": {"q": "x"}}
+    for count, redis_url in ((1, None), (2, opts.redis_url)):
+        with tempfile.TemporaryDirectory(dir=REPO) as tmp, routers(count, Path(tmp), redis_url) as urls:
+            await load(urls, decide_path, decide, 200, opts.concurrency)  # warm-up
+            result = await load(urls, decide_path, decide, opts.decisions, opts.concurrency)
+            if result["failures"]:
+                raise SystemExit(f"{len(result['failures'])} decide requests failed: {set(result['failures'])}")
+            name = f"HTTP decide, {count} router{'s' if count > 1 else ''}, {opts.concurrency} clients"
+            rows[name] = summarize(result["samples"])
+            rates[name] = result["rate"]
+            if count == 2:
+                calls = await load(urls, call_path, {"tool": "count", "args": {"a": 1}}, opts.calls, 4)
+                if calls["failures"]:
+                    raise SystemExit(f"{len(calls['failures'])} calls failed: {set(calls['failures'])}")
+                rows["HTTP call of a bwrap tool, 2 routers, 4 clients"] = summarize(calls["samples"])
+                rates["HTTP call of a bwrap tool, 2 routers, 4 clients"] = calls["rate"]
+    two = rates[f"HTTP decide, 2 routers, {opts.concurrency} clients"]
+    report("decisions over HTTP", rows, {
+        "durability": "fsync per audit append (the default); routers are `stockade serve` processes on loopback",
+        "store": "1 router: embedded; 2 routers: one Redis, one shared audit log",
+        **{f"throughput, {k}": f"{v:.0f}/s" for k, v in rates.items()},
+        "target": f">= 3000 decisions/s with two routers: {'met' if two >= 3000 else 'NOT met'} ({two:.0f}/s; "
+        "the load generator shares the 2 cores)",
+    }, opts.json)  # fmt: skip
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
