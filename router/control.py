@@ -41,6 +41,7 @@ from policy.bundle import fingerprint
 from router import metrics
 from router.approvals import Approval, ApprovalBook, ApprovalError, ApprovalStatus
 from router.audit import AuditEvent, AuditLog, JsonlAuditLog, sha256_hex, timestamp
+from router.audit.redis import RedisAuditLog
 from router.credentials import REDACTOR, Binding, CredentialBroker, CredentialError, Lease, redact
 from router.credentials.base import CredentialUnavailable
 from router.errors import (
@@ -160,6 +161,7 @@ class ControlPlane:
             PolicyError: the policy directory does not load.
             SandboxUnavailable: the configured tier is unknown.
             StoreError: the store URL is malformed.
+            AuditError: the Redis audit stream is chosen without a store URL.
         """
         settings = settings or Settings()
         try:
@@ -170,8 +172,9 @@ class ControlPlane:
             sandboxes = runner_pkg.make_sandboxes(settings.runner)
         except runner_pkg.SandboxUnavailable as exc:
             raise SandboxUnavailable(str(exc)) from exc
-        audit = JsonlAuditLog(settings.audit.path, durability=settings.audit.durability)
-        return cls(settings, policy=engine, sandboxes=sandboxes, audit=audit, store=make_store(settings))
+        return cls(
+            settings, policy=engine, sandboxes=sandboxes, audit=make_audit_log(settings), store=make_store(settings)
+        )
 
     async def __aenter__(self) -> Self:
         return self
@@ -834,6 +837,19 @@ class ControlPlane:
             kind=kind, decision_id=decision_id, timestamp=_now(), session_id=session.id, agent=session.agent,
             tool=tool, call_id=call_id, labels=self._labels, **fields,
         )  # fmt: skip
+
+
+def make_audit_log(settings: Settings) -> AuditLog:
+    """The audit log ``settings`` name: the JSONL file, or the Redis stream of the store's server.
+
+    Raises:
+        AuditError: the Redis stream is chosen without a store URL.
+    """
+    if settings.audit.backend == "redis":
+        if settings.store.url is None:
+            raise AuditError("STOCKADE_AUDIT__BACKEND=redis needs the store's Redis: set STOCKADE_STORE__URL")
+        return RedisAuditLog(settings.store.url, timeout_s=settings.store.timeout_s)
+    return JsonlAuditLog(settings.audit.path, durability=settings.audit.durability)
 
 
 def _policy_input(call: _Call) -> PolicyInput:

@@ -23,6 +23,9 @@ class AuditSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    # "jsonl": a file (shared by routers on one host through flock). "redis": a stream in the
+    # store's Redis (STOCKADE_STORE__URL), one chain for routers on any number of hosts.
+    backend: Literal["jsonl", "redis"] = "jsonl"
     path: Path = Path("var/audit.jsonl")
     # "fsync": an event is on disk before the call it records proceeds (the default).
     # "relaxed": written to the OS only; an operator's explicit choice, named as such.

@@ -91,3 +91,24 @@ class AuditLog(Protocol):
     async def aclose(self) -> None:
         """Release the log."""
         ...
+
+
+def _parse_time(value: str) -> datetime:
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def matches(document: dict[str, Any], where: AuditFilter) -> bool:
+    for field in ("session_id", "agent", "tool", "outcome", "decision_id", "kind"):
+        wanted = getattr(where, field)
+        if wanted is not None and document.get(field) != wanted:
+            return False
+    if where.since is not None or where.until is not None:
+        try:
+            at = _parse_time(str(document.get("timestamp")))
+        except ValueError:
+            return False
+        if where.since is not None and at < where.since:
+            return False
+        if where.until is not None and at > where.until:
+            return False
+    return True

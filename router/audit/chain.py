@@ -25,3 +25,21 @@ def event_hash(document: dict[str, Any]) -> str:
 
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def check_link(document: dict[str, Any] | None, expected_seq: int, prev: str) -> tuple[str, int]:
+    """What is wrong with ``document`` as the event at ``expected_seq`` after ``prev`` ("" if nothing),
+    and the seq to blame."""
+    if document is None:
+        return "line is not a JSON event (truncated or overwritten)", expected_seq
+    seq = document.get("seq")
+    if not isinstance(seq, int):
+        return "event has no integer seq", expected_seq
+    if document.get("hash") != event_hash(document):
+        return f"event seq {seq} was modified: its hash does not match its content", seq
+    if seq != expected_seq:
+        kind = "deleted or reordered" if seq > expected_seq else "inserted, duplicated or reordered"
+        return f"expected seq {expected_seq}, found {seq}: events were {kind}", expected_seq
+    if document.get("prev_hash") != prev:
+        return f"event seq {seq} does not link to seq {seq - 1} (prev_hash mismatch)", seq
+    return "", seq

@@ -13,19 +13,14 @@ import fcntl
 import json
 import os
 from collections.abc import Iterator
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from router.audit.base import GENESIS_HASH, AuditEvent, AuditFilter, VerifyReport
-from router.audit.chain import canonical, event_hash
+from router.audit.base import GENESIS_HASH, AuditEvent, AuditFilter, VerifyReport, matches
+from router.audit.chain import canonical, check_link, event_hash
 from router.errors import AuditError
 
 _TAIL_CHUNK = 1 << 16
-
-
-def _parse_time(value: str) -> datetime:
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
 class JsonlAuditLog:
@@ -104,7 +99,7 @@ class JsonlAuditLog:
         """`query` without the event loop, for the CLI."""
         found: list[AuditEvent] = []
         for _, document in self._documents():
-            if document is None or not _matches(document, where):
+            if document is None or not matches(document, where):
                 continue
             found.append(AuditEvent.model_validate(document))
             if where.limit is not None and len(found) >= where.limit:
@@ -118,7 +113,7 @@ class JsonlAuditLog:
         """`verify` without the event loop, for the CLI."""
         expected_seq, prev = 1, GENESIS_HASH
         for line_no, document in self._documents():
-            problem, seq = _check_link(document, expected_seq, prev)
+            problem, seq = check_link(document, expected_seq, prev)
             if problem or document is None:
                 return VerifyReport(False, expected_seq - 1, expected_seq - 1, prev, seq, line_no, problem)
             prev, expected_seq = document["hash"], expected_seq + 1
@@ -145,41 +140,6 @@ class JsonlAuditLog:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
-
-
-def _check_link(document: dict[str, Any] | None, expected_seq: int, prev: str) -> tuple[str, int]:
-    """What is wrong with ``document`` as the event at ``expected_seq`` after ``prev`` ("" if nothing),
-    and the seq to blame."""
-    if document is None:
-        return "line is not a JSON event (truncated or overwritten)", expected_seq
-    seq = document.get("seq")
-    if not isinstance(seq, int):
-        return "event has no integer seq", expected_seq
-    if document.get("hash") != event_hash(document):
-        return f"event seq {seq} was modified: its hash does not match its content", seq
-    if seq != expected_seq:
-        kind = "deleted or reordered" if seq > expected_seq else "inserted, duplicated or reordered"
-        return f"expected seq {expected_seq}, found {seq}: events were {kind}", expected_seq
-    if document.get("prev_hash") != prev:
-        return f"event seq {seq} does not link to seq {seq - 1} (prev_hash mismatch)", seq
-    return "", seq
-
-
-def _matches(document: dict[str, Any], where: AuditFilter) -> bool:
-    for field in ("session_id", "agent", "tool", "outcome", "decision_id", "kind"):
-        wanted = getattr(where, field)
-        if wanted is not None and document.get(field) != wanted:
-            return False
-    if where.since is not None or where.until is not None:
-        try:
-            at = _parse_time(str(document.get("timestamp")))
-        except ValueError:
-            return False
-        if where.since is not None and at < where.since:
-            return False
-        if where.until is not None and at > where.until:
-            return False
-    return True
 
 
 def _last_line(path: Path, size: int) -> bytes | None:

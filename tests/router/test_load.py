@@ -1,6 +1,6 @@
 """A bounded load test on loopback: two `stockade serve` routers on one Redis, a fixed number of
 concurrent decisions and bwrap calls; every one must succeed. The figures are printed (the
-benchmark, bench/http.py, is where they are measured at length)."""
+benchmark, bench/api.py, is where they are measured at length)."""
 
 from __future__ import annotations
 

@@ -3,18 +3,14 @@ two `stockade serve` routers (two share one Redis and one audit log), with concu
 loopback, next to ControlPlane.decide() in process from the same run; and calls of a trivial
 bwrap tool through two routers. Settings are the defaults a user gets (fsync audit appends).
 
-Usage: .venv/bin/python bench/http.py [--decisions N] [--calls N] [--concurrency C] [--json]
+(Named api.py, not http.py: a bench/http.py would shadow the standard library's http package for
+every script in this directory.)
+
+Usage: .venv/bin/python bench/api.py [--decisions N] [--calls N] [--concurrency C] [--json]
        (needs redis-server on 127.0.0.1:6379, as scripts/services starts it)
 """
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-# This file is named like the standard library's http package: its directory must not shadow it.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != _HERE]
 
 import argparse
 import asyncio
@@ -24,14 +20,16 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 
-sys.path.append(str(_HERE))  # last: _stats, without shadowing anything
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _stats import report, summarize
 
 from router import ControlPlane, Settings
