@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import inspect
+import json
 import textwrap
 import threading
 from collections.abc import Callable, Coroutine, Mapping
@@ -233,3 +234,23 @@ def sandboxed_tool(**spec: Any) -> Callable[[Callable[..., Any]], dict[str, Any]
                 "risk": "low", **spec}  # fmt: skip
 
     return wrap
+
+
+def langchain_tools(client: StockadeClient, session_id: str, specs: list[ToolSpec]) -> list[Any]:
+    """The tools as LangChain ``StructuredTool``s whose every call goes through stockade in
+    ``session_id`` (needs the ``langchain`` extra). A call that does not complete returns the
+    status, reason codes and decision_id as its text, for the model to read."""
+    from langchain_core.tools import StructuredTool  # noqa: PLC0415  (an optional extra)
+
+    def bind(spec: ToolSpec) -> Any:
+        async def run(**args: Any) -> str:
+            result = await client.call(session_id, spec.name, args)
+            if result.ok:
+                return result.output if isinstance(result.output, str) else json.dumps(result.output)
+            return json.dumps({"status": result.status, "reasons": result.reasons, "decision_id": result.decision_id,
+                               "approval_id": result.approval_id})  # fmt: skip
+
+        return StructuredTool.from_function(coroutine=run, name=spec.name, description=spec.description,
+                                            args_schema=spec.input_schema, infer_schema=False)  # fmt: skip
+
+    return [bind(spec) for spec in specs]

@@ -13,7 +13,15 @@ import pytest
 from policy import PolicySettings
 from router import ApprovalError, ApprovalStatus, ControlPlane, InvalidCall, SessionNotFound, Settings, ToolNotFound
 from router.api import create_app
-from router.client import ApiError, StockadeClient, SyncStockadeClient, anthropic_tools, openai_tools, sandboxed_tool
+from router.client import (
+    ApiError,
+    StockadeClient,
+    SyncStockadeClient,
+    anthropic_tools,
+    langchain_tools,
+    openai_tools,
+    sandboxed_tool,
+)
 from router.settings import ApiPrincipal, AuditSettings
 from router.tools import ToolSpec
 from tests.conftest import REPO
@@ -102,3 +110,15 @@ def test_the_sync_client_against_a_real_server(tmp_path: Path) -> None:
             assert [t.name for t in client.list_tools()] == ["word_count"]
         finally:
             client.close()
+
+
+async def test_langchain_tools_call_through_stockade(clients: dict[str, StockadeClient]) -> None:
+    agent = clients["agent-1"]
+    await agent.register(word_count)
+    await clients["root"].register(DROP)
+    session = await agent.open_session("alice@example.com")
+    tools = {t.name: t for t in langchain_tools(agent, session, await agent.list_tools())}
+    assert await tools["word_count"].ainvoke({"text": "a b c"}) == "3"
+    held = json.loads(await tools["drop_table"].ainvoke({"t": "users"}))
+    assert (held["status"], held["reasons"]) == ("pending_approval", ["approval.high_risk"])
+    assert tools["word_count"].args_schema == word_count["input_schema"]
