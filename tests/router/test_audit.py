@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import multiprocessing
+import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -178,3 +179,36 @@ async def test_relaxed_durability_still_chains(tmp_path: Path) -> None:
     for i in range(5):
         await log.append(event(i))
     assert (await log.verify()).ok
+
+
+async def test_concurrent_appends_share_fsyncs_and_each_returns_only_once_synced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = JsonlAuditLog(tmp_path / "audit.jsonl")
+    log.contended = lambda: True  # as when several calls are in flight
+    real_fsync, synced_sizes = os.fsync, []
+
+    def counting_fsync(fd: int) -> None:
+        real_fsync(fd)
+        synced_sizes.append(os.fstat(fd).st_size)
+
+    monkeypatch.setattr(os, "fsync", counting_fsync)
+
+    durable_at_return: dict[int, int] = {}
+
+    async def append(i: int) -> int:
+        written = await log.append(AuditEvent(kind="decision", decision_id=f"d-{i}", timestamp="t", outcome="allow"))
+        durable_at_return[written.seq] = max(synced_sizes, default=0)
+        return written.seq
+
+    seqs = await asyncio.gather(*(append(i) for i in range(200)))
+    await log.aclose()
+    assert sorted(seqs) == list(range(1, 201))
+    ends, offset = {}, 0
+    for line in (tmp_path / "audit.jsonl").read_bytes().splitlines(keepends=True):
+        offset += len(line)
+        ends[json.loads(line)["seq"]] = offset
+    assert all(durable_at_return[seq] >= ends[seq] for seq in seqs)  # none returned before its bytes were synced
+    assert 0 < len(synced_sizes) < 200  # batched
+    assert synced_sizes[-1] == (tmp_path / "audit.jsonl").stat().st_size  # the last fsync covered everything
+    assert log.verify_sync().ok
