@@ -35,6 +35,7 @@ class ApprovalError(StockadeError):
     """The approval cannot be used or decided: unknown, expired, used, mismatched or self-approved."""
 
     code = "approval.invalid"
+    http_status = 409
 
 
 class ApprovalStatus(StrEnum):

@@ -20,30 +20,13 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import TypeAdapter, create_model
 
-from router.approvals import Approval, ApprovalError, ApprovalStatus
+from router.approvals import Approval, ApprovalStatus
 from router.audit import AuditEvent
-from router.credentials import CredentialError
-from router.errors import (
-    AuditError,
-    DuplicateTool,
-    FieldProblem,
-    InvalidCall,
-    InvalidToolSpec,
-    PolicyError,
-    SandboxError,
-    SessionNotFound,
-    StockadeError,
-    StoreError,
-    ToolNotFound,
-)
+from router.errors import FieldProblem, InvalidCall, StockadeError
 from router.results import DecisionResult, ToolResult
 from router.tools import ToolSpec
 
 T = TypeVar("T")
-
-_KNOWN = (InvalidCall, ToolNotFound, InvalidToolSpec, DuplicateTool, SessionNotFound, ApprovalError,
-          CredentialError, PolicyError, StoreError, AuditError, SandboxError)  # fmt: skip
-_BY_CODE: dict[str, type[StockadeError]] = {cls.code: cls for cls in _KNOWN}
 
 
 class ApiError(StockadeError):
@@ -55,6 +38,18 @@ class ApiError(StockadeError):
         self.code = code
 
 
+def _by_code() -> dict[str, type[StockadeError]]:
+    """Every exception stockade defines, by its ``code`` (the problem type the API sends)."""
+    found: dict[str, type[StockadeError]] = {}
+    pending: list[type[StockadeError]] = [StockadeError]
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        if cls is not ApiError:
+            found.setdefault(cls.code, cls)
+    return found
+
+
 def _raise_for(response: httpx.Response) -> None:
     if response.is_success:
         return
@@ -64,7 +59,7 @@ def _raise_for(response: httpx.Response) -> None:
         body = {}
     code = str(body.get("code", f"http.{response.status_code}"))
     detail = str(body.get("detail", response.text[:500]))
-    cls = _BY_CODE.get(code) or next((c for k, c in _BY_CODE.items() if code.startswith(k.split(".")[0] + ".")), None)
+    cls = _by_code().get(code)
     if cls is InvalidCall:
         problems = [FieldProblem(str(e.get("field")), str(e.get("problem"))) for e in body.get("errors", [])]
         raise InvalidCall(detail, problems)

@@ -7,6 +7,10 @@
      │    └── DuplicateTool       a tool of that name is already registered
      ├── SessionNotFound          no open session with that id
      ├── ApprovalError            an approval cannot be used or decided (router/approvals.py)
+     ├── CredentialError          a credential cannot be granted or minted; the call is denied
+     │    ├── UnknownCredential   policy granted one the operator did not configure
+     │    ├── ScopeDenied         ... or a scope the operator's configuration does not allow
+     │    └── CredentialUnavailable  configured, but it cannot be issued
      ├── PolicyError              the policy cannot be loaded
      │    └── PolicyUnavailable   no policy is in force
      ├── SandboxError             the sandbox itself failed
@@ -14,7 +18,8 @@
      ├── StoreError               the shared state (sessions, approvals, rates) cannot be reached
      └── AuditError               the audit log cannot be written or read
 
-Each message names the thing that is wrong and what to do about it. Exceptions from the
+Each message names the thing that is wrong and what to do about it; ``code`` is its stable name
+(the reason code, the problem type over HTTP) and ``http_status`` its status over HTTP. Exceptions from the
 ``policy`` and ``runner`` packages and from libraries are translated into these at the seam.
 """
 
@@ -27,6 +32,7 @@ class StockadeError(Exception):
     """Base class of every error stockade raises to its users."""
 
     code = "stockade.error"
+    http_status = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +50,7 @@ class InvalidCall(StockadeError):
     """The call is malformed; the message names each bad field and how to fix it. Nothing ran."""
 
     code = "call.invalid"
+    http_status = 422
 
     def __init__(self, message: str, problems: list[FieldProblem] | None = None) -> None:
         super().__init__(message)
@@ -54,30 +61,35 @@ class ToolNotFound(StockadeError):
     """No tool of that name is registered."""
 
     code = "tool.not_found"
+    http_status = 404
 
 
 class InvalidToolSpec(StockadeError):
     """A tool registration is malformed."""
 
     code = "tool.invalid_spec"
+    http_status = 422
 
 
 class DuplicateTool(InvalidToolSpec):
     """A tool of that name is already registered."""
 
     code = "tool.duplicate"
+    http_status = 409
 
 
 class SessionNotFound(StockadeError):
     """No open session with that id."""
 
     code = "session.not_found"
+    http_status = 404
 
 
 class PolicyError(StockadeError):
     """The policy cannot be loaded or compiled; the old policy, if any, stays in force."""
 
     code = "policy.error"
+    http_status = 503
 
 
 class PolicyUnavailable(PolicyError):
@@ -90,6 +102,7 @@ class SandboxError(StockadeError):
     """The sandbox itself failed (not the tool)."""
 
     code = "sandbox.error"
+    http_status = 503
 
 
 class SandboxUnavailable(SandboxError):
@@ -98,14 +111,42 @@ class SandboxUnavailable(SandboxError):
     code = "sandbox.unavailable"
 
 
+class CredentialError(StockadeError):
+    """A credential cannot be granted or minted; the call is denied."""
+
+    code = "credential.error"
+    http_status = 403
+
+
+class UnknownCredential(CredentialError):
+    """Policy granted a credential the operator did not configure."""
+
+    code = "credential.unknown"
+
+
+class ScopeDenied(CredentialError):
+    """Policy granted a scope the operator's configuration does not allow for that credential."""
+
+    code = "credential.scope_denied"
+
+
+class CredentialUnavailable(CredentialError):
+    """The credential is configured but cannot be issued (its secret is missing, or the tool runs
+    outside the sandbox, where nothing can inject it)."""
+
+    code = "credential.unavailable"
+
+
 class StoreError(StockadeError):
     """The store holding sessions, provenance, approvals and rate windows failed; calls are denied
     until it answers again."""
 
     code = "store.unavailable"
+    http_status = 503
 
 
 class AuditError(StockadeError):
     """The audit log cannot be written or read; calls are denied until it can."""
 
     code = "audit.unavailable"
+    http_status = 503

@@ -1,6 +1,7 @@
 """Errors over HTTP as RFC 9457 problem details (``application/problem+json``).
 
-Each exception class has a stable ``type`` (``urn:stockade:problem:<code>``) and status; the
+Each exception class has a stable ``type`` (``urn:stockade:problem:<code>``) and status (its
+``code`` and ``http_status``, `router.errors`); the
 ``detail`` names the thing and the fix, and ``errors`` lists field problems where there are any.
 """
 
@@ -10,27 +11,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from router.approvals import ApprovalError
-from router.credentials import CredentialError
-from router.errors import (
-    AuditError,
-    DuplicateTool,
-    InvalidCall,
-    InvalidToolSpec,
-    PolicyError,
-    SandboxError,
-    SessionNotFound,
-    StockadeError,
-    StoreError,
-    ToolNotFound,
-)
-
-# Most specific first: the first class an exception is an instance of decides.
-STATUS: list[tuple[type[StockadeError], int]] = [
-    (InvalidCall, 422), (ToolNotFound, 404), (DuplicateTool, 409), (InvalidToolSpec, 422),
-    (SessionNotFound, 404), (ApprovalError, 409), (CredentialError, 403), (PolicyError, 503),
-    (StoreError, 503), (AuditError, 503), (SandboxError, 503), (StockadeError, 500),
-]  # fmt: skip
+from router.errors import StockadeError
 
 
 def problem(
@@ -45,6 +26,6 @@ def problem(
 
 
 def from_exception(exc: StockadeError) -> JSONResponse:
-    status = next(code for cls, code in STATUS if isinstance(exc, cls))
+    status = exc.http_status
     errors = [{"field": p.field, "problem": p.problem} for p in getattr(exc, "problems", [])]
     return problem(status, exc.code, type(exc).__name__, str(exc), errors=errors)

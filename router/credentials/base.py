@@ -15,34 +15,13 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from router.errors import StockadeError
+from router.errors import CredentialError, CredentialUnavailable, ScopeDenied, UnknownCredential
 
 _NAME = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
-
-
-class CredentialError(StockadeError):
-    """A credential cannot be granted or minted; the call is denied."""
-
-    code = "credential.error"
-
-
-class UnknownCredential(CredentialError):
-    """Policy granted a credential the operator did not configure."""
-
-    code = "credential.unknown"
-
-
-class ScopeDenied(CredentialError):
-    """Policy granted a scope the operator's configuration does not allow for that credential."""
-
-    code = "credential.scope_denied"
-
-
-class CredentialUnavailable(CredentialError):
-    """The credential is configured but cannot be issued (its secret is missing, or the tool runs
-    outside the sandbox, where nothing can inject it)."""
-
-    code = "credential.unavailable"
+__all__ = [
+    "Binding", "CredentialConfig", "CredentialError", "CredentialUnavailable", "Grant", "Issuer", "Lease",
+    "ScopeDenied", "UnknownCredential",
+]  # fmt: skip
 
 
 class CredentialConfig(BaseModel):
