@@ -106,11 +106,9 @@ class EgressRule(_Frozen):
     methods: list[str] = Field(default_factory=list)
 
 
-class CredentialGrant(_Frozen):
-    """A credential policy grants to this call."""
+class CredentialGrant(CredentialRequest):
+    """A credential policy grants to this call: the request, with its lifetime."""
 
-    name: str
-    scopes: list[str] = Field(default_factory=list)
     ttl_s: int = Field(default=60, gt=0)
 
 

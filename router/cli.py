@@ -474,8 +474,7 @@ def approvals_approve(
     ctx: typer.Context, approval_id: ApprovalId, approver: Approver, note: Note = "", as_json: JsonFlag = False
 ) -> None:
     """Grant a pending approval: the held call may then run once, exactly as asked (exit 1 if refused)."""
-    decided = _with_approvals(ctx, lambda book: book.decide(approval_id, approver=approver, approve=True, note=note))
-    _show_approval(decided, as_json)
+    _decide_approval(ctx, approval_id, approver, note, as_json, approve=True)
 
 
 @approvals_app.command("deny")
@@ -483,7 +482,13 @@ def approvals_deny(
     ctx: typer.Context, approval_id: ApprovalId, approver: Approver, note: Note = "", as_json: JsonFlag = False
 ) -> None:
     """Refuse a pending approval: the held call cannot run with it (exit 1 if refused)."""
-    decided = _with_approvals(ctx, lambda book: book.decide(approval_id, approver=approver, approve=False, note=note))
+    _decide_approval(ctx, approval_id, approver, note, as_json, approve=False)
+
+
+def _decide_approval(
+    ctx: typer.Context, approval_id: str, approver: str, note: str, as_json: bool, *, approve: bool
+) -> None:
+    decided = _with_approvals(ctx, lambda book: book.decide(approval_id, approver=approver, approve=approve, note=note))
     _show_approval(decided, as_json)
 
 

@@ -225,8 +225,7 @@ class EgressProxy:
         up_reader: asyncio.StreamReader,
         up_writer: asyncio.StreamWriter,
     ) -> tuple[int, int]:
-        writer.write(conn.send(h11.Response(status_code=200, headers=[], reason=b"Connection Established")))
-        await writer.drain()
+        await _established(conn, writer)
         leftover, _ = conn.trailing_data
         up_writer.write(leftover)
         counts = [len(leftover), 0]
@@ -253,8 +252,7 @@ class EgressProxy:
         leftover, _ = conn.trailing_data
         if leftover:
             raise _Refused(400, "send the TLS handshake after the CONNECT response, not with the request")
-        writer.write(conn.send(h11.Response(status_code=200, headers=[], reason=b"Connection Established")))
-        await writer.drain()
+        await _established(conn, writer)
         await asyncio.wait_for(writer.start_tls(self._intercept.server_context(host)), self._connect_timeout)
         await asyncio.wait_for(up_writer.start_tls(self._upstream_tls, server_hostname=host), self._connect_timeout)
         inner = h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_HEAD)
@@ -400,6 +398,12 @@ def _port(port: int) -> int:
     if not 0 < port < 65536:
         raise _Refused(400, f"bad port {port}")
     return port
+
+
+async def _established(conn: h11.Connection, writer: asyncio.StreamWriter) -> None:
+    """Answer a CONNECT: from here on the connection carries the tunnelled (or intercepted) bytes."""
+    writer.write(conn.send(h11.Response(status_code=200, headers=[], reason=b"Connection Established")))
+    await writer.drain()
 
 
 async def _send_error(conn: h11.Connection, writer: asyncio.StreamWriter, status: int, reason: str) -> None:
