@@ -4,18 +4,25 @@ Redis where a module asks for both stores)."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
+import json
 import os
 import shutil
+import socket
 import ssl
+import subprocess
+import sys
 import tempfile
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import docker
+import httpx
 import pytest
 import redis
 import trustme
@@ -112,6 +119,54 @@ def external_tool(name: str, **overrides: Any) -> dict[str, Any]:
 
 
 ECHO = "def main(**kwargs):\n    return kwargs\n"
+
+
+def copy_policies(tmp_path: Path) -> Path:
+    """A private copy of the shipped policies, to edit."""
+    root = tmp_path / "policies"
+    shutil.copytree(REPO / "policies", root)
+    return root
+
+
+def edit_catalog(root: Path, **changes: object) -> None:
+    """Set top-level entries of the policies' ``catalog`` (data.json)."""
+    data_file = root / "stockade" / "data.json"
+    data = json.loads(data_file.read_text())
+    data["catalog"].update(changes)
+    data_file.write_text(json.dumps(data))
+
+
+@contextlib.contextmanager
+def stockade_server(args: list[str], env: dict[str, str], log: Path, probe: str) -> Iterator[str]:
+    """``stockade <args> --port <free port>`` as a process; yields its base URL once ``probe``
+    answers over HTTP, and stops it afterwards. Its stderr goes to ``log``."""
+    port = free_port()
+    with log.open("wb") as stderr:
+        server = subprocess.Popen(
+            [str(Path(sys.executable).parent / "stockade"), *args, "--port", str(port)],
+            env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=stderr,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(200):
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.get(url + probe, timeout=1)
+                break
+            if server.poll() is not None:
+                raise RuntimeError(f"stockade {args[0]} exited: {log.read_text()[-2000:]}")
+            time.sleep(0.05)
+        yield url
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (now)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
 
 
 def runner_state_root() -> Path:

@@ -4,8 +4,6 @@ exactly as the embedded engine, the reference."""
 from __future__ import annotations
 
 import os
-import shutil
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,7 +11,7 @@ import pytest
 
 from policy import EmbeddedEngine, Outcome, PolicyBundleError, PolicyInput, PolicySettings, make_engine
 from policy.opa import OpaEngine
-from tests.conftest import REPO
+from tests.conftest import copy_policies, free_port
 from tests.policy.test_embedded import PARITY_INPUTS, make_input
 
 # No OPA binary installs on our machines: these run where one is running, e.g. `docker compose up opa`.
@@ -21,15 +19,8 @@ OPA_URL = os.environ.get("STOCKADE_TEST_OPA_URL")
 needs_opa = pytest.mark.skipif(OPA_URL is None, reason="set STOCKADE_TEST_OPA_URL to an OPA server to run")
 
 
-def closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
-
-
 async def test_an_unreachable_opa_server_is_a_deny_naming_it() -> None:
-    url = f"http://127.0.0.1:{closed_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     engine = make_engine(PolicySettings(engine="opa", opa_url=url, opa_timeout_s=0.5))
     try:
         assert isinstance(engine, OpaEngine)
@@ -51,8 +42,7 @@ def test_a_malformed_opa_url_or_policy_directory_is_refused(tmp_path: Path) -> N
 @pytest.fixture
 async def opa(tmp_path: Path) -> AsyncIterator[tuple[OpaEngine, Path]]:
     assert OPA_URL is not None
-    policies = tmp_path / "policies"
-    shutil.copytree(REPO / "policies", policies)
+    policies = copy_policies(tmp_path)
     engine = OpaEngine(PolicySettings(engine="opa", dir=policies, opa_url=OPA_URL, opa_timeout_s=5))
     yield engine, policies
     await engine.aclose()

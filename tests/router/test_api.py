@@ -6,11 +6,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +18,7 @@ from router import ControlPlane, Settings
 from router.api import create_app
 from router.audit import AuditFilter
 from router.settings import ApiPrincipal, AuditSettings
-from tests.conftest import ECHO, REPO, external_tool, python_tool
+from tests.conftest import ECHO, REPO, external_tool, python_tool, stockade_server
 
 TOKENS = {"agent-1": "tok-agent-1", "agent-2": "tok-agent-2", "oncall": "tok-oncall", "audit": "tok-audit",
           "root": "tok-root", "self-approver": "tok-self"}  # fmt: skip
@@ -167,34 +162,11 @@ async def test_health_readiness_policy_status_and_openapi(api: tuple[httpx.Async
 # -- two routers ----------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
-
-
 @contextlib.contextmanager
 def serve(env: dict[str, str], log: Path) -> Iterator[str]:
-    port = free_port()
-    with log.open("wb") as stderr:
-        server = subprocess.Popen(
-            [str(Path(sys.executable).parent / "stockade"), "serve", "--port", str(port)],
-            env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=stderr,
-        )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(200):
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            if server.poll() is not None:
-                raise RuntimeError(f"stockade serve exited: {log.read_text()[-2000:]}")
-            time.sleep(0.05)
+    """`stockade serve` as a process, ready."""
+    with stockade_server(["serve"], env, log, "/healthz") as url:
         yield url
-    finally:
-        server.terminate()
-        server.wait(10)
 
 
 def test_two_routers_on_one_redis_act_as_one(tmp_path: Path, redis_url: str) -> None:

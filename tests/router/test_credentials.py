@@ -9,7 +9,6 @@ import hashlib
 import http.server
 import io
 import json
-import shutil
 import ssl
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -34,7 +33,7 @@ from router.credentials.tokens import TokenIssuer
 from router.logging import configure_logging
 from router.settings import AuditSettings, StoreSettings
 from runner import RunnerSettings
-from tests.conftest import REPO, python_tool
+from tests.conftest import copy_policies, edit_catalog, python_tool
 
 HOST = "api.allowed.test"
 LOOKALIKE = "api.allowed.test.evil.test"
@@ -110,16 +109,11 @@ def store_url(both_stores: str | None) -> str | None:
 async def plane(
     tmp_path: Path, runner_state: Path, echo: Echo, store_url: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[ControlPlane]:
-    policies = tmp_path / "policies"
-    shutil.copytree(REPO / "policies", policies)
-    data_file = policies / "stockade" / "data.json"
-    data = json.loads(data_file.read_text())
-    data["catalog"]["egress_allowlist"] = [HOST, LOOKALIKE]
-    data["catalog"]["credentials"] = {
+    policies = copy_policies(tmp_path)
+    edit_catalog(policies, egress_allowlist=[HOST, LOOKALIKE], credentials={
         "api-token": {"scopes": ["read"], "ttl_s": 120}, "api-key": {"ttl_s": 60},
         "ghost": {}, "api-token-admin": {"scopes": ["admin"]},
-    }  # fmt: skip
-    data_file.write_text(json.dumps(data))
+    })  # fmt: skip
     monkeypatch.setenv("TEST_API_KEY", CANARY)
     settings = Settings(
         audit=AuditSettings(path=tmp_path / "audit.jsonl"), policy=PolicySettings(dir=policies),

@@ -6,15 +6,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from mcp import Client, StdioServerParameters
 
@@ -22,7 +18,7 @@ from router import ControlPlane, Settings
 from router.audit import AuditFilter
 from router.mcp import build_server
 from router.settings import AuditSettings
-from tests.conftest import ECHO, external_tool, python_tool
+from tests.conftest import ECHO, external_tool, python_tool, stockade_server
 
 TOOLS: list[dict[str, Any]] = [
     python_tool("echo", ECHO),
@@ -82,24 +78,11 @@ async def test_an_mcp_client_over_stdio(tmp_path: Path) -> None:
 
 @contextlib.contextmanager
 def mcp_http(tmp_path: Path) -> Iterator[str]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    env = {**os.environ, "STOCKADE_AUDIT__PATH": str(tmp_path / "audit.jsonl"), "STOCKADE_LOG_LEVEL": "error"}
-    with (tmp_path / "mcp.log").open("wb") as log:
-        server = subprocess.Popen([STOCKADE, "mcp", "--agent", "claude", "--principal", "alice@example.com",
-                                   "--tools", str(write_tools(tmp_path)), "--http", "--port", str(port)],
-                                  env=env, stdout=subprocess.DEVNULL, stderr=log)  # fmt: skip
-    try:
-        for _ in range(200):
-            with contextlib.suppress(httpx.HTTPError):
-                httpx.get(f"http://127.0.0.1:{port}/mcp", timeout=1)
-                break
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        server.terminate()
-        server.wait(10)
+    args = ["mcp", "--agent", "claude", "--principal", "alice@example.com", "--tools", str(write_tools(tmp_path)),
+            "--http"]  # fmt: skip
+    env = {"STOCKADE_AUDIT__PATH": str(tmp_path / "audit.jsonl"), "STOCKADE_LOG_LEVEL": "error"}
+    with stockade_server(args, env, tmp_path / "mcp.log", "/mcp") as url:
+        yield url + "/mcp"
 
 
 async def test_an_mcp_client_over_streamable_http(tmp_path: Path) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,22 +12,9 @@ from policy import PolicySettings
 from router import ControlPlane, Settings
 from router.audit import AuditFilter
 from router.settings import AuditSettings
-from tests.conftest import ECHO, REPO, python_tool
+from tests.conftest import ECHO, copy_policies, edit_catalog, python_tool
 
 STOCKADE = str(Path(sys.executable).parent / "stockade")
-
-
-def copy_policies(tmp_path: Path) -> Path:
-    root = tmp_path / "policies"
-    shutil.copytree(REPO / "policies", root)
-    return root
-
-
-def edit_catalog(root: Path, **changes: object) -> None:
-    data_file = root / "stockade" / "data.json"
-    data = json.loads(data_file.read_text())
-    data["catalog"].update(changes)
-    data_file.write_text(json.dumps(data))
 
 
 async def test_a_changed_policy_is_picked_up_and_a_broken_one_is_refused(tmp_path: Path) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -12,7 +10,7 @@ from policy import PolicySettings
 from router import ControlPlane, Settings
 from router.rates import RateCounter, scopes
 from router.settings import AuditSettings, StoreSettings
-from tests.conftest import ECHO, REPO, python_tool
+from tests.conftest import ECHO, copy_policies, edit_catalog, python_tool
 
 
 @pytest.fixture
@@ -40,12 +38,8 @@ def test_windows_are_separate_per_scope() -> None:
 
 
 async def test_a_rate_limit_trips_and_decide_does_not_count(tmp_path: Path, store_url: str | None) -> None:
-    policies = tmp_path / "policies"
-    shutil.copytree(REPO / "policies", policies)
-    data_file = policies / "stockade" / "data.json"
-    data = json.loads(data_file.read_text())
-    data["catalog"]["rate_limits"] = {"agent_tool_per_minute": 2}
-    data_file.write_text(json.dumps(data))
+    policies = copy_policies(tmp_path)
+    edit_catalog(policies, rate_limits={"agent_tool_per_minute": 2})
     settings = Settings(
         audit=AuditSettings(path=tmp_path / "a.jsonl"),
         store=StoreSettings(url=store_url),

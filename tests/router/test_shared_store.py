@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
-import shutil
-import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -19,7 +16,7 @@ from router import ApprovalError, ApprovalStatus, ControlPlane, SessionNotFound,
 from router.audit import AuditFilter
 from router.errors import StoreError
 from router.settings import AuditSettings, StoreSettings
-from tests.conftest import ECHO, REPO, external_tool, python_tool
+from tests.conftest import ECHO, copy_policies, edit_catalog, external_tool, free_port, python_tool
 
 SEND = external_tool(
     "send_email",
@@ -35,12 +32,8 @@ DROP = python_tool("drop_table", ECHO, risk="critical", capabilities=["mutates_s
 @pytest.fixture
 def policies(tmp_path: Path) -> Path:
     """The shipped policy with a small rate limit, so counting across routers is visible."""
-    target = tmp_path / "policies"
-    shutil.copytree(REPO / "policies", target)
-    data_file = target / "stockade" / "data.json"
-    data = json.loads(data_file.read_text())
-    data["catalog"]["rate_limits"] = {"agent_tool_per_minute": 3}
-    data_file.write_text(json.dumps(data))
+    target = copy_policies(tmp_path)
+    edit_catalog(target, rate_limits={"agent_tool_per_minute": 3})
     return target
 
 
@@ -127,9 +120,7 @@ async def test_rate_limits_count_calls_on_both_routers(planes: tuple[ControlPlan
 @contextlib.contextmanager
 def private_redis(tmp_path: Path) -> Iterator[str]:
     """A redis-server of the test's own, on a free loopback port, that the test may kill."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     server = subprocess.Popen(
         ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
          "--dir", str(tmp_path)],

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -14,6 +13,7 @@ from router.approvals import Approval, ApprovalStatus, binding
 from router.errors import StoreError
 from router.store import MemoryStore, PendingExternal, RedisStore, SessionRecord, Store
 from router.store.redis import redacted
+from tests.conftest import free_port
 
 MakeStore = Callable[..., Awaitable[Store]]
 
@@ -233,9 +233,7 @@ async def test_every_redis_key_is_prefixed_and_expires(redis_url: str) -> None:
 
 
 async def test_an_unreachable_redis_is_a_store_error_naming_it_without_its_password() -> None:
-    with socket.socket() as probe:  # a loopback port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     store = RedisStore(f"redis://:hunter2@127.0.0.1:{port}/0", timeout_s=0.5)
     try:
         with pytest.raises(StoreError, match=rf"127\.0\.0\.1:{port}") as caught:

@@ -4,8 +4,6 @@ in the audit log, and per-session sandboxes, through the real router."""
 from __future__ import annotations
 
 import asyncio
-import json
-import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,18 +15,22 @@ from router import ControlPlane, InvalidCall, SessionNotFound, Settings
 from router.audit import AuditFilter
 from router.settings import AuditSettings
 from runner import RunnerSettings
-from tests.conftest import ALLOWED_HOST, ECHO, REPO, Upstream, python_tool, sandbox_containers
+from tests.conftest import (
+    ALLOWED_HOST,
+    ECHO,
+    Upstream,
+    copy_policies,
+    edit_catalog,
+    python_tool,
+    sandbox_containers,
+)
 
 
 @pytest.fixture
 async def plane(tmp_path: Path, runner_state: Path) -> AsyncIterator[ControlPlane]:
     """A router whose policy allowlists the test upstream for egress."""
-    policies = tmp_path / "policies"
-    shutil.copytree(REPO / "policies", policies)
-    data_file = policies / "stockade" / "data.json"
-    data = json.loads(data_file.read_text())
-    data["catalog"]["egress_allowlist"] = [ALLOWED_HOST]
-    data_file.write_text(json.dumps(data))
+    policies = copy_policies(tmp_path)
+    edit_catalog(policies, egress_allowlist=[ALLOWED_HOST])
     settings = Settings(
         audit=AuditSettings(path=tmp_path / "audit.jsonl"),
         policy=PolicySettings(dir=policies),
