@@ -277,9 +277,12 @@ class ControlPlane:
             except Exception as exc:  # the sweeper must outlive a failing sandbox cleanup
                 log.error("session_sweep_failed", error=str(exc))
 
-    async def close_session(self, session_id: str) -> None:
+    async def close_session(self, session_id: str, *, agent: str | None = None) -> None:
         """Close a session: its pending external calls can no longer be reported, and its own
-        sandboxes, if any, are destroyed (on other routers, by their sweepers)."""
+        sandboxes, if any, are destroyed (on other routers, by their sweepers). ``agent``: as for
+        `decide` (only the session's agent may close it)."""
+        if agent is not None:
+            await self._load_session(session_id, agent)
         if not isinstance(session_id, str) or not await self.store.delete_session(session_id):
             raise SessionNotFound(f"no open session {show(session_id)}")
         self._here.discard(session_id)
@@ -305,15 +308,6 @@ class ControlPlane:
             if self._select_tier(call, decision).outcome is not Outcome.DENY:
                 permitted.append(spec)
         return permitted
-
-    async def session_owner(self, session_id: str) -> str | None:
-        """The agent a session belongs to, or None if it is not open (renews it, like any use).
-
-        Raises:
-            StoreError: the store failed.
-        """
-        session = await self.store.load_session(session_id) if 0 < len(session_id) <= 256 else None
-        return None if session is None else session.agent
 
     async def record_refusal(self, who: str | None, what: str, reason: str) -> None:
         """Audit a request refused at the door (unauthenticated, wrong role, another's session)."""
@@ -368,16 +362,21 @@ class ControlPlane:
 
     # -- the pipeline -------------------------------------------------------------------
 
-    async def decide(self, session_id: str, tool: str, args: Mapping[str, Any] | str | bytes) -> DecisionResult:
-        """Decide a call without running it. The decision is audited like any other."""
+    async def decide(
+        self, session_id: str, tool: str, args: Mapping[str, Any] | str | bytes, *, agent: str | None = None
+    ) -> DecisionResult:
+        """Decide a call without running it. The decision is audited like any other. ``agent``: the
+        caller's identity, when it is authenticated (HTTP): another agent's session is not found."""
         self._active += 1
         try:
-            return await self._decide(session_id, tool, args)
+            return await self._decide(session_id, tool, args, agent)
         finally:
             self._active -= 1
 
-    async def _decide(self, session_id: str, tool: str, args: Mapping[str, Any] | str | bytes) -> DecisionResult:
-        call = await self._prepare(session_id, tool, args, count_call=False)
+    async def _decide(
+        self, session_id: str, tool: str, args: Mapping[str, Any] | str | bytes, agent: str | None
+    ) -> DecisionResult:
+        call = await self._prepare(session_id, tool, args, count_call=False, agent=agent)
         decision = await self._decide_and_audit(call, mode="decide")
         if isinstance(decision, _AuditFailed):
             return DecisionResult(decision_id=call.decision_id, outcome="deny", reasons=["audit.unavailable"])
@@ -393,11 +392,12 @@ class ControlPlane:
         *,
         inputs: Mapping[str, bytes] | None = None,
         approval_id: str | None = None,
+        agent: str | None = None,
     ) -> ToolResult:
         """Validate, decide, run and audit one tool call. ``inputs``: files the tool sees read-only
         at ``/in/<name>``, each recorded in the audit log by sha256 and size. ``approval_id``: the
         approval a human granted for exactly this call (after ``pending_approval``); the call is
-        decided again with it, and it is used up if the call goes ahead.
+        decided again with it, and it is used up if the call goes ahead. ``agent``: as for `decide`.
 
         Raises:
             SessionNotFound: no such session.
@@ -405,7 +405,7 @@ class ControlPlane:
         """
         self._active += 1
         try:
-            result = await self._call(session_id, tool, args, inputs, approval_id)
+            result = await self._call(session_id, tool, args, inputs, approval_id, agent)
         except StockadeError as exc:
             name = tool if isinstance(tool, str) and tool in self.registry.names() else "unknown"  # bounded labels
             metrics.CALLS.labels(name, exc.code).inc()
@@ -422,8 +422,9 @@ class ControlPlane:
         args: Mapping[str, Any] | str | bytes,
         inputs: Mapping[str, bytes] | None,
         approval_id: str | None,
+        agent: str | None,
     ) -> ToolResult:
-        call = await self._prepare(session_id, tool, args, inputs, count_call=True)
+        call = await self._prepare(session_id, tool, args, inputs, count_call=True, agent=agent)
         if approval_id is not None:
             try:
                 call.approval = await self.approvals.check(
@@ -490,7 +491,7 @@ class ControlPlane:
                 if leases:  # every exit: success, error, timeout, cancellation
                     await self._revoke(call, leases)
 
-    async def report(self, session_id: str, call_id: str, output: Any) -> ToolResult:
+    async def report(self, session_id: str, call_id: str, output: Any, *, agent: str | None = None) -> ToolResult:
         """Record the output of an allowed ``external`` call; each call_id is reported once.
 
         Raises:
@@ -499,7 +500,7 @@ class ControlPlane:
             StoreError: the store failed (if the output was taken, it is audited but not indexed,
                 and the call cannot be reported again: the framework must not show the output).
         """
-        session = await self._load_session(session_id)
+        session = await self._load_session(session_id, agent)
         try:
             encoded = json.dumps(output, sort_keys=True, allow_nan=False)
         except (TypeError, ValueError) as exc:
@@ -557,6 +558,7 @@ class ControlPlane:
         inputs: Mapping[str, bytes] | None = None,
         *,
         count_call: bool,
+        agent: str | None = None,
     ) -> _Call:
         """Validate the call, then load everything the store knows for it in one step (the session,
         renewed and counted if ``count_call``; its arguments' provenance; its rate windows)."""
@@ -567,21 +569,31 @@ class ControlPlane:
             checked_inputs = _check_inputs(inputs or {}, self.settings.max_input_bytes)
             argv = command_argv(tool.spec.executor, args) if isinstance(tool.spec.executor, CommandExecutor) else ()
         except StockadeError as exc:
-            session = await self._load_session(session_id)  # an unknown session is reported as such
+            session = await self._load_session(session_id, agent)  # an unknown session is reported as such
             await self._audit_rejection(session, tool_name, exc)
             raise
         name, keys = tool.spec.name, argument_keys(args)
         context = await self._from_store(
-            session_id, lambda sid: self.store.call_context(sid, name, keys, count=count_call)
+            session_id, lambda sid: self.store.call_context(sid, name, keys, count=count_call, agent=agent)
         )
+        await self._check_owner(context.session, agent)
         call = _Call(context.session, tool, args, canonical_args)
         call.inputs, call.argv = checked_inputs, argv
         call.provenance, call.rates = context.provenance, context.rates
         return call
 
-    async def _load_session(self, session_id: object) -> SessionRecord:
-        """The open session ``session_id`` (renewed). Raises as `_from_store`."""
-        return await self._from_store(session_id, self.store.load_session)
+    async def _load_session(self, session_id: object, agent: str | None = None) -> SessionRecord:
+        """The open session ``session_id`` (renewed), if ``agent`` (when given) is its agent.
+        Raises as `_from_store`."""
+        session = await self._from_store(session_id, self.store.load_session)
+        await self._check_owner(session, agent)
+        return session
+
+    async def _check_owner(self, session: SessionRecord, agent: str | None) -> None:
+        """A session is its agent's alone: to another (authenticated) caller it does not exist."""
+        if agent is not None and session.agent != agent:
+            await self.record_refusal(agent, f"session {session.id}", "another agent's session")
+            raise SessionNotFound(f"no open session {show(session.id)} of yours; open one with open_session()")
 
     async def _from_store(self, session_id: object, load: Callable[[str], Awaitable[_T | None]]) -> _T:
         """``load(session_id)``, which is None if the session is not open.

@@ -42,7 +42,7 @@ from router.approvals import Approval, ApprovalStatus
 from router.audit import AuditEvent, AuditFilter
 from router.control import VERSION, ControlPlane
 from router.credentials import introspect, jwks
-from router.errors import FieldProblem, InvalidCall, SessionNotFound, StockadeError
+from router.errors import FieldProblem, InvalidCall, StockadeError
 from router.results import DecisionResult, ToolResult
 from router.settings import ApiPrincipal
 from router.tools import ToolSpec
@@ -109,7 +109,8 @@ class _Refused(Exception):
 
 
 class Gate:
-    """Authentication, roles and session ownership; every refusal audited."""
+    """Authentication and roles; every refusal audited. (Session ownership is the control
+    plane's: the routes pass the agent along.)"""
 
     def __init__(self, plane: ControlPlane) -> None:
         self._plane = plane
@@ -143,14 +144,6 @@ class Gate:
             return principal
 
         return authenticate
-
-    async def own(self, session_id: str, principal: ApiPrincipal) -> None:
-        """A session is its agent's alone: to anyone else (admins aside) it does not exist."""
-        owner = await self._plane.session_owner(session_id)
-        if owner is None or (owner != principal.name and principal.role != "admin"):
-            if owner is not None:
-                await self._plane.record_refusal(principal.name, f"session {session_id}", "another agent's session")
-            raise SessionNotFound(f"no open session {session_id!r} of yours; open one with POST /v1/sessions")
 
 
 def presented(request: Request) -> bytes | None:
@@ -289,17 +282,15 @@ def _sessions(app: FastAPI, plane: ControlPlane, gate: Gate) -> None:
 
     @app.delete("/v1/sessions/{session_id}", status_code=204)
     async def close_session(session_id: str, principal: Owner) -> None:
-        await gate.own(session_id, principal)
-        await plane.close_session(session_id)
+        # An admin may close any session; an agent only its own.
+        await plane.close_session(session_id, agent=None if principal.role == "admin" else principal.name)
 
     @app.post("/v1/sessions/{session_id}/decide")
     async def decide(session_id: str, body: Decide, principal: Agent) -> DecisionResult:
-        await gate.own(session_id, principal)
-        return await plane.decide(session_id, body.tool, body.args)
+        return await plane.decide(session_id, body.tool, body.args, agent=principal.name)
 
     @app.post("/v1/sessions/{session_id}/calls")
     async def call(session_id: str, body: Call, principal: Agent) -> ToolResult:
-        await gate.own(session_id, principal)
         inputs = {}
         for name, encoded in body.inputs.items():
             try:
@@ -307,12 +298,12 @@ def _sessions(app: FastAPI, plane: ControlPlane, gate: Gate) -> None:
             except (binascii.Error, ValueError) as exc:
                 raise InvalidCall(f"inputs[{name[:60]!r}] is not base64", [FieldProblem(f"inputs.{name[:60]}",
                                   "not base64: encode file contents with base64")]) from exc  # fmt: skip
-        return await plane.call(session_id, body.tool, body.args, inputs=inputs, approval_id=body.approval_id)
+        return await plane.call(session_id, body.tool, body.args, inputs=inputs, approval_id=body.approval_id,
+                                agent=principal.name)  # fmt: skip
 
     @app.post("/v1/sessions/{session_id}/reports")
     async def report(session_id: str, body: Report, principal: Agent) -> ToolResult:
-        await gate.own(session_id, principal)
-        return await plane.report(session_id, body.call_id, body.output)
+        return await plane.report(session_id, body.call_id, body.output, agent=principal.name)
 
 
 def _approvals(app: FastAPI, plane: ControlPlane, gate: Gate) -> None:

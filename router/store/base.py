@@ -81,13 +81,16 @@ class Store(Protocol):
         ...
 
     async def call_context(
-        self, session_id: str, tool: str, keys_by_arg: Mapping[str, Collection[str]], *, count: bool
-    ) -> CallContext | None:
+        self, session_id: str, tool: str, keys_by_arg: Mapping[str, Collection[str]], *, count: bool,
+        agent: str | None = None,
+    ) -> CallContext | None:  # fmt: skip
         """Everything policy needs from the store for one call, in one step (one round trip in
         Redis: this is the hot path). The session is renewed; ``count`` adds the call to the
         session's call count and to its rate windows first. Provenance: for each argument, the
         sorted sources any of its keys was seen in (arguments with none left out). None if the
-        session is not open."""
+        session is not open. ``agent``: who the caller says it is; if the session is another
+        agent's, nothing is renewed or counted and the context has no provenance or rates (the
+        caller refuses the call)."""
         ...
 
     async def expect_report(self, pending: PendingExternal) -> None:

@@ -78,11 +78,16 @@ class MemoryStore:
             session.record = dataclasses.replace(session.record, taint=session.record.taint | {taint})
 
     async def call_context(
-        self, session_id: str, tool: str, keys_by_arg: Mapping[str, Collection[str]], *, count: bool
-    ) -> CallContext | None:
-        if await self.load_session(session_id) is None:
+        self, session_id: str, tool: str, keys_by_arg: Mapping[str, Collection[str]], *, count: bool,
+        agent: str | None = None,
+    ) -> CallContext | None:  # fmt: skip
+        now = time.monotonic()
+        session = self._live(session_id, now)
+        if session is None:
             return None
-        session = self._sessions[session_id]
+        if agent is not None and session.record.agent != agent:
+            return CallContext(session=session.record, provenance={}, rates={})
+        session.last_used = now
         if count:
             session.record = dataclasses.replace(session.record, call_count=session.record.call_count + 1)
         record = session.record

@@ -199,18 +199,21 @@ class RedisStore:
             raise StoreError(f"session {session_id} in {self._where} is malformed ({exc}); close it") from exc
 
     async def call_context(
-        self, session_id: str, tool: str, keys_by_arg: Mapping[str, Collection[str]], *, count: bool
-    ) -> CallContext | None:
+        self, session_id: str, tool: str, keys_by_arg: Mapping[str, Collection[str]], *, count: bool,
+        agent: str | None = None,
+    ) -> CallContext | None:  # fmt: skip
         wanted = sorted({k for arg_keys in keys_by_arg.values() for k in arg_keys})
         for _ in range(2):
-            # A session's agent never changes: remembered, it lets the rate keys go in the same
-            # script as everything else. Unknown (first call here), the script says it first.
-            agent = self._agents.get(session_id, "")
-            windows = rate_scopes(session_id, agent, tool)
+            # A session's agent never changes: claimed by the caller or remembered, it lets the
+            # rate keys go in the same script as everything else. Unknown (first call here), the
+            # script says it first.
+            claimed = agent if agent is not None else self._agents.get(session_id, "")
+            windows = rate_scopes(session_id, claimed, tool)
             script_keys = [keys.session(session_id), keys.provenance(session_id), keys.pending(session_id),
                            *(keys.rate(scope, self._window_s) for scope in windows.values())]  # fmt: skip
-            args: list[str | int] = [self._session_ttl_ms, int(count), agent, int(time.time() * 1000), self._window_ms,
-                    secrets.token_hex(8), *wanted]  # fmt: skip
+            now_ms = int(time.time() * 1000)
+            args: list[str | int] = [self._session_ttl_ms, int(count), claimed, now_ms, self._window_ms,
+                                     secrets.token_hex(8), *wanted]  # fmt: skip
             reply = await self._do("load a call's context", self._context(script_keys, args))
             if reply is None:
                 self._agents.pop(session_id, None)
@@ -221,6 +224,8 @@ class RedisStore:
             self._agents[session_id] = session.agent
             if len(reply) == 3:
                 break
+            if agent is not None:  # another agent's session: the script changed nothing
+                return CallContext(session=session, provenance={}, rates={})
         else:
             raise StoreError(f"session {session_id} in {self._where} changed agent; close it")
         seen = {key: str(value).split("\n") for key, value in zip(wanted, reply[1], strict=True) if value}

@@ -247,3 +247,15 @@ async def test_an_unreachable_redis_is_a_store_error_naming_it_without_its_passw
 def test_a_malformed_store_url_is_refused() -> None:
     with pytest.raises(StoreError, match="redis://"):
         RedisStore("http://localhost:6379")
+
+
+async def test_another_agents_claim_counts_and_reveals_nothing(make: MakeStore) -> None:
+    store = await make()
+    await store.create_session(record(), {"s:alice"})
+    foreign = await store.call_context("s-1", "echo", {"x": {"s:alice"}}, count=True, agent="intruder")
+    assert foreign is not None
+    assert (foreign.session.agent, foreign.provenance, foreign.rates) == ("agent-1", {}, {})
+    own = await store.call_context("s-1", "echo", {"x": {"s:alice"}}, count=True, agent="agent-1")
+    assert own is not None
+    assert (own.session.call_count, own.rates["session_per_minute"]) == (1, 1)  # the intruder's was not counted
+    assert own.provenance == {"x": ["user"]}
