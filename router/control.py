@@ -144,10 +144,6 @@ class ControlPlane:
             settings.credentials, self.store, key_rotation_s=settings.credential_key_rotation_s
         )
         self._leases: dict[str, tuple[_Call, Lease]] = {}  # minted and not yet revoked, for shutdown
-        # Decisions and calls in progress: with more than one, audit appends share fsyncs.
-        self._active = 0
-        if isinstance(audit, JsonlAuditLog):
-            audit.contended = lambda: self._active > 1
         # Sessions this router opened or served: the ones whose sandboxes it may hold and must
         # destroy when the session closes or expires, wherever that happens.
         self._here: set[str] = set()
@@ -367,15 +363,6 @@ class ControlPlane:
     ) -> DecisionResult:
         """Decide a call without running it. The decision is audited like any other. ``agent``: the
         caller's identity, when it is authenticated (HTTP): another agent's session is not found."""
-        self._active += 1
-        try:
-            return await self._decide(session_id, tool, args, agent)
-        finally:
-            self._active -= 1
-
-    async def _decide(
-        self, session_id: str, tool: str, args: Mapping[str, Any] | str | bytes, agent: str | None
-    ) -> DecisionResult:
         call = await self._prepare(session_id, tool, args, count_call=False, agent=agent)
         decision = await self._decide_and_audit(call, mode="decide")
         if isinstance(decision, _AuditFailed):
@@ -403,15 +390,12 @@ class ControlPlane:
             SessionNotFound: no such session.
             InvalidCall, ToolNotFound: the call is malformed (audited; nothing ran).
         """
-        self._active += 1
         try:
             result = await self._call(session_id, tool, args, inputs, approval_id, agent)
         except StockadeError as exc:
             name = tool if isinstance(tool, str) and tool in self.registry.names() else "unknown"  # bounded labels
             metrics.CALLS.labels(name, exc.code).inc()
             raise
-        finally:
-            self._active -= 1
         metrics.CALLS.labels(result.tool, result.status).inc()
         return result
 

@@ -23,6 +23,25 @@ def event_hash(document: dict[str, Any]) -> str:
     return hashlib.sha256(canonical(body).encode()).hexdigest()
 
 
+def seal(document: dict[str, Any]) -> tuple[str, str]:
+    """The hash of ``document`` (every field but ``hash``) and its canonical JSON with ``hash`` in
+    place, serialising the document once rather than once to hash and once to write."""
+    # Canonical JSON sorts keys, so the fields before "hash" and after it serialise apart and join.
+    head = canonical({k: v for k, v in document.items() if k < "hash"})
+    tail = canonical({k: v for k, v in document.items() if k > "hash"})
+    digest = hashlib.sha256(_join(head, tail).encode()).hexdigest()
+    return digest, _join(_join(head, f'{{"hash":"{digest}"}}'), tail)
+
+
+def _join(left: str, right: str) -> str:
+    """Two JSON objects' text as one object (left's keys first)."""
+    if left == "{}":
+        return right
+    if right == "{}":
+        return left
+    return f"{left[:-1]},{right[1:]}"
+
+
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 

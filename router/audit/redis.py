@@ -18,7 +18,7 @@ import redis.asyncio
 import redis.exceptions
 
 from router.audit.base import GENESIS_HASH, AuditEvent, AuditFilter, VerifyReport, matches
-from router.audit.chain import canonical, check_link, event_hash
+from router.audit.chain import check_link, seal
 from router.errors import AuditError
 from router.store import keys
 
@@ -55,11 +55,9 @@ class RedisAuditLog:
         async with self._lock:
             try:
                 for _ in range(_MAX_RETRIES):
-                    document = {**base, "seq": self._seq + 1, "prev_hash": self._head, "hash": ""}
-                    document["hash"] = event_hash(document)
-                    answer = await self._append(
-                        [STREAM, HEAD], [str(self._seq), self._head, canonical(document), GENESIS_HASH]
-                    )
+                    document = {**base, "seq": self._seq + 1, "prev_hash": self._head}
+                    document["hash"], text = seal(document)
+                    answer = await self._append([STREAM, HEAD], [str(self._seq), self._head, text, GENESIS_HASH])
                     if int(answer[0]) == 1:
                         self._seq, self._head = document["seq"], document["hash"]
                         chain = {"seq": document["seq"], "prev_hash": document["prev_hash"], "hash": document["hash"]}

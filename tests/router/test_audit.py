@@ -10,8 +10,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from router.audit import GENESIS_HASH, AuditEvent, AuditFilter, JsonlAuditLog, event_hash
+from router.audit import GENESIS_HASH, AuditEvent, AuditFilter, JsonlAuditLog, canonical, event_hash
+from router.audit.chain import seal
 from router.errors import AuditError
 
 
@@ -39,6 +42,21 @@ async def filled(path: Path, n: int = 6) -> JsonlAuditLog:
 
 def lines(path: Path) -> list[str]:
     return path.read_text().splitlines(keepends=True)
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@given(st.dictionaries(st.sampled_from(["", "a", "h", "ha", "has", "hasg", "hasi", "hash_", "hash2", "hashes", "i",
+                                        "kind", "prev_hash", "seq", "\u00e9", "Z"]), _json))  # fmt: skip
+def test_seal_serialises_once_what_hash_and_canonical_would(document: dict[str, object]) -> None:
+    digest, line = seal(document)
+    assert digest == event_hash(document)
+    assert line == canonical({**document, "hash": digest})
 
 
 async def test_events_are_chained_from_genesis(tmp_path: Path) -> None:
@@ -185,7 +203,6 @@ async def test_concurrent_appends_share_fsyncs_and_each_returns_only_once_synced
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     log = JsonlAuditLog(tmp_path / "audit.jsonl")
-    log.contended = lambda: True  # as when several calls are in flight
     real_fsync, synced_sizes = os.fsync, []
 
     def counting_fsync(fd: int) -> None:
