@@ -7,6 +7,7 @@ Each exception class has a stable ``type`` (``urn:stockade:problem:<code>``) and
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from fastapi.responses import JSONResponse
@@ -29,3 +30,18 @@ def from_exception(exc: StockadeError) -> JSONResponse:
     status = exc.http_status
     errors = [{"field": p.field, "problem": p.problem} for p in getattr(exc, "problems", [])]
     return problem(status, exc.code, type(exc).__name__, str(exc), errors=errors)
+
+
+def invalid_request(errors: Iterable[Mapping[str, Any]]) -> JSONResponse:
+    """422 for a request that does not match its schema (pydantic's errors, ``loc`` from the top
+    of the request: ``body``, ``query``, ``path``)."""
+    found = [{"field": ".".join(str(p) for p in e["loc"]), "problem": e["msg"]} for e in list(errors)[:20]]
+    return problem(422, "request.invalid", "Invalid request", "the request does not match the schema at "
+                   "/openapi.json: " + "; ".join(f"{e['field']}: {e['problem']}" for e in found[:5]),
+                   errors=found)  # fmt: skip
+
+
+def internal_error() -> JSONResponse:
+    """500 for an exception nothing else answered (it is logged where it was caught)."""
+    return problem(500, "internal", "Internal error", "the router failed unexpectedly; its log has the details "
+                   "and the request was not carried out past what the audit log shows")  # fmt: skip

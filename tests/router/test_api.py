@@ -144,7 +144,48 @@ async def test_errors_are_problem_details_naming_the_field(api: tuple[httpx.Asyn
     assert (huge.status_code, huge.json()["code"]) == (413, "request.too_large")
     malformed = await client.post(calls, content=b"{not json", headers={**auth("agent-1"),
                                   "content-type": "application/json"})  # fmt: skip
-    assert malformed.status_code == 422
+    assert (malformed.status_code, malformed.json()["errors"][0]["field"]) == (422, "body")
+
+
+async def test_per_call_routes_answer_like_the_rest_of_the_api(
+    api: tuple[httpx.AsyncClient, ControlPlane], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """decide, calls and reports are served ahead of FastAPI's stack (`PerCallRoutes`): the same
+    refusals, problems, documents and OpenAPI entries as every other route."""
+    client, plane = api
+    await client.post("/v1/tools", json=external_tool("echo"), headers=auth("root"))
+    session = (await client.post("/v1/sessions", json={"principal": "alice"}, headers=auth("agent-1"))).json()
+    decide = f"/v1/sessions/{session['session_id']}/decide"
+    anonymous = await client.post(decide, json={"tool": "echo"})
+    auditor = await client.post(decide, json={"tool": "echo"}, headers=auth("audit"))
+    assert [anonymous.status_code, auditor.status_code] == [401, 403]
+    assert anonymous.headers["www-authenticate"].startswith("Bearer")
+    refused = [e for e in await plane.audit.query(AuditFilter(kind="error")) if e.outcome == "refused"]
+    assert [(e.agent, e.result["request"]) for e in refused] == [(None, f"POST {decide}"), ("audit", f"POST {decide}")]
+    wrong_type = await client.post(decide, json={"tool": 7}, headers=auth("agent-1"))
+    assert (wrong_type.status_code, wrong_type.json()["errors"][0]["field"]) == (422, "body.tool")
+    missing = await client.post(decide, json={}, headers=auth("agent-1"))
+    assert missing.json()["errors"][0] == {"field": "body.tool", "problem": "Field required"}
+    as_text = await client.post(decide, content=b'{"tool": "echo"}', headers={**auth("agent-1"),
+                                "content-type": "text/plain"})  # fmt: skip
+    assert (as_text.status_code, as_text.json()["detail"]) == (
+        422, "the request does not match the schema at /openapi.json: body: send the body as application/json, "
+        "not text/plain")  # fmt: skip
+    allowed = await client.post(decide, json={"tool": "echo", "args": {"q": "x"}}, headers=auth("agent-1"))
+    assert (allowed.status_code, allowed.headers["content-type"]) == (200, "application/json")
+    assert set(allowed.json()) == {"decision_id", "outcome", "reasons"}
+    assert (await client.get(decide, headers=auth("agent-1"))).status_code == 405  # other methods: FastAPI's
+    schema = (await client.get("/openapi.json")).json()["paths"]["/v1/sessions/{session_id}/decide"]["post"]
+    assert schema["requestBody"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Decide"}
+    assert "DecisionResult" in json.dumps(schema["responses"]["200"])
+
+    async def broken(*_: Any, **__: Any) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(plane, "decide", broken)  # a fault no real input reaches
+    failed = await client.post(decide, json={"tool": "echo"}, headers=auth("agent-1"))
+    assert (failed.status_code, failed.headers["content-type"], failed.json()["code"]) == (
+        500, "application/problem+json", "internal")  # fmt: skip
 
 
 async def test_health_readiness_policy_status_and_openapi(api: tuple[httpx.AsyncClient, ControlPlane]) -> None:
