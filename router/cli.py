@@ -8,6 +8,7 @@ could not be read (a policy that does not load, an unreadable log, an unreachabl
 from __future__ import annotations
 
 import asyncio
+import gc
 import getpass
 import hashlib
 import json
@@ -122,8 +123,13 @@ def serve(
         plane = ControlPlane.from_settings(settings)
     except StockadeError as exc:
         raise _fail(str(exc)) from exc
-    uvicorn.run(create_app(plane, close_plane=True), host=host, port=port, log_level=settings.log_level,
-                access_log=False)  # fmt: skip
+    application = create_app(plane, close_plane=True)
+    # What start-up made (modules, schemas, the policy, the app) lives as long as the process:
+    # frozen, the collector stops rescanning it, and the young generation is collected less often.
+    # Measured with two routers under load: p99 48 -> 19 ms, +5% decisions/s (docs/design-notes.md).
+    gc.freeze()
+    gc.set_threshold(10_000, 10, 10)
+    uvicorn.run(application, host=host, port=port, log_level=settings.log_level, access_log=False)
 
 
 @app.command()
