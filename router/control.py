@@ -35,8 +35,7 @@ import policy as policy_pkg
 import runner as runner_pkg
 import runner.base
 import runner.files
-from policy import Decision, Outcome, PolicyEngine, PolicyInput, SessionInfo, SubjectInfo, ToolInfo
-from policy.base import CredentialRequest, EgressRequest
+from policy import Decision, Outcome, PolicyEngine, PolicyInput, SessionInfo, SubjectInfo
 from policy.bundle import fingerprint
 from router import metrics
 from router.approvals import Approval, ApprovalBook, ApprovalError, ApprovalStatus
@@ -864,7 +863,6 @@ def make_audit_log(settings: Settings) -> AuditLog:
 
 def _policy_input(call: _Call) -> PolicyInput:
     """What policy sees of a call."""
-    spec = call.tool.spec
     return PolicyInput(
         subject=SubjectInfo(agent=call.session.agent, principal=call.session.principal),
         session=SessionInfo(
@@ -873,18 +871,7 @@ def _policy_input(call: _Call) -> PolicyInput:
             call_count=call.session.call_count,
             trusted_context=list(call.session.trusted_context),
         ),
-        tool=ToolInfo(
-            name=spec.name,
-            capabilities=list(spec.capabilities),
-            risk=spec.risk,
-            limits=spec.sandbox.limits.model_dump(),
-            executor=spec.executor.kind,
-            tier=spec.sandbox.tier,
-            egress=[EgressRequest.model_validate(e.model_dump()) for e in spec.sandbox.egress],
-            credentials=[CredentialRequest.model_validate(c.model_dump()) for c in spec.credentials],
-            destination_args=spec.destination_args,
-            amount_args=spec.amount_args,
-        ),
+        tool=call.tool.policy_view,
         args=call.args,
         approval=None
         if call.approval is None

@@ -15,6 +15,8 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from policy import ToolInfo
+from policy.base import CredentialRequest, EgressRequest
 from router.errors import DuplicateTool, FieldProblem, InvalidCall, InvalidToolSpec, ToolNotFound
 
 Capability = Literal[
@@ -169,13 +171,21 @@ class ToolSpec(_Frozen):
 
 
 class RegisteredTool:
-    """A registered `ToolSpec` with its compiled validator."""
+    """A registered `ToolSpec` with its compiled validator and what policy sees of it (built once,
+    not per call)."""
 
-    __slots__ = ("spec", "validator")
+    __slots__ = ("policy_view", "spec", "validator")
 
     def __init__(self, spec: ToolSpec) -> None:
         self.spec = spec
         self.validator = Draft202012Validator(spec.input_schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+        self.policy_view = ToolInfo(
+            name=spec.name, capabilities=list(spec.capabilities), risk=spec.risk,
+            limits=spec.sandbox.limits.model_dump(), executor=spec.executor.kind, tier=spec.sandbox.tier,
+            egress=[EgressRequest.model_validate(e.model_dump()) for e in spec.sandbox.egress],
+            credentials=[CredentialRequest.model_validate(c.model_dump()) for c in spec.credentials],
+            destination_args=spec.destination_args, amount_args=spec.amount_args,
+        )  # fmt: skip
 
 
 class ToolRegistry:

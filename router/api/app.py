@@ -301,6 +301,9 @@ def create_app(plane: ControlPlane, *, close_plane: bool = False) -> FastAPI:
     app = _Api(
         title="stockade", version=VERSION, lifespan=lifespan, per_call=per_call,
         max_body=plane.settings.api_max_body_bytes, timeout_s=plane.settings.api_request_timeout_s,
+        # FastAPI's OpenTelemetry hooks look for a configured provider on every request; stockade
+        # reports through /metrics and its audit log instead.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )  # fmt: skip
     _errors(app, plane)
     gate = Gate(plane)
