@@ -7,6 +7,7 @@ predecessor's hash in ``prev_hash``; the first carries 64 zeros.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 from typing import Any
@@ -23,23 +24,41 @@ def event_hash(document: dict[str, Any]) -> str:
     return hashlib.sha256(canonical(body).encode()).hexdigest()
 
 
+class Unsealed:
+    """An event serialised but for its chain fields, which `seal` fills in under the log's lock:
+    there, only a few strings are joined and hashed (canonical JSON sorts keys, so the fields
+    between the chain fields serialise apart, once, and join in order)."""
+
+    __slots__ = ("_parts",)
+
+    def __init__(self, document: dict[str, Any]) -> None:
+        segments: list[dict[str, Any]] = [{}, {}, {}, {}]
+        for key, value in document.items():
+            if key not in _CHAIN:
+                segments[bisect.bisect(_CHAIN, key)][key] = value
+        self._parts = [canonical(segment) for segment in segments]
+
+    def seal(self, seq: int, prev_hash: str) -> tuple[str, str]:
+        """The event's hash and its canonical JSON, chained as ``seq`` after ``prev_hash``."""
+        before_hash, before_prev, before_seq, after_seq = self._parts
+        prev = f'{{"prev_hash":{canonical(prev_hash)}}}'
+        number = f'{{"seq":{int(seq)}}}'
+        digest = hashlib.sha256(_join(before_hash, before_prev, prev, before_seq, number, after_seq).encode())
+        hashed = f'{{"hash":"{digest.hexdigest()}"}}'
+        return digest.hexdigest(), _join(before_hash, hashed, before_prev, prev, before_seq, number, after_seq)
+
+
+_CHAIN = ("hash", "prev_hash", "seq")  # sorted
+
+
 def seal(document: dict[str, Any]) -> tuple[str, str]:
-    """The hash of ``document`` (every field but ``hash``) and its canonical JSON with ``hash`` in
-    place, serialising the document once rather than once to hash and once to write."""
-    # Canonical JSON sorts keys, so the fields before "hash" and after it serialise apart and join.
-    head = canonical({k: v for k, v in document.items() if k < "hash"})
-    tail = canonical({k: v for k, v in document.items() if k > "hash"})
-    digest = hashlib.sha256(_join(head, tail).encode()).hexdigest()
-    return digest, _join(_join(head, f'{{"hash":"{digest}"}}'), tail)
+    """The hash of ``document`` (every field but ``hash``) and its canonical JSON with ``hash`` in place."""
+    return Unsealed(document).seal(document["seq"], document["prev_hash"])
 
 
-def _join(left: str, right: str) -> str:
-    """Two JSON objects' text as one object (left's keys first)."""
-    if left == "{}":
-        return right
-    if right == "{}":
-        return left
-    return f"{left[:-1]},{right[1:]}"
+def _join(*objects: str) -> str:
+    """JSON objects' text as one object, keys in the order given."""
+    return "{" + ",".join(o[1:-1] for o in objects if o != "{}") + "}"
 
 
 def sha256_hex(data: bytes) -> str:

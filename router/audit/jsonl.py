@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from router.audit.base import GENESIS_HASH, AuditEvent, AuditFilter, VerifyReport, matches
-from router.audit.chain import check_link, seal
+from router.audit.chain import Unsealed, check_link
 from router.errors import AuditError
 
 _TAIL_CHUNK = 1 << 16
@@ -73,18 +73,18 @@ class JsonlAuditLog:
 
     def _write(self, event: AuditEvent) -> AuditEvent:
         fd = self._open()
+        unsealed = Unsealed(event.model_dump(mode="json"))  # serialised before the lock: other processes wait on it
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 self._reload_head(fd)
-                document = event.model_dump(mode="json")
-                document.update(seq=self._seq + 1, prev_hash=self._head)
-                document["hash"], text = seal(document)
+                chain: dict[str, Any] = {"seq": self._seq + 1, "prev_hash": self._head}
+                chain["hash"], text = unsealed.seal(self._seq + 1, self._head)
                 line = (text + "\n").encode()
                 written = os.write(fd, line)
                 if written != len(line):
                     raise OSError(28, f"short write ({written} of {len(line)} bytes)")
-                self._seq, self._head = document["seq"], document["hash"]
+                self._seq, self._head = self._seq + 1, chain["hash"]
                 self._known_size = os.fstat(fd).st_size
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
@@ -92,7 +92,6 @@ class JsonlAuditLog:
             self._known_size = -1  # re-read the head next time: the tail may be partial
             raise AuditError(f"cannot append to audit log {self.path}: {exc.strerror or exc}") from exc
         # The event was validated when it was built; only the chain fields are new.
-        chain = {"seq": document["seq"], "prev_hash": document["prev_hash"], "hash": document["hash"]}
         return event.model_copy(update=chain)
 
     async def append(self, event: AuditEvent) -> AuditEvent:

@@ -18,7 +18,7 @@ import redis.asyncio
 import redis.exceptions
 
 from router.audit.base import GENESIS_HASH, AuditEvent, AuditFilter, VerifyReport, matches
-from router.audit.chain import check_link, seal
+from router.audit.chain import Unsealed, check_link
 from router.errors import AuditError
 from router.store import keys
 
@@ -51,16 +51,15 @@ class RedisAuditLog:
         self._seq, self._head = 0, GENESIS_HASH
 
     async def append(self, event: AuditEvent) -> AuditEvent:
-        base = event.model_dump(mode="json")
+        unsealed = Unsealed(event.model_dump(mode="json"))
         async with self._lock:
             try:
                 for _ in range(_MAX_RETRIES):
-                    document = {**base, "seq": self._seq + 1, "prev_hash": self._head}
-                    document["hash"], text = seal(document)
+                    chain: dict[str, Any] = {"seq": self._seq + 1, "prev_hash": self._head}
+                    chain["hash"], text = unsealed.seal(self._seq + 1, self._head)
                     answer = await self._append([STREAM, HEAD], [str(self._seq), self._head, text, GENESIS_HASH])
                     if int(answer[0]) == 1:
-                        self._seq, self._head = document["seq"], document["hash"]
-                        chain = {"seq": document["seq"], "prev_hash": document["prev_hash"], "hash": document["hash"]}
+                        self._seq, self._head = chain["seq"], chain["hash"]
                         return event.model_copy(update=chain)
                     self._seq, self._head = int(answer[1]), str(answer[2])  # another router appended first
             except (redis.exceptions.RedisError, OSError) as exc:
