@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
+import re
 from typing import Any
 
 
@@ -36,12 +37,14 @@ class Unsealed:
         for key, value in document.items():
             if key not in _CHAIN:
                 segments[bisect.bisect(_CHAIN, key)][key] = value
-        self._parts = [canonical(segment) for segment in segments]
+        self._parts = [canonical(segment) if segment else "{}" for segment in segments]
 
     def seal(self, seq: int, prev_hash: str) -> tuple[str, str]:
         """The event's hash and its canonical JSON, chained as ``seq`` after ``prev_hash``."""
         before_hash, before_prev, before_seq, after_seq = self._parts
-        prev = f'{{"prev_hash":{canonical(prev_hash)}}}'
+        # A head read back from the file is a digest, unless the file was tampered with: then quote it.
+        quoted = f'"{prev_hash}"' if _DIGEST.fullmatch(prev_hash) else canonical(prev_hash)
+        prev = f'{{"prev_hash":{quoted}}}'
         number = f'{{"seq":{int(seq)}}}'
         digest = hashlib.sha256(_join(before_hash, before_prev, prev, before_seq, number, after_seq).encode())
         hashed = f'{{"hash":"{digest.hexdigest()}"}}'
@@ -49,6 +52,7 @@ class Unsealed:
 
 
 _CHAIN = ("hash", "prev_hash", "seq")  # sorted
+_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 def seal(document: dict[str, Any]) -> tuple[str, str]:
