@@ -7,7 +7,10 @@ Settings are the defaults a user gets (fsync audit appends).
 (Named api.py, not http.py: a bench/http.py would shadow the standard library's http package for
 every script in this directory.)
 
-Usage: .venv/bin/python bench/api.py [--duration S] [--calls N] [--connections C] [--json]
+Throughput grows with concurrency (larger shared fsync batches, fuller event-loop iterations) at
+the cost of latency, so two routers are measured at two connection counts per router.
+
+Usage: .venv/bin/python bench/api.py [--duration S] [--calls N] [--connections C ...] [--json]
        (needs wrk, and redis-server on 127.0.0.1:6379, as scripts/services installs and starts them)
 """
 
@@ -196,7 +199,8 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=10.0, help="seconds of wrk load per configuration")
     parser.add_argument("--calls", type=int, default=100)
-    parser.add_argument("--connections", type=int, default=16, help="wrk connections per router")
+    parser.add_argument("--connections", type=int, nargs="+", default=[16, 32],
+                        help="wrk connections per router (one router: the first; two routers: each)")  # fmt: skip
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--json", action="store_true")
     opts = parser.parse_args()
@@ -207,13 +211,17 @@ async def main() -> None:
     rates: dict[str, float] = {}
     rows["baseline: ControlPlane.decide() in process, sequential"] = summarize(await in_process(2000))
     decide = {"tool": "lookup", "args": {"q": "x"}}
+    two: dict[int, float] = {}
     for count, redis_url in ((1, None), (2, opts.redis_url)):
         with tempfile.TemporaryDirectory(dir=REPO) as tmp, routers(count, Path(tmp), redis_url) as urls:
             session = await open_session(urls[0])  # one session, used through every router (they share the store)
-            wrk(urls, session, decide, 2, opts.connections, Path(tmp))  # warm-up
-            name = f"HTTP decide, {count} router{'s' if count > 1 else ''}, wrk {opts.connections} conn. each"
-            rows[name] = wrk(urls, session, decide, opts.duration, opts.connections, Path(tmp))
-            rates[name] = rows[name]["per_s"]
+            wrk(urls, session, decide, 2, opts.connections[0], Path(tmp))  # warm-up
+            for connections in opts.connections if count == 2 else opts.connections[:1]:
+                name = f"HTTP decide, {count} router{'s' if count > 1 else ''}, wrk {connections} conn. each"
+                rows[name] = wrk(urls, session, decide, opts.duration, connections, Path(tmp))
+                rates[name] = rows[name]["per_s"]
+                if count == 2:
+                    two[connections] = rows[name]["per_s"]
             if count == 2:
                 calls = await load(urls, call_path, {"tool": "count", "args": {"a": 1}}, opts.calls, 4)
                 if calls["failures"]:
@@ -221,14 +229,15 @@ async def main() -> None:
                 rows["HTTP call of a bwrap tool, 2 routers, 4 clients"] = {**summarize(calls["samples"]),
                                                                            "per_s": calls["rate"]}  # fmt: skip
                 rates["HTTP call of a bwrap tool, 2 routers, 4 clients"] = calls["rate"]
-    two = rates[f"HTTP decide, 2 routers, wrk {opts.connections} conn. each"]
+    best = max(two, key=two.__getitem__)
     report("decisions over HTTP", rows, {
         "durability": "fsync per audit append (the default); routers are `stockade serve` processes on loopback",
         "store": "1 router: embedded; 2 routers: one Redis, one shared audit log",
         **{f"throughput, {k}": f"{v:.0f}/s" for k, v in rates.items()},
         "latency": "HTTP decide rows: the higher p50/p99/mean of the routers' wrk runs; per s: decisions/s",
-        "target": f">= 3000 decisions/s with two routers: {'met' if two >= 3000 else 'NOT met'} ({two:.0f}/s; "
-        "routers, Redis and wrk share the 2 cores)",
+        "target": f">= 3000 decisions/s with two routers: {'met' if two[best] >= 3000 else 'NOT met'} "
+        f"({two[best]:.0f}/s at {best} connections each; "
+        + ", ".join(f"{v:.0f}/s at {c}" for c, v in two.items()) + "; routers, Redis and wrk share the 2 cores)",
     }, opts.json)  # fmt: skip
 
 
