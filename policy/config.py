@@ -30,3 +30,6 @@ class PolicySettings(BaseModel):
     opa_token: SecretStr | None = None
     # An OPA slower than this is a deny (policy.error), not a hung call.
     opa_timeout_s: float = Field(default=1.0, gt=0)
+    # False: the OPA server loads this directory itself (mounted, `opa run --server --watch <dir>`,
+    # as compose.yaml does) and the engine only asks it; the revision is that of this copy.
+    opa_upload: bool = True

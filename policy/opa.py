@@ -3,10 +3,12 @@
 
 The engine uploads the directory's decision modules (``PUT /v1/policies/stockade/<path>``) and
 its data (``PUT /v1/data/<top-level key>``) before its first decision and on every reload, then
-asks ``POST /v1/data/stockade/decision``. Every failure (unreachable, slow, refused upload,
-undefined or malformed decision) is a deny with ``policy.error``, as in the embedded engine, whose
-decisions are the reference. OPA's REST API has no atomic multi-module swap: a reload that OPA
-refuses half-way is rolled back by uploading the previous bundle again.
+asks ``POST /v1/data/stockade/decision``. With ``opa_upload`` off, the server has loaded the same
+directory itself (mounted and watched, as in compose.yaml) and the engine only asks. Every
+failure (unreachable, slow, refused upload, undefined or malformed decision) is a deny with
+``policy.error``, as in the embedded engine, whose decisions are the reference. OPA's REST API
+has no atomic multi-module swap: a reload that OPA refuses half-way is rolled back by uploading
+the previous bundle again.
 """
 
 from __future__ import annotations
@@ -77,7 +79,8 @@ class OpaEngine:
         self._served = bundle
 
     async def _ensure_served(self) -> None:
-        if self._served is self._bundle:
+        await self._open()
+        if self._served is self._bundle or not self._settings.opa_upload:
             return
         async with self._lock:
             if self._served is not self._bundle:
@@ -101,6 +104,10 @@ class OpaEngine:
 
     async def reload(self) -> str:
         bundle = load_bundle(self._settings.dir, max_bytes=self._settings.max_policy_bytes)
+        if not self._settings.opa_upload:  # the server watches the same files and reloads them itself
+            old, self._bundle = self._bundle, bundle
+            log.info("policy_reloaded", revision=bundle.revision, previous=old.revision, served_by="opa")
+            return bundle.revision
         async with self._lock:
             old = self._bundle
             try:
