@@ -26,6 +26,10 @@ def test_compose_file_is_valid_and_has_the_topology() -> None:
     assert "redis://redis:6379/0" in config
     assert "--appendonly" in config
     assert "STOCKADE_POLICY__ENGINE: opa" in config
+    # OPA serves the mounted, watched policies/; the routers ask it and upload nothing.
+    assert 'STOCKADE_POLICY__OPA_UPLOAD: "false"' in config
+    assert "--watch" in config
+    assert config.count(f"{REPO / 'policies'}:/policies:ro") == 2
     for service in ("router", "redis", "opa"):
         assert config.count("healthcheck:") >= 3, service
 
