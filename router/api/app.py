@@ -267,8 +267,8 @@ class PerCallRoutes:
             return exc.response
         except StockadeError as exc:
             return from_exception(exc)
-        except (_TooLarge, asyncio.CancelledError):
-            raise  # Limits answers these
+        except _TooLarge:
+            raise  # Limits answers it
         except Exception:
             log.exception("request_failed", path=request.url.path)
             return internal_error()
