@@ -81,17 +81,20 @@ def start_bridge():
         time.sleep(0.002)
 
 def reap_leftovers():
-    """Kill every other process of this uid in the container (the tool's descendants), and reap them."""
-    try:
-        os.kill(-1, signal.SIGKILL)
-    except OSError:
-        pass
+    """Kill every other process of this uid in the container (the tool's descendants), and reap them.
+    The kill is repeated until none is left: a process forked while one kill was being delivered
+    can miss it (seen under gVisor), and would otherwise be waited for until the call timed out."""
     while True:
         try:
-            if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                time.sleep(0.001)
+            os.kill(-1, signal.SIGKILL)
+        except OSError:
+            pass
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0] != 0:
+                pass
         except ChildProcessError:
             return
+        time.sleep(0.001)
 
 def run_python(job, payload):
     # The job's environment (proxy, credential placeholders, CA bundle) replaces the last job's.

@@ -309,6 +309,28 @@ print('parent leaves')
     assert await no_leftovers(sandbox)
 
 
+async def test_a_process_forking_as_the_tool_ends_does_not_outlive_it(run: Runner, sandbox: Sandbox) -> None:
+    # Processes forked while the leftovers are being killed must be killed too. A single kill
+    # missed one under gVisor now and then, and the call ran until its timeout (with both cores
+    # busy: 1 in 12 runs of this test and the one above; none in 20 once the kill was repeated).
+    result = await run.py("""
+import os, time
+if os.fork() == 0:
+    os.setsid()
+    while True:
+        try:
+            if os.fork() == 0:
+                time.sleep(300)
+                os._exit(0)
+        except OSError:
+            time.sleep(0.001)
+print('parent leaves')
+""")  # fmt: skip
+    assert lines(result) == ["parent leaves"]
+    assert result.usage.wall_s < 5
+    assert await no_leftovers(sandbox)
+
+
 # -- network --------------------------------------------------------------------------------
 
 
