@@ -811,9 +811,7 @@ class ControlPlane:
         return audit_egress
 
     async def _record(self, event: AuditEvent) -> bool:
-        """Append ``event``, redacted; False (logged) if the audit log failed, so the caller fails closed."""
-        if REDACTOR.active:
-            event = AuditEvent.model_validate(REDACTOR.deep(event.model_dump()))
+        """Append ``event`` (the log redacts it); False (logged) if the log failed, so the caller fails closed."""
         started = time.perf_counter()
         try:
             await self.audit.append(event)

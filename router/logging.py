@@ -8,7 +8,7 @@ from typing import Literal, TextIO
 
 import structlog
 
-from router.credentials.redact import redact_log_event
+from router.redact import redact_log_event
 
 
 def configure_logging(

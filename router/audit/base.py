@@ -9,6 +9,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from router.redact import REDACTOR
+
 EventKind = Literal["decision", "approval", "credential", "execution", "egress", "error"]
 GENESIS_HASH = "0" * 64
 
@@ -112,3 +114,13 @@ def matches(document: dict[str, Any], where: AuditFilter) -> bool:
         if where.until is not None and at > where.until:
             return False
     return True
+
+
+def as_written(event: AuditEvent) -> tuple[AuditEvent, dict[str, Any]]:
+    """``event`` as an audit log writes it, with its JSON document: every secret the process has
+    registered redacted (here, where each log serialises the event, so no path to the log skips it)."""
+    document = event.model_dump(mode="json")
+    redacted = REDACTOR.deep(document)
+    if redacted is document:  # nothing registered: nothing to redact
+        return event, document
+    return AuditEvent.model_validate(redacted), redacted

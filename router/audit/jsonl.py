@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from router.audit.base import GENESIS_HASH, AuditEvent, AuditFilter, VerifyReport, matches
+from router.audit.base import GENESIS_HASH, AuditEvent, AuditFilter, VerifyReport, as_written, matches
 from router.audit.chain import Unsealed, check_link
 from router.errors import AuditError
 
@@ -73,7 +73,8 @@ class JsonlAuditLog:
 
     def _write(self, event: AuditEvent) -> AuditEvent:
         fd = self._open()
-        unsealed = Unsealed(event.model_dump(mode="json"))  # serialised before the lock: other processes wait on it
+        event, document = as_written(event)
+        unsealed = Unsealed(document)  # serialised before the lock: other processes wait on it
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:

@@ -17,7 +17,7 @@ from typing import Any
 import redis.asyncio
 import redis.exceptions
 
-from router.audit.base import GENESIS_HASH, AuditEvent, AuditFilter, VerifyReport, matches
+from router.audit.base import GENESIS_HASH, AuditEvent, AuditFilter, VerifyReport, as_written, matches
 from router.audit.chain import Unsealed, check_link
 from router.errors import AuditError
 from router.store import keys
@@ -51,7 +51,8 @@ class RedisAuditLog:
         self._seq, self._head = 0, GENESIS_HASH
 
     async def append(self, event: AuditEvent) -> AuditEvent:
-        unsealed = Unsealed(event.model_dump(mode="json"))
+        event, document = as_written(event)
+        unsealed = Unsealed(document)
         async with self._lock:
             try:
                 for _ in range(_MAX_RETRIES):

@@ -13,8 +13,8 @@ from router.credentials.base import (
     UnknownCredential,
 )
 from router.credentials.broker import CredentialBroker
-from router.credentials.redact import REDACTOR, redact
 from router.credentials.tokens import introspect, jwks
+from router.redact import REDACTOR, redact
 
 __all__ = [
     "REDACTOR",

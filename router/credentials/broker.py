@@ -21,9 +21,9 @@ from router.credentials.base import (
     ScopeDenied,
     UnknownCredential,
 )
-from router.credentials.redact import REDACTOR
 from router.credentials.secrets import SecretIssuer
 from router.credentials.tokens import TokenIssuer
+from router.redact import REDACTOR
 from router.store.base import Store
 
 

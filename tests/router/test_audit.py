@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from router.audit import GENESIS_HASH, AuditEvent, AuditFilter, JsonlAuditLog, canonical, event_hash
 from router.audit.chain import seal
 from router.errors import AuditError
+from router.redact import REDACTOR
 
 
 def event(n: int, **fields: str) -> AuditEvent:
@@ -230,4 +231,22 @@ async def test_concurrent_appends_share_fsyncs_and_each_returns_only_once_synced
     assert all(durable_at_return[seq] >= ends[seq] for seq in seqs)  # none returned before its bytes were synced
     assert 0 < len(synced_sizes) < 200  # batched
     assert synced_sizes[-1] == (tmp_path / "audit.jsonl").stat().st_size  # the last fsync covered everything
+    assert log.verify_sync().ok
+
+
+async def test_every_event_is_written_redacted_whoever_appends_it(tmp_path: Path) -> None:
+    """Redaction is the log's: approvals, reports and refusals reach it without the control plane's help."""
+    secret = "canary-7f3a9e-upstream-key"
+    REDACTOR.add(secret, "upstream")
+    try:
+        log = JsonlAuditLog(tmp_path / "audit.jsonl")
+        written = await log.append(event(1, outcome=f"saw {secret}"))
+        await log.append(AuditEvent(kind="approval", decision_id="d-2", timestamp="t", outcome="requested",
+                                    result={"note": secret, secret: [secret]}))  # fmt: skip
+    finally:
+        REDACTOR.discard(secret)
+    text = (tmp_path / "audit.jsonl").read_text()
+    assert secret not in text
+    assert text.count("[REDACTED:upstream]") == 4
+    assert written.outcome == "saw [REDACTED:upstream]"
     assert log.verify_sync().ok

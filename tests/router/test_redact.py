@@ -6,7 +6,7 @@ import base64
 import time
 from urllib.parse import quote, quote_plus
 
-from router.credentials.redact import Redactor
+from router.redact import Redactor
 
 SECRET = "s3cr3t/value+with=chars?&"
 
