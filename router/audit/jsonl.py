@@ -86,7 +86,7 @@ class JsonlAuditLog:
                 if written != len(line):
                     raise OSError(28, f"short write ({written} of {len(line)} bytes)")
                 self._seq, self._head = self._seq + 1, chain["hash"]
-                self._known_size = os.fstat(fd).st_size
+                self._known_size += written  # under the lock nobody else wrote: no second fstat
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
         except OSError as exc:
