@@ -137,15 +137,13 @@ def edit_catalog(root: Path, **changes: object) -> None:
 
 
 @contextlib.contextmanager
-def stockade_server(args: list[str], env: dict[str, str], log: Path, probe: str) -> Iterator[str]:
-    """``stockade <args> --port <free port>`` as a process; yields its base URL once ``probe``
-    answers over HTTP, and stops it afterwards. Its stderr goes to ``log``."""
+def server_process(argv: list[str], log: Path, probe: str, env: dict[str, str] | None = None) -> Iterator[str]:
+    """``argv`` plus ``--port <free port>`` as a process, run from the repository; yields its base
+    URL once ``probe`` answers over HTTP, and stops it afterwards. Its stderr goes to ``log``."""
     port = free_port()
     with log.open("wb") as stderr:
-        server = subprocess.Popen(
-            [str(Path(sys.executable).parent / "stockade"), *args, "--port", str(port)],
-            env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=stderr,
-        )  # fmt: skip
+        server = subprocess.Popen([*argv, "--port", str(port)], env={**os.environ, **(env or {})}, cwd=REPO,
+                                  stdout=subprocess.DEVNULL, stderr=stderr)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(200):
@@ -153,12 +151,19 @@ def stockade_server(args: list[str], env: dict[str, str], log: Path, probe: str)
                 httpx.get(url + probe, timeout=1)
                 break
             if server.poll() is not None:
-                raise RuntimeError(f"stockade {args[0]} exited: {log.read_text()[-2000:]}")
+                raise RuntimeError(f"{' '.join(argv[:3])} exited: {log.read_text()[-2000:]}")
             time.sleep(0.05)
         yield url
     finally:
         server.terminate()
         server.wait(10)
+
+
+def stockade_server(
+    args: list[str], env: dict[str, str], log: Path, probe: str
+) -> contextlib.AbstractContextManager[str]:
+    """``stockade <args>`` as a process (see `server_process`)."""
+    return server_process([str(Path(sys.executable).parent / "stockade"), *args], log, probe, env)
 
 
 def free_port() -> int:

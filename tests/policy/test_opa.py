@@ -5,44 +5,33 @@ or not when the server loads the directory itself."""
 from __future__ import annotations
 
 import contextlib
-import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from policy import EmbeddedEngine, Outcome, PolicyBundleError, PolicyInput, PolicySettings, make_engine
 from policy.opa import OpaEngine
-from tests.conftest import REPO, copy_policies, free_port
+from tests.conftest import copy_policies, free_port, server_process
 from tests.policy.test_embedded import PARITY_INPUTS, make_input
 
 
 @contextlib.contextmanager
 def opa_server(log: Path, directory: Path | None = None) -> Iterator[str]:
-    """`tests.opa_server` as a process (OPA's evaluator; scripts/services unpacks it); its URL."""
-    port = free_port()
-    args = [sys.executable, "-m", "tests.opa_server", "--port", str(port), "--log", str(log)]
-    errors = log.with_suffix(".stderr")
-    with errors.open("wb") as stderr:
-        server = subprocess.Popen([*args, *(["--dir", str(directory)] if directory else [])], cwd=REPO,
-                                  stdout=subprocess.DEVNULL, stderr=stderr)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(200):
-            with contextlib.suppress(httpx.HTTPError):
-                httpx.get(f"{url}/health", timeout=1)
-                break
-            if server.poll() is not None:
-                raise RuntimeError(f"tests.opa_server exited (run scripts/services): {errors.read_text()[-2000:]}")
-            time.sleep(0.05)
-        log.write_text("")  # the probe is not the client's
+    """`tests.opa_server` as a process (OPA's evaluator, which scripts/services unpacks); its URL.
+    ``log`` receives the requests it answers, from the client's first one on."""
+    argv = [
+        sys.executable,
+        "-m",
+        "tests.opa_server",
+        "--log",
+        str(log),
+        *(["--dir", str(directory)] if directory else []),
+    ]
+    with server_process(argv, log.with_suffix(".stderr"), "/health") as url:
+        log.write_text("")  # the readiness probe is not the client's
         yield url
-    finally:
-        server.terminate()
-        server.wait(10)
 
 
 async def test_an_unreachable_opa_server_is_a_deny_naming_it() -> None:
