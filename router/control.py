@@ -336,17 +336,11 @@ class ControlPlane:
 
     async def approve(self, approval_id: str, approver: str, note: str = "") -> Approval:
         """Grant a pending approval. Refused for the requesting agent itself, or if not pending."""
-        return await self._decide_approval(approval_id, approver, note, approve=True)
+        return await self.approvals.decide(approval_id, approver=approver, approve=True, note=note)
 
     async def deny_approval(self, approval_id: str, approver: str, note: str = "") -> Approval:
         """Refuse a pending approval; the call it was for cannot run with it."""
-        return await self._decide_approval(approval_id, approver, note, approve=False)
-
-    async def _decide_approval(self, approval_id: str, approver: str, note: str, *, approve: bool) -> Approval:
-        return await self.approvals.decide(approval_id, approver=approver, approve=approve, note=note)
-
-    async def _record_approval(self, approval: Approval, outcome: str) -> bool:
-        return await self.approvals.record(approval, outcome)
+        return await self.approvals.decide(approval_id, approver=approver, approve=False, note=note)
 
     async def reload_policy(self) -> str:
         """Reload the policy directory; the old policy stays on any error. Returns the revision."""
@@ -438,7 +432,7 @@ class ControlPlane:
                     )  # fmt: skip
                 except StoreError as exc:
                     return await self._store_failed(call, exc)
-                if not await self._record_approval(approval, "requested"):
+                if not await self.approvals.record(approval, "requested"):
                     return self._result(call, "denied", reasons=["audit.unavailable"])
                 log.info("tool_call_held_for_approval", reasons=decision.reason_codes, approval_id=approval.id)
                 return self._result(call, "pending_approval", reasons=decision.reason_codes).model_copy(
@@ -452,7 +446,7 @@ class ControlPlane:
                 except ApprovalError as exc:  # redeemed by a concurrent call in the meantime
                     await self._audit_rejection(call.session, call.tool.spec.name, exc)
                     raise
-                if not await self._record_approval(used, "redeemed"):
+                if not await self.approvals.record(used, "redeemed"):
                     return self._result(call, "denied", reasons=["audit.unavailable"])
             leases: list[Lease] = []
             if decision.obligations.credentials:
