@@ -1,13 +1,25 @@
 """The embedded policy engine: regorus in process, decisions on the compiled RVM path.
 
-Decisions run on ``regorus.Program`` + ``regorus.Rvm`` (about four times faster than the
-interpreter). Every module is also parsed by the interpreter ``regorus.Engine`` at load, so a
-syntax error anywhere, tests included, refuses the whole directory and the old policy stays.
+Decisions run on ``regorus.Program`` + ``regorus.Rvm``. Every module is also parsed by the
+interpreter ``regorus.Engine`` at load, so a syntax error anywhere, tests included, refuses the
+whole directory and the old policy stays.
+
+Why every decision that is not a deny is evaluated twice: the RVM evaluates builtins
+non-strictly. A builtin error (``to_number("5000x")``, a division by zero, a bad regex) makes
+the rule that hit it undefined, so a deny reason can silently vanish and the call be allowed.
+regorus's VM has a strict switch, but the Python binding (``gordon-to-regorus`` 0.13) does
+not expose it. The interpreter always raises on builtin errors. So the RVM answers first, and a
+deny stands as it is (an error can only have removed reasons from it, and it denies anyway);
+any other outcome is confirmed on the interpreter (one per thread, reused: ~0.15 ms): if that
+raises, or decides differently, the call is denied with ``policy.error``. An error can
+therefore never pass for "no reason", and every decision that lets a call through was reached
+by both engines, which also keeps them honest about each other in production.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +27,7 @@ from typing import Any
 import regorus
 import structlog
 
-from policy.base import POLICY_ERROR, Decision, PolicyInput, deny, to_decision
+from policy.base import POLICY_ERROR, Decision, Outcome, PolicyInput, deny, to_decision
 from policy.bundle import PolicyBundle, load_bundle
 from policy.config import PolicySettings
 from policy.errors import PolicyBundleError
@@ -91,6 +103,15 @@ class EmbeddedEngine:
         log.info("policy_reloaded", revision=new.bundle.revision, previous=old.bundle.revision)
         return new.bundle.revision
 
+    def _strict(self, loaded: _Loaded) -> Any:
+        """This thread's interpreter for ``loaded`` (builtin errors raise), cloned once per generation."""
+        cached = getattr(self._local, "strict", None)
+        if cached is not None and cached[0] == loaded.generation:
+            return cached[1]
+        engine = loaded.interpreter.clone()
+        self._local.strict = (loaded.generation, engine)
+        return engine
+
     def _vm(self, loaded: _Loaded) -> Any:
         cached = getattr(self._local, "vm", None)
         if cached is not None and cached[0] == loaded.generation:
@@ -103,26 +124,48 @@ class EmbeddedEngine:
         return vm
 
     def evaluate(self, policy_input: PolicyInput) -> Decision:
-        """Synchronous decide on the RVM; fails closed on every error."""
-        revision = self._loaded.bundle.revision
+        """Synchronous decide on the RVM, confirmed on the strict interpreter unless it denies;
+        fails closed on every error and on any disagreement (see the module docstring)."""
+        loaded = self._loaded
+        revision = loaded.bundle.revision
         try:
-            raw = self.evaluate_raw(policy_input)
+            input_json = self._input_json(policy_input, loaded)
+            raw = self._execute(loaded, input_json)
         except _EvaluationFailed as exc:
             return deny(POLICY_ERROR, str(exc), revision=revision)
-        return _to_decision(raw, revision)
+        decision = _to_decision(raw, revision)
+        if decision.outcome is Outcome.DENY:
+            return decision
+        try:
+            confirmed = self._confirm(loaded, input_json)
+        except _EvaluationFailed as exc:
+            return deny(POLICY_ERROR, str(exc), revision=revision)
+        if confirmed != _value(raw):
+            log.error("policy_engines_disagree", revision=revision, rvm=decision.outcome.value,
+                      interpreter=str(confirmed)[:300])  # fmt: skip
+            return deny(POLICY_ERROR, "the compiled and the interpreted policy disagree on this input: "
+                        "run `stockade policy test`, which decides every test on both", revision=revision)  # fmt: skip
+        return decision
 
     def evaluate_raw(self, policy_input: PolicyInput) -> str | None:
-        """The entrypoint's value as the RVM returns it (JSON text), before validation.
+        """The entrypoint's value as the RVM alone returns it (JSON text), before validation and
+        without the interpreter's confirmation; for parity checks and benchmarks.
 
         Raises:
             _EvaluationFailed: the input is over the cap, or the engine raised or panicked.
         """
         loaded = self._loaded
+        return self._execute(loaded, self._input_json(policy_input, loaded))
+
+    def _input_json(self, policy_input: PolicyInput, loaded: _Loaded) -> str:
         if loaded.program is None:
             raise _EvaluationFailed("the policy engine is closed")
         input_json = policy_input.model_dump_json()
         if len(input_json) > self._settings.max_input_bytes:
             raise _EvaluationFailed(f"policy input is {len(input_json)} bytes, over the cap")
+        return input_json
+
+    def _execute(self, loaded: _Loaded, input_json: str) -> str | None:
         try:
             vm = self._vm(loaded)
             vm.set_input_json(input_json)
@@ -131,9 +174,29 @@ class EmbeddedEngine:
             if not (isinstance(exc, Exception) or _is_panic(exc)):
                 raise
             self._local.vm = None  # a VM that failed mid-run is not trusted again
-            log.error("policy_evaluation_failed", error=str(exc).strip()[:500], revision=loaded.bundle.revision)
-            raise _EvaluationFailed(f"policy evaluation failed: {str(exc).strip()[:200]}") from exc
+            log.error("policy_evaluation_failed", error=_last_line(exc), revision=loaded.bundle.revision)
+            raise _EvaluationFailed(f"policy evaluation failed: {_last_line(exc)[:200]}") from exc
         return raw
+
+    def _confirm(self, loaded: _Loaded, input_json: str) -> Any:
+        """The entrypoint's value on the strict interpreter (None: undefined).
+
+        Raises:
+            _EvaluationFailed: a builtin or evaluation error, or a panic.
+        """
+        try:
+            engine = self._strict(loaded)
+            engine.set_input_json(input_json)
+            return json.loads(engine.eval_rule_as_json(self._settings.entrypoint))
+        except BaseException as exc:
+            if not (isinstance(exc, Exception) or _is_panic(exc)):
+                raise
+            self._local.strict = None
+            where = _error_location(exc)
+            log.error("policy_evaluation_failed", error=_last_line(exc), where=where, revision=loaded.bundle.revision)
+            raise _EvaluationFailed(
+                f"policy evaluation failed{' at ' + where if where else ''}: {_last_line(exc)[:200]}"
+            ) from exc
 
     def evaluate_interpreted(self, policy_input: PolicyInput) -> Any:
         """The decision as the interpreter computes it (raw JSON value); for parity checks and benchmarks."""
@@ -157,9 +220,33 @@ class _EvaluationFailed(Exception):
     """Evaluation did not produce a value; the caller denies."""
 
 
-def _to_decision(raw: str | None, revision: str) -> Decision:
+def _value(raw: str | None) -> Any:
+    """The RVM's JSON text as a value; None for undefined or unparseable."""
     try:
         value = json.loads(raw) if raw is not None else None
     except json.JSONDecodeError:
-        value = None
-    return to_decision(None if value == _UNDEFINED else value, revision)
+        return None
+    return None if value == _UNDEFINED else value
+
+
+def _to_decision(raw: str | None, revision: str) -> Decision:
+    return to_decision(_value(raw), revision)
+
+
+_LOCATION = re.compile(r"-->\s*(\S+:\d+:\d+)")
+
+
+def _error_location(exc: BaseException) -> str:
+    """``file:line:col`` of a regorus error, if it names one."""
+    found = _LOCATION.search(str(exc))
+    return found.group(1) if found else ""
+
+
+def _last_line(exc: BaseException) -> str:
+    """The message of a regorus error without its source snippet and backtrace: its last
+    meaningful line (``error: ...``), else the first line."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    for line in lines:
+        if line.startswith("error:"):
+            return line.removeprefix("error:").strip()
+    return lines[0] if lines else type(exc).__name__

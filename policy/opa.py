@@ -30,6 +30,10 @@ log = structlog.get_logger(__name__)
 
 _POLICY_PREFIX = "stockade/"  # the ids this engine owns on the server; others are left alone
 
+# OPA evaluates builtins non-strictly by default: an error makes its rule undefined, so a deny
+# reason could vanish. Strict, the server answers 500 instead, and the decision fails closed.
+_STRICT = {"strict-builtin-errors": True}
+
 
 class OpaEngine:
     """`PolicyEngine` backed by an OPA server."""
@@ -94,7 +98,9 @@ class OpaEngine:
             return deny(POLICY_ERROR, f"policy input is {len(input_json)} bytes, over the cap", revision=revision)
         try:
             await self._ensure_served()
-            answer: Any = await self._client.query_rule(input_data=json.loads(input_json), package_path=self._path)
+            answer: Any = await self._client.query_rule(
+                input_data=json.loads(input_json), package_path=self._path, query_params=_STRICT
+            )
         except Exception as exc:  # the client raises aiohttp's, its own and TypeErrors alike: all fail closed
             log.error("opa_decision_failed", error=str(exc)[:500], url=self._settings.opa_url)
             return deny(POLICY_ERROR, f"OPA at {self._settings.opa_url} failed: {type(exc).__name__}: {exc}"[:300],

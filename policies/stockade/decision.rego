@@ -137,7 +137,7 @@ approval_reasons contains {
 	is_consequential
 	has_read_untrusted
 	some arg in watched_args
-	_ := input.args[arg]
+	arg in object.keys(input.args)
 	not has_trusted_source(arg)
 	not is_untrusted_only(arg)
 }

@@ -73,7 +73,8 @@ async def test_the_engine_uploads_the_policy_unless_the_server_loads_it_itself(t
             await reference.aclose()
     requests = log.read_text().splitlines()
     decisions = [r for r in requests if r.startswith("POST")]
-    assert decisions == ["POST /v1/data/stockade/decision"] * 4
+    # Strict: a builtin error is an error answer (a deny), never an undefined rule.
+    assert decisions == ["POST /v1/data/stockade/decision?strict-builtin-errors=True"] * 4
     uploads = [r for r in requests if r.startswith("PUT")]
     if upload:  # before the first decision and on the reload
         assert "PUT /v1/policies/stockade/stockade/decision" in uploads
@@ -117,3 +118,16 @@ async def test_a_policy_opa_refuses_keeps_the_old_one_in_force(opa: tuple[OpaEng
     with pytest.raises(PolicyBundleError, match="refused"):
         await engine.reload()
     assert await engine.decide(make_input([], "high")) == before
+
+
+async def test_an_evaluation_error_on_opa_denies_with_policy_error(opa: tuple[OpaEngine, Path]) -> None:
+    """A rule that errors at evaluation (here a conflict between two complete rules) makes OPA answer
+    with an error; the engine denies, it does not read the missing value as "no reason"."""
+    engine, policies = opa
+    (policies / "stockade" / "team.rego").write_text(
+        "package stockade\n\nteam_limit := 1 if input.args.x\n\nteam_limit := 2 if input.args.x\n\n"
+        'deny_reasons contains {"code": "team.limit", "message": "limit"} if team_limit > 1\n'
+    )
+    await engine.reload()
+    decision = await engine.decide(make_input())
+    assert (decision.outcome, decision.reason_codes) == (Outcome.DENY, ["policy.error"])
