@@ -63,7 +63,7 @@ def _compile(bundle: PolicyBundle, entrypoint: str, generation: int) -> _Loaded:
     except BaseException as exc:
         if not (isinstance(exc, Exception) or _is_panic(exc)):
             raise
-        raise PolicyBundleError(f"policy in {bundle.root} does not compile: {str(exc).strip()}") from exc
+        raise PolicyBundleError(f"policy in {bundle.root} does not compile: {_without_backtrace(exc)}") from exc
     return _Loaded(bundle=bundle, program=program, interpreter=interpreter, generation=generation)
 
 
@@ -160,7 +160,10 @@ class EmbeddedEngine:
     def _input_json(self, policy_input: PolicyInput, loaded: _Loaded) -> str:
         if loaded.program is None:
             raise _EvaluationFailed("the policy engine is closed")
-        input_json = policy_input.model_dump_json()
+        try:
+            input_json = policy_input.model_dump_json()
+        except ValueError as exc:  # text JSON cannot carry (a lone surrogate): nothing to decide on
+            raise _EvaluationFailed(f"policy input cannot be serialised: {str(exc)[:200]}") from exc
         if len(input_json) > self._settings.max_input_bytes:
             raise _EvaluationFailed(f"policy input is {len(input_json)} bytes, over the cap")
         return input_json
@@ -242,10 +245,16 @@ def _error_location(exc: BaseException) -> str:
     return found.group(1) if found else ""
 
 
+def _without_backtrace(exc: BaseException) -> str:
+    """A regorus error's text (source snippet and message) without the Rust backtrace that
+    ``RUST_BACKTRACE`` may have added."""
+    return str(exc).split("Stack backtrace:", 1)[0].strip()
+
+
 def _last_line(exc: BaseException) -> str:
     """The message of a regorus error without its source snippet and backtrace: its last
     meaningful line (``error: ...``), else the first line."""
-    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    lines = [line.strip() for line in _without_backtrace(exc).splitlines() if line.strip()]
     for line in lines:
         if line.startswith("error:"):
             return line.removeprefix("error:").strip()

@@ -30,6 +30,11 @@ class AuditSettings(BaseModel):
     # "fsync": an event is on disk before the call it records proceeds (the default).
     # "relaxed": written to the OS only; an operator's explicit choice, named as such.
     durability: Literal["fsync", "relaxed"] = "fsync"
+    # With the Redis backend: where events the stream cannot take are kept (fsynced) until it
+    # answers again, with the last head this router appended. Each router on a host claims its own
+    # file here. Put it on a disk that survives the router, not a tmpfs. None: ``audit-spool``
+    # beside ``path``.
+    spool_dir: Path | None = None
 
 
 class StoreSettings(BaseModel):

@@ -66,6 +66,10 @@ class Quarantine:
         self.refused: list[tuple[str, str]] = []
 
     def add(self, path: str, data: bytes) -> None:
+        if shown(path) != path:
+            # Not UTF-8 (an undecodable name): no record, log or agent could name it faithfully.
+            self.refused.append((shown(path)[:200], "name is not valid UTF-8"))
+            return
         rel = safe_relative(path)
         if rel is None:
             self.refused.append((path[:200], "unsafe path"))
@@ -89,25 +93,41 @@ class Quarantine:
         for current, dirs, files in os.walk(out_dir, followlinks=False):
             for name in sorted(dirs):
                 if (Path(current) / name).is_symlink():
-                    self.refused.append((_rel(out_dir, Path(current) / name), "symlink"))
+                    self.refused.append((shown(_rel(out_dir, Path(current) / name)), "symlink"))
             for name in sorted(files):
                 full = Path(current) / name
                 rel = _rel(out_dir, full)
                 info = full.lstat()
                 if not stat.S_ISREG(info.st_mode):
-                    self.refused.append((rel, "symlink" if stat.S_ISLNK(info.st_mode) else "not a regular file"))
+                    why = "symlink" if stat.S_ISLNK(info.st_mode) else "not a regular file"
+                    self.refused.append((shown(rel), why))
                     continue
                 if self._bytes + info.st_size > self._caps.max_bytes:
-                    self.refused.append((rel, "over the total size cap"))
+                    self.refused.append((shown(rel), "over the total size cap"))
                     continue
                 try:
                     fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
                 except OSError:
-                    self.refused.append((rel, "unreadable"))
+                    self.refused.append((shown(rel), "unreadable"))
                     continue
                 with os.fdopen(fd, "rb") as handle:
                     data = handle.read(self._caps.max_bytes - self._bytes + 1)
                 self.add(rel, data)
+
+
+def shown(name: str) -> str:
+    """``name`` with what UTF-8 cannot hold escaped: an undecodable byte (``surrogateescape``) as
+    ``\\xNN``, any other lone surrogate as ``\\udXXX``; valid text unchanged. How file names and
+    any other text a record must hold are shown (the router uses it too)."""
+    try:
+        name.encode()
+        return name
+    except UnicodeEncodeError:
+        pass
+    try:
+        return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        return name.encode("utf-8", "backslashreplace").decode()
 
 
 def _rel(root: Path, path: Path) -> str:

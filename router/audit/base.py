@@ -9,9 +9,11 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from router.errors import AuditError
 from router.redact import REDACTOR
+from router.text import escape_invalid_text
 
-EventKind = Literal["decision", "approval", "credential", "execution", "egress", "error"]
+EventKind = Literal["decision", "approval", "credential", "execution", "egress", "error", "policy"]
 GENESIS_HASH = "0" * 64
 
 
@@ -40,6 +42,10 @@ class AuditEvent(BaseModel):
     tool: str | None = None
     agent: str | None = None
     outcome: str
+    escaped: list[str] | None = Field(default=None, exclude_if=lambda value: value is None)
+    """Where a string held code points no UTF-8 text can (lone surrogates, such as an undecodable
+    file name): JSON paths whose strings are recorded with those escaped as ``\\udXXX``. Absent
+    when nothing was escaped."""
     seq: int = 0
     prev_hash: str = ""
     hash: str = ""
@@ -90,6 +96,10 @@ class AuditLog(Protocol):
         """Check every event's hash, sequence and link to its predecessor."""
         ...
 
+    async def check(self) -> str | None:
+        """Why an append could not be made now (None: it can); for readiness, without appending."""
+        ...
+
     async def aclose(self) -> None:
         """Release the log."""
         ...
@@ -118,9 +128,29 @@ def matches(document: dict[str, Any], where: AuditFilter) -> bool:
 
 def as_written(event: AuditEvent) -> tuple[AuditEvent, dict[str, Any]]:
     """``event`` as an audit log writes it, with its JSON document: every secret the process has
-    registered redacted (here, where each log serialises the event, so no path to the log skips it)."""
-    document = event.model_dump(mode="json")
-    redacted = REDACTOR.deep(document)
-    if redacted is document:  # nothing registered: nothing to redact
-        return event, document
-    return AuditEvent.model_validate(redacted), redacted
+    registered redacted, and every string that UTF-8 cannot hold escaped (both here, where each log
+    serialises the event, so no path to the log skips them).
+
+    Raises:
+        AuditError: the event cannot be serialised at all (never for any value the pipeline builds).
+    """
+    try:
+        try:
+            document = event.model_dump(mode="json")
+        except UnicodeEncodeError:  # pydantic refuses a lone surrogate in a key: escape, then dump
+            paths: list[str] = []
+            event = AuditEvent.model_validate(escape_invalid_text(event.model_dump(), "", paths))
+            document = event.model_dump(mode="json")
+            document["escaped"] = sorted(set(paths))
+        redacted = REDACTOR.deep(document)
+        escaped_paths: list[str] = []
+        written = escape_invalid_text(redacted, "", escaped_paths)
+        if escaped_paths:
+            written["escaped"] = sorted(set(escaped_paths) | set(written.get("escaped") or ()))
+        if written is document:  # nothing redacted or escaped
+            return event, document
+        return AuditEvent.model_validate(written), written
+    except AuditError:
+        raise
+    except Exception as exc:  # whatever broke, the caller must see an audit failure
+        raise AuditError(f"audit event cannot be serialised: {type(exc).__name__}: {exc}"[:500]) from exc

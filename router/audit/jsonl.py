@@ -12,19 +12,37 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
+import errno
 import fcntl
 import json
 import os
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from router.audit.base import GENESIS_HASH, AuditEvent, AuditFilter, VerifyReport, as_written, matches
-from router.audit.chain import Unsealed, check_link
+import structlog
+
+from router.audit.base import GENESIS_HASH, AuditEvent, AuditFilter, VerifyReport, as_written, matches, timestamp
+from router.audit.chain import Unsealed, check_link, sha256_hex
 from router.errors import AuditError
 
+log = structlog.get_logger(__name__)
+
 _TAIL_CHUNK = 1 << 16
+_PROBE_BYTES = 1 << 16  # room for a large event: the readiness probe reserves this much
+_FALLOC_FL_KEEP_SIZE = 1
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+
+
+def _fallocate(fd: int, mode: int, offset: int, length: int) -> int:
+    return int(_libc.fallocate(fd, mode, offset, length))
+
+
 # Appends further apart than this fsync inline; closer ones share fsyncs run in a thread, so the
 # event loop is not blocked while requests are waiting.
 _QUIET_S = 0.001
@@ -43,6 +61,7 @@ class JsonlAuditLog:
         self._synced = 0  # bytes of the file known durable
         self._last_busy = 0.0  # when the last append was made or the last shared fsync ended
         self._sync_task: asyncio.Task[None] | None = None
+        self.failed: str | None = None  # why the last append failed; None after a good one
 
     def _open(self) -> int:
         if self._fd is None:
@@ -54,10 +73,15 @@ class JsonlAuditLog:
                 raise AuditError(f"cannot open audit log {self.path}: {exc.strerror}; fix its permissions") from exc
         return self._fd
 
-    def _reload_head(self, fd: int) -> None:
+    def _reload_head(self, fd: int) -> AuditEvent | None:
+        """Catch up with the file (another process may have appended); if it ends in a torn line,
+        set that aside and return the event that records it, to be chained first."""
         size = os.fstat(fd).st_size
         if size == self._known_size:
-            return
+            return None
+        torn = None
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            size, torn = self._set_aside_torn_tail(fd, size)
         last = _last_line(fd, size)
         if last is None:
             self._seq, self._head = 0, GENESIS_HASH
@@ -70,6 +94,36 @@ class JsonlAuditLog:
                     f"the last event in {self.path} is unreadable; run `stockade audit verify` before appending"
                 ) from exc
         self._known_size = size
+        return torn
+
+    def _set_aside_torn_tail(self, fd: int, size: int) -> tuple[int, AuditEvent]:
+        """A last line without its newline was never acknowledged (a crash or a full disk mid-write,
+        before this process truncated it): move its bytes to ``<log>.torn-<offset>`` for the
+        auditor and cut them off, so the chain goes on from the last whole event. Returns the new
+        size. Called under the lock."""
+        start = size
+        while start > 0:
+            chunk = os.pread(fd, min(_TAIL_CHUNK, start), max(0, start - _TAIL_CHUNK))
+            cut = chunk.rfind(b"\n")
+            if cut != -1:
+                start = max(0, start - _TAIL_CHUNK) + cut + 1
+                break
+            start = max(0, start - _TAIL_CHUNK)
+        torn = os.pread(fd, size - start, start)
+        aside = self.path.with_name(f"{self.path.name}.torn-{start}")
+        with aside.open("wb") as handle:  # kept before it is cut off, durably
+            handle.write(torn)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.ftruncate(fd, start)
+        log.error("audit_torn_tail_set_aside", path=str(aside), offset=start, length=len(torn))
+        record = AuditEvent(
+            kind="error", decision_id=str(uuid.uuid4()), timestamp=timestamp(), outcome="audit_torn_tail",
+            result={"code": "audit.torn_tail", "offset": start, "length": len(torn), "sha256": sha256_hex(torn),
+                    "set_aside": aside.name,
+                    "message": "a last line without its newline (never acknowledged) was moved aside"},
+        )  # fmt: skip
+        return start, record
 
     def _write(self, event: AuditEvent) -> AuditEvent:
         fd = self._open()
@@ -78,24 +132,70 @@ class JsonlAuditLog:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
-                self._reload_head(fd)
-                chain: dict[str, Any] = {"seq": self._seq + 1, "prev_hash": self._head}
-                chain["hash"], text = unsealed.seal(self._seq + 1, self._head)
-                line = (text + "\n").encode()
-                written = os.write(fd, line)
-                if written != len(line):
-                    raise OSError(28, f"short write ({written} of {len(line)} bytes)")
-                self._seq, self._head = self._seq + 1, chain["hash"]
-                self._known_size += written  # under the lock nobody else wrote: no second fstat
+                torn = self._reload_head(fd)
+                if torn is not None:
+                    self._write_locked(fd, Unsealed(as_written(torn)[1]))
+                chain = self._write_locked(fd, unsealed)
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
         except OSError as exc:
-            self._known_size = -1  # re-read the head next time: the tail may be partial
-            raise AuditError(f"cannot append to audit log {self.path}: {exc.strerror or exc}") from exc
+            self._known_size = -1  # re-read the head next time
+            self.failed = f"cannot append to audit log {self.path}: {exc.strerror or exc}"
+            raise AuditError(self.failed) from exc
+        self.failed = None
         # The event was validated when it was built; only the chain fields are new.
         return event.model_copy(update=chain)
 
+    def _write_locked(self, fd: int, unsealed: Unsealed) -> dict[str, Any]:
+        """Chain and write one event under the lock; its chain fields. Raises `OSError`, with the
+        file left exactly as it was."""
+        before = self._known_size
+        chain: dict[str, Any] = {"seq": self._seq + 1, "prev_hash": self._head}
+        chain["hash"], text = unsealed.seal(self._seq + 1, self._head)
+        line = (text + "\n").encode()
+        try:
+            written = os.write(fd, line)
+            if written != len(line):
+                raise OSError(errno.ENOSPC, f"short write ({written} of {len(line)} bytes)")
+        except OSError:
+            # A failed append leaves the file exactly as it was: no half line for the next
+            # append (or the next process) to chain onto. Shrinking needs no free space.
+            os.ftruncate(fd, before)
+            raise
+        self._seq, self._head = self._seq + 1, chain["hash"]
+        self._known_size += written  # under the lock nobody else wrote: no second fstat
+        return chain
+
+    async def check(self) -> str | None:
+        return await asyncio.to_thread(self.check_sync)
+
+    def check_sync(self) -> str | None:
+        """Whether the next append can be written: the file opens read-write and the disk can hold
+        another event. Space is reserved past the end without changing the file's size
+        (``fallocate`` with ``FALLOC_FL_KEEP_SIZE``), so the probe writes nothing into the log."""
+        try:
+            fd = self._open()
+            size = os.fstat(fd).st_size
+            if _fallocate(fd, _FALLOC_FL_KEEP_SIZE, size, _PROBE_BYTES) != 0:
+                err = ctypes.get_errno()
+                if err not in (errno.EOPNOTSUPP, errno.ENOSYS):
+                    raise OSError(err, os.strerror(err))
+                if os.statvfs(self.path).f_bavail * os.statvfs(self.path).f_frsize < _PROBE_BYTES:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except (OSError, AuditError) as exc:
+            return f"audit log {self.path} cannot take an append: {getattr(exc, 'strerror', None) or exc}"
+        return None
+
     async def append(self, event: AuditEvent) -> AuditEvent:
+        try:
+            return await self._append(event)
+        except AuditError:
+            raise
+        except Exception as exc:  # any fault here must deny the call, not escape as a 500
+            log.exception("audit_append_raised", path=str(self.path))
+            raise AuditError(f"cannot append to audit log {self.path}: {type(exc).__name__}: {exc}") from exc
+
+    async def _append(self, event: AuditEvent) -> AuditEvent:
         # The write is synchronous (no await), so appends on one event loop cannot interleave.
         chained = self._write(event)
         if self.durability == "relaxed":

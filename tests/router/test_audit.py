@@ -142,11 +142,30 @@ async def test_truncation_in_the_middle_is_detected(tmp_path: Path) -> None:
     assert "truncated" in report.problem
 
 
-async def test_a_torn_tail_refuses_further_appends(tmp_path: Path) -> None:
+async def test_a_torn_tail_is_set_aside_recorded_and_the_chain_goes_on(tmp_path: Path) -> None:
+    """A line without its newline was never acknowledged (a crash mid-write): the next append
+    moves it to a side file, records that in the chain, and appends; nothing is lost or wedged."""
+    path = tmp_path / "a.jsonl"
+    await filled(path, 2)
+    size = path.stat().st_size
+    with path.open("a") as handle:
+        handle.write('{"seq": 3, "half an ev')
+    log = JsonlAuditLog(path)
+    appended = await log.append(event(3))
+    assert appended.seq == 4
+    assert (tmp_path / f"a.jsonl.torn-{size}").read_bytes() == b'{"seq": 3, "half an ev'
+    report = await log.verify()
+    assert (report.ok, report.events) == (True, 4)
+    recorded = (await log.query(AuditFilter(outcome="audit_torn_tail")))[0]
+    assert recorded.result is not None
+    assert (recorded.seq, recorded.result["offset"], recorded.result["length"]) == (3, size, 22)
+
+
+async def test_an_unreadable_whole_last_line_still_refuses_appends(tmp_path: Path) -> None:
     path = tmp_path / "a.jsonl"
     await filled(path, 2)
     with path.open("a") as handle:
-        handle.write('{"seq": 3, "half an ev')
+        handle.write("this is not an event\n")
     with pytest.raises(AuditError, match="stockade audit verify"):
         await JsonlAuditLog(path).append(event(3))
 

@@ -1,0 +1,68 @@
+"""Text that UTF-8 cannot hold: strings with lone surrogates (``"\\ud800"`` from a JSON escape, or an
+undecodable file name decoded with ``surrogateescape``). Python strings can carry them; no file,
+socket or hash input can. The audit log escapes them (deterministically, and says where); the
+pipeline refuses them in what callers send, naming the field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runner.files import shown
+
+__all__ = ["escape_invalid_text", "first_invalid_text", "shown"]
+
+
+def first_invalid_text(value: Any, path: str = "") -> str | None:
+    """The JSON path of the first string or key in ``value`` that UTF-8 cannot encode, else None.
+    Iterative: a value nested deeper than the recursion limit is walked too."""
+    stack: list[tuple[Any, str]] = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii() and not _encodable(item):
+                return where or "$"
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if isinstance(key, str) and not key.isascii() and not _encodable(key):
+                    return f"{where}.{key!r}" if where else repr(key)
+                stack.append((child, f"{where}.{key}" if where else str(key)))
+        elif isinstance(item, (list, tuple)):
+            stack.extend((child, f"{where}[{i}]") for i, child in enumerate(item))
+    return None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def escape_invalid_text(value: Any, path: str, escaped: list[str]) -> Any:
+    """``value`` with every string and key that UTF-8 cannot encode (lone surrogates) replaced by
+    its backslash escape; the JSON path of each appended to ``escaped``. The value itself when
+    nothing needed escaping, so the common case allocates nothing."""
+    if isinstance(value, str):
+        if value.isascii():
+            return value
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            escaped.append(path or "$")
+            return value.encode("utf-8", "backslashreplace").decode()
+        return value
+    if isinstance(value, dict):
+        changed: dict[str, Any] | None = None
+        for key, item in value.items():
+            new_key = escape_invalid_text(key, f"{path}.{key!r}" if path else repr(key), escaped)
+            new_item = escape_invalid_text(item, f"{path}.{new_key}" if path else new_key, escaped)
+            if changed is None and (new_key is not key or new_item is not item):
+                changed = dict(list(value.items())[: list(value).index(key)])
+            if changed is not None:
+                changed[new_key] = new_item
+        return value if changed is None else changed
+    if isinstance(value, list):
+        items = [escape_invalid_text(item, f"{path}[{i}]", escaped) for i, item in enumerate(value)]
+        return value if all(new is old for new, old in zip(items, value, strict=True)) else items
+    return value
