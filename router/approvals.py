@@ -86,14 +86,18 @@ class ApprovalBook:
         self._keep_s = keep_s
         self._labels = dict(labels or {})
 
+    def event(self, approval: Approval, outcome: str) -> AuditEvent:
+        """The audit event of a change of ``approval``, under its decision_id."""
+        return AuditEvent(
+            kind="approval", decision_id=approval.decision_id, timestamp=timestamp(),
+            session_id=approval.session_id, agent=approval.agent, tool=approval.tool, outcome=outcome,
+            labels=self._labels, result=approval.model_dump(mode="json", exclude={"args"}),
+        )  # fmt: skip
+
     async def record(self, approval: Approval, outcome: str) -> bool:
         """Audit a change of ``approval`` under its decision_id; False (logged) if the log failed."""
         try:
-            await self._audit.append(AuditEvent(
-                kind="approval", decision_id=approval.decision_id, timestamp=timestamp(),
-                session_id=approval.session_id, agent=approval.agent, tool=approval.tool, outcome=outcome,
-                labels=self._labels, result=approval.model_dump(mode="json", exclude={"args"}),
-            ))  # fmt: skip
+            await self._audit.append(self.event(approval, outcome))
         except AuditError as exc:
             log.error("audit_append_failed", error=str(exc), kind="approval", decision_id=approval.decision_id)
             return False

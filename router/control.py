@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-import os
 import secrets
 import time
 import uuid
@@ -58,6 +57,7 @@ from router.results import Artifact, DecisionResult, RunUsage, ToolResult
 from router.sessions import UNTRUSTED_CONTENT, new_session
 from router.settings import Settings
 from router.store import MemoryStore, PendingExternal, SessionRecord, Store, make_store
+from router.text import first_invalid_text
 from router.tools import (
     CommandExecutor,
     ExternalExecutor,
@@ -93,11 +93,15 @@ class _Call:
         "argv",
         "call_id",
         "canonical_args",
+        "closed",
         "decision_id",
+        "going_ahead",
         "inputs",
+        "leases",
         "provenance",
         "rates",
         "session",
+        "stage",
         "tier",
         "tool",
     )
@@ -112,7 +116,11 @@ class _Call:
         self.approval: Approval | None = None
         self.provenance: dict[str, list[str]] = {}
         self.rates: dict[str, int] = {}
-        self.tier: str = tool.spec.sandbox.tier
+        self.tier: str | None = None  # the sandbox tier, once the call runs
+        self.leases: list[Lease] = []  # minted credentials: revoked on every exit
+        self.stage = "prepared"  # how far the call got, for the record of an exit that cut it short
+        self.going_ahead = False  # the decision to go ahead is on record: its trail must be closed
+        self.closed = False  # the event that ends the trail (execution, or awaiting a report) is written
         self.call_id = "c-" + secrets.token_hex(8)
         self.decision_id = str(uuid.uuid4())
 
@@ -150,6 +158,7 @@ class ControlPlane:
         self._watcher: asyncio.Task[None] | None = None
         # Taken now, next to the load: an edit made before the watcher starts must still count.
         self._policy_seen = fingerprint(settings.policy.dir)
+        self.policy_problem: str | None = None  # why the files on disk did not load, at the last try
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> ControlPlane:
@@ -219,6 +228,7 @@ class ControlPlane:
             InvalidCall: a bad agent or principal name, or trusted_context not a list of strings.
             StoreError: the store cannot be written.
         """
+        _check_text(trusted_context, "trusted_context")
         session = new_session(agent, principal, [] if trusted_context is None else trusted_context)
         await self.store.create_session(session, content_keys(session.trusted_context))
         self._here.add(session.id)
@@ -241,15 +251,8 @@ class ControlPlane:
             if now == self._policy_seen:
                 continue
             self._policy_seen = now
-            try:
-                await self.reload_policy()
-            except PolicyError as exc:
-                log.error("policy_reload_refused", error=str(exc), revision=self.policy.revision)
-                await self._record(AuditEvent(
-                    kind="error", decision_id=str(uuid.uuid4()), timestamp=_now(), outcome="policy_reload_failed",
-                    labels=self._labels, result={"code": "policy.reload_failed", "message": str(exc)[:2000]},
-                    bundles={"policies": {"revision": self.policy.revision}},
-                ))  # fmt: skip
+            with contextlib.suppress(PolicyError):  # audited and logged by reload_policy
+                await self.reload_policy(source="watcher")
 
     async def expire_sessions(self) -> list[str]:
         """Destroy the sandboxes of sessions that expired (idle for longer than the TTL) or were
@@ -300,7 +303,9 @@ class ControlPlane:
             except Exception as exc:  # a listing fails closed too: the tool is not shown
                 log.error("policy_engine_raised", error=str(exc), tool=spec.name)
                 continue
-            if self._select_tier(call, decision).outcome is not Outcome.DENY:
+            if decision.outcome is Outcome.DENY:
+                continue
+            if isinstance(spec.executor, ExternalExecutor) or self._select_tier(spec, decision)[1] is None:
                 permitted.append(spec)
         return permitted
 
@@ -313,15 +318,30 @@ class ControlPlane:
         ))  # fmt: skip
 
     async def readiness(self) -> dict[str, bool]:
-        """What /readyz reports: a policy in force, the store answering, the audit log writable."""
-        checks = {"policy": bool(self.policy.revision)}
+        """What /readyz decides on: a policy in force, the store answering, an audit append possible.
+        (Policy files that fail to load are reported by `readiness_problems`, but do not make the
+        router unready: the last good policy decides, and every router would go out at once.)"""
+        problems = await self.readiness_problems()
+        return {name: problems[name] is None for name in ("policy", "store", "audit")}
+
+    async def readiness_problems(self) -> dict[str, str | None]:
+        """Each readiness check with why it fails (None: it passes). The audit check asks the log
+        whether an append could be made now (disk space, a chain that went backwards), not whether
+        a path looks writable. A policy directory that no longer loads is reported, though the
+        last good policy stays in force (and decides)."""
+        checks: dict[str, str | None] = {"policy": None if self.policy.revision else "no policy in force"}
+        if self.policy_problem is not None:
+            checks["policy_files"] = f"the files on disk do not load (the last good policy decides): " \
+                                     f"{self.policy_problem[:500]}"  # fmt: skip
         try:
             await self.store.ping()
-            checks["store"] = True
-        except StoreError:
-            checks["store"] = False
-        path = self.settings.audit.path
-        checks["audit"] = os.access(path if path.exists() else path.parent, os.W_OK)
+            checks["store"] = None
+        except StoreError as exc:
+            checks["store"] = str(exc)
+        try:
+            checks["audit"] = await self.audit.check()
+        except Exception as exc:  # a check that breaks is a failing check
+            checks["audit"] = f"{type(exc).__name__}: {exc}"
         return checks
 
     # -- approvals --------------------------------------------------------------------------
@@ -342,12 +362,34 @@ class ControlPlane:
         """Refuse a pending approval; the call it was for cannot run with it."""
         return await self.approvals.decide(approval_id, approver=approver, approve=False, note=note)
 
-    async def reload_policy(self) -> str:
-        """Reload the policy directory; the old policy stays on any error. Returns the revision."""
+    async def reload_policy(self, *, source: str = "api", by: str | None = None) -> str:
+        """Reload the policy directory; the old policy stays on any error. Every attempt is audited
+        (``kind: policy``) with the old and new revision or the error; ``source``: what asked
+        (``api``, ``watcher``, ``cli``), ``by``: who. Returns the revision in force.
+
+        Raises:
+            PolicyError: the files do not load (the old policy stays; `policy_problem` says why).
+        """
+        old = self.policy.revision
         try:
-            return await self.policy.reload()
+            new = await self.policy.reload()
         except policy_pkg.PolicyBundleError as exc:
+            self.policy_problem = str(exc)
+            log.error("policy_reload_refused", error=str(exc), revision=old, source=source)
+            await self._record(AuditEvent(
+                kind="policy", decision_id=str(uuid.uuid4()), timestamp=_now(), agent=by, outcome="reload_refused",
+                labels=self._labels, bundles={"policies": {"revision": old}},
+                result={"code": "policy.reload_failed", "message": str(exc)[:2000], "source": source,
+                        "kept_revision": old},
+            ))  # fmt: skip
             raise PolicyError(str(exc)) from exc
+        self.policy_problem = None
+        await self._record(AuditEvent(
+            kind="policy", decision_id=str(uuid.uuid4()), timestamp=_now(), agent=by, outcome="reloaded",
+            labels=self._labels, bundles={"policies": {"revision": new}},
+            result={"source": source, "previous_revision": old, "revision": new, "changed": new != old},
+        ))  # fmt: skip
+        return new
 
     # -- the pipeline -------------------------------------------------------------------
 
@@ -357,9 +399,10 @@ class ControlPlane:
         """Decide a call without running it. The decision is audited like any other. ``agent``: the
         caller's identity, when it is authenticated (HTTP): another agent's session is not found."""
         call = await self._prepare(session_id, tool, args, count_call=False, agent=agent)
-        decision = await self._decide_and_audit(call, mode="decide")
-        if isinstance(decision, _AuditFailed):
-            return DecisionResult(decision_id=call.decision_id, outcome="deny", reasons=["audit.unavailable"])
+        try:
+            decision, _ = await self._decide(call, mode="decide")
+        except _Refused as refusal:
+            return DecisionResult(decision_id=call.decision_id, outcome="deny", reasons=refusal.reasons)
         return DecisionResult(
             decision_id=call.decision_id, outcome=decision.outcome.value, reasons=decision.reason_codes
         )
@@ -382,6 +425,7 @@ class ControlPlane:
         Raises:
             SessionNotFound: no such session.
             InvalidCall, ToolNotFound: the call is malformed (audited; nothing ran).
+            ApprovalError: ``approval_id`` is not a granted approval for exactly this call (audited).
         """
         try:
             result = await self._call(session_id, tool, args, inputs, approval_id, agent)
@@ -401,72 +445,70 @@ class ControlPlane:
         approval_id: str | None,
         agent: str | None,
     ) -> ToolResult:
+        """The pipeline, in DESIGN §2 order; every way out of it is audited here, in one place.
+
+        A step that refuses the call raises `_Refused` (with the event that records why, unless the
+        audit log itself is what failed); it becomes the denied result below. Once the decision to
+        go ahead is on record, any other exit (a cancellation: client gone, request timeout,
+        shutdown; or a fault in the router) still closes the trail with an execution event.
+        """
         call = await self._prepare(session_id, tool, args, inputs, count_call=True, agent=agent)
-        if approval_id is not None:
+        with structlog.contextvars.bound_contextvars(session_id=call.session.id, tool=call.tool.spec.name):
+            if approval_id is not None:
+                await self._check_approval(call, approval_id)
+            structlog.contextvars.bind_contextvars(decision_id=call.decision_id)
             try:
-                call.approval = await self.approvals.check(
-                    approval_id,
-                    session_id=call.session.id,
-                    tool=call.tool.spec.name,
-                    canonical_args=call.canonical_args,
-                )
-            except (ApprovalError, StoreError) as exc:
-                await self._audit_rejection(call.session, tool, exc)
+                return await self._steps(call)
+            except _Refused as refusal:
+                if refusal.event is not None:
+                    await self._record(refusal.event)
+                if call.going_ahead and not call.closed:
+                    await self._close_trail(call, "refused", {"code": refusal.reasons[0]})
+                log.info("tool_call_refused", reasons=refusal.reasons, stage=call.stage)
+                return self._result(call, refusal.status, reasons=refusal.reasons)
+            except asyncio.CancelledError:
+                if call.going_ahead and not call.closed:
+                    log.warning("tool_call_cancelled", stage=call.stage)
+                    # Shielded: a second cancellation must not stop the record of the first.
+                    await asyncio.shield(self._close_trail(call, "cancelled", {"code": "call.cancelled"}))
                 raise
-            call.decision_id = call.approval.decision_id  # one trail: request, approval, decision, run
-        with structlog.contextvars.bound_contextvars(
-            decision_id=call.decision_id, session_id=call.session.id, tool=call.tool.spec.name
-        ):
-            decision = await self._decide_and_audit(call, mode="call")
-            if isinstance(decision, _AuditFailed):
-                return self._result(call, "denied", reasons=["audit.unavailable"])
-            if decision.outcome is Outcome.DENY:
-                log.info("tool_call_denied", reasons=decision.reason_codes)
-                return self._result(call, "denied", reasons=decision.reason_codes)
-            if decision.outcome is Outcome.REQUIRE_APPROVAL:
-                try:
-                    approval = await self.approvals.open(
-                        decision_id=call.decision_id, session_id=call.session.id, agent=call.session.agent,
-                        principal=call.session.principal, tool=call.tool.spec.name,
-                        canonical_args=call.canonical_args, reasons=[r.model_dump() for r in decision.reasons],
-                    )  # fmt: skip
-                except StoreError as exc:
-                    return await self._store_failed(call, exc)
-                if not await self.approvals.record(approval, "requested"):
-                    return self._result(call, "denied", reasons=["audit.unavailable"])
-                log.info("tool_call_held_for_approval", reasons=decision.reason_codes, approval_id=approval.id)
-                return self._result(call, "pending_approval", reasons=decision.reason_codes).model_copy(
-                    update={"approval_id": approval.id}
-                )
-            if call.approval is not None:
-                try:
-                    used = await self.approvals.redeem(call.approval.id)
-                except StoreError as exc:
-                    return await self._store_failed(call, exc)
-                except ApprovalError as exc:  # redeemed by a concurrent call in the meantime
-                    await self._audit_rejection(call.session, call.tool.spec.name, exc)
-                    raise
-                if not await self.approvals.record(used, "redeemed"):
-                    return self._result(call, "denied", reasons=["audit.unavailable"])
-            leases: list[Lease] = []
-            if decision.obligations.credentials:
-                minted = await self._mint(call, decision)
-                if isinstance(minted, ToolResult):
-                    return minted
-                leases = minted
-            if isinstance(call.tool.spec.executor, ExternalExecutor):
-                try:
-                    await self.store.expect_report(
-                        PendingExternal(call.session.id, call.call_id, call.decision_id, call.tool.spec.name)
-                    )
-                except StoreError as exc:
-                    return await self._store_failed(call, exc)
-                return self._result(call, "awaiting_report")
-            try:
-                return await self._run(call, decision, leases)
+            except ApprovalError:
+                raise  # audited where it was raised; the caller learns why
+            except Exception as exc:
+                log.exception("tool_call_failed", stage=call.stage)
+                detail = {"code": "router.error", "message": f"{type(exc).__name__}: {exc}"[:500]}
+                if call.going_ahead and not call.closed:
+                    await self._close_trail(call, "error", detail)
+                else:
+                    await self._record(self._event("error", call.decision_id, call.session, call.tool.spec.name,
+                                                   call.call_id, outcome="internal_error", result=detail))  # fmt: skip
+                return self._result(call, "error" if call.going_ahead else "denied", reasons=["router.error"])
             finally:
-                if leases:  # every exit: success, error, timeout, cancellation
-                    await self._revoke(call, leases)
+                if call.leases:  # every exit: success, refusal, error, timeout, cancellation
+                    await asyncio.shield(self._revoke(call, call.leases))
+
+    async def _steps(self, call: _Call) -> ToolResult:
+        """Steps 3-11 of DESIGN §2 for a prepared call. Raises `_Refused`."""
+        decision, tier = await self._decide(call, mode="call")
+        if decision.outcome is Outcome.DENY:
+            raise _Refused(decision.reason_codes)
+        if decision.outcome is Outcome.REQUIRE_APPROVAL:
+            return await self._hold(call, decision)
+        call.going_ahead = True
+        if call.approval is not None:
+            await self._redeem(call)
+        if decision.obligations.credentials:
+            call.stage = "credentials"
+            call.leases = await self._mint(call, decision)
+        if isinstance(call.tool.spec.executor, ExternalExecutor):
+            call.stage = "awaiting_report"
+            await self._store_step(call, self.store.expect_report(
+                PendingExternal(call.session.id, call.call_id, call.decision_id, call.tool.spec.name)
+            ))  # fmt: skip
+            call.closed = True  # the trail goes on with report()
+            return self._result(call, "awaiting_report")
+        assert tier is not None  # noqa: S101  (_decide gives every sandboxed call a tier)
+        return await self._run(call, decision, tier)
 
     async def report(self, session_id: str, call_id: str, output: Any, *, agent: str | None = None) -> ToolResult:
         """Record the output of an allowed ``external`` call; each call_id is reported once.
@@ -542,6 +584,7 @@ class ControlPlane:
         try:
             tool = self.registry.get(tool_name)
             args, canonical_args = parse_args(tool.spec.name, raw_args, self.settings.max_args_bytes)
+            _check_text(args, "args")
             validate_args(tool, args)
             checked_inputs = _check_inputs(inputs or {}, self.settings.max_input_bytes)
             argv = command_argv(tool.spec.executor, args) if isinstance(tool.spec.executor, CommandExecutor) else ()
@@ -599,10 +642,20 @@ class ControlPlane:
         self._here.add(session_id)
         return loaded
 
-    async def _store_failed(self, call: _Call, exc: StoreError) -> ToolResult:
-        """Deny a call whose next step needed the store, with an audit record."""
-        await self._audit_store_failure(exc, call.decision_id, call.session, call.tool.spec.name, call.call_id)
-        return self._result(call, "denied", reasons=[exc.code])
+    async def _store_step(self, call: _Call, step: Awaitable[_T]) -> _T:
+        """``await step``, a store operation the call cannot go on without.
+
+        Raises:
+            _Refused: the store failed (the refusal carries the event that records it).
+        """
+        try:
+            return await step
+        except StoreError as exc:
+            log.error("store_failed", error=str(exc), session_id=call.session.id)
+            raise _Refused([exc.code], self._event(
+                "error", call.decision_id, call.session, call.tool.spec.name, call.call_id,
+                outcome="store_unavailable", result={"code": exc.code, "message": str(exc)},
+            )) from exc  # fmt: skip
 
     async def _audit_store_failure(
         self, exc: StoreError, decision_id: str, session: SessionRecord, tool: str | None = None,
@@ -624,48 +677,103 @@ class ControlPlane:
         await self._record(event)
         log.info("tool_call_rejected", code=exc.code, error=str(exc), session_id=session.id)
 
-    async def _decide_and_audit(self, call: _Call, *, mode: str) -> Decision | _AuditFailed:
+    async def _check_approval(self, call: _Call, approval_id: str) -> None:
+        """The approval ``approval_id`` a human granted for exactly this call; the call joins its trail.
+
+        Raises:
+            ApprovalError, StoreError: not granted, not for this call, or unreadable (audited).
+        """
+        try:
+            call.approval = await self.approvals.check(
+                approval_id, session_id=call.session.id, tool=call.tool.spec.name, canonical_args=call.canonical_args
+            )
+        except (ApprovalError, StoreError) as exc:
+            await self._audit_rejection(call.session, call.tool.spec.name, exc)
+            raise
+        call.decision_id = call.approval.decision_id  # one trail: request, approval, decision, run
+
+    async def _decide(self, call: _Call, *, mode: str) -> tuple[Decision, str | None]:
+        """Steps 3-4: ask policy, pick the sandbox tier, audit the decision. Returns the decision and
+        the tier the call runs on (None for a deny or an external tool).
+
+        Raises:
+            _Refused: the decision could not be audited (nothing may run).
+        """
+        call.stage = "deciding"
         spec = call.tool.spec
         policy_input = _policy_input(call)
         started = time.perf_counter_ns()
         try:
             decision = await self.policy.decide(policy_input)
         except Exception as exc:  # a backend that breaks its contract still fails closed
-            log.error("policy_engine_raised", error=str(exc))
+            log.exception("policy_engine_raised")
             decision = policy_pkg.deny("policy.error", f"policy engine raised: {exc}", revision=self.policy.revision)
         elapsed = time.perf_counter_ns() - started
-        decision = self._select_tier(call, decision)
+        tier = None
+        if decision.outcome is not Outcome.DENY and not isinstance(spec.executor, ExternalExecutor):
+            tier, problem = self._select_tier(spec, decision)
+            if problem is not None:
+                decision = policy_pkg.deny("sandbox.unavailable", problem, revision=decision.policy_revision)
         metrics.DECISIONS.labels(decision.outcome.value).observe(elapsed / 1e9)
-        event = self._event(
+        await self._audit(self._event(
             "decision", call.decision_id, call.session, spec.name, call.call_id,
             outcome=decision.outcome.value,
             input=policy_input.model_dump(mode="json"),
             result={**decision.model_dump(mode="json", exclude={"policy_revision"}), "mode": mode},
             bundles={"policies": {"revision": decision.policy_revision}},
             metrics={"timer_policy_eval_ns": float(elapsed)},
-        )  # fmt: skip
-        return decision if await self._record(event) else _AuditFailed()
+        ))  # fmt: skip
+        return decision, tier
 
-    def _select_tier(self, call: _Call, decision: Decision) -> Decision:
-        """The tool's tier raised to policy's minimum; deny, never downgrade, if it is not here."""
-        spec = call.tool.spec
-        if decision.outcome is Outcome.DENY or isinstance(spec.executor, ExternalExecutor):
-            return decision
+    def _select_tier(self, spec: ToolSpec, decision: Decision) -> tuple[str, str | None]:
+        """The tier a sandboxed call runs on: the tool's, raised to policy's minimum; and why it
+        cannot run there (None if it can). A tier is never lowered."""
         tier: str = spec.sandbox.tier
         minimum = decision.obligations.sandbox.min_tier
         if minimum is not None and runner_pkg.tier_rank(minimum) > runner_pkg.tier_rank(tier):
             tier = minimum
         sandbox = self.sandboxes.get(tier)
         problem = f"this router does not offer the {tier} tier" if sandbox is None else sandbox.check()
-        if problem is not None:
-            return policy_pkg.deny(
-                "sandbox.unavailable", f"needs the {tier} tier: {problem}", revision=decision.policy_revision
-            )
-        call.tier = tier
-        return decision
+        return tier, None if problem is None else f"needs the {tier} tier: {problem}"
 
-    async def _mint(self, call: _Call, decision: Decision) -> list[Lease] | ToolResult:
-        """The call's credentials, minted and audited; or the denied result (audited) if they cannot be."""
+    async def _hold(self, call: _Call, decision: Decision) -> ToolResult:
+        """Step 5: open an approval bound to this exact call, audited; the agent gets its id."""
+        call.stage = "approval"
+        approval = await self._store_step(call, self.approvals.open(
+            decision_id=call.decision_id, session_id=call.session.id, agent=call.session.agent,
+            principal=call.session.principal, tool=call.tool.spec.name,
+            canonical_args=call.canonical_args, reasons=[r.model_dump() for r in decision.reasons],
+        ))  # fmt: skip
+        await self._audit(self.approvals.event(approval, "requested"))
+        log.info("tool_call_held_for_approval", reasons=decision.reason_codes, approval_id=approval.id)
+        return self._result(call, "pending_approval", reasons=decision.reason_codes).model_copy(
+            update={"approval_id": approval.id}
+        )
+
+    async def _redeem(self, call: _Call) -> None:
+        """Use up the call's approval (single use: a concurrent call with it loses), audited.
+
+        Raises:
+            ApprovalError: it was redeemed in the meantime (audited).
+            _Refused: the store or the audit log failed.
+        """
+        assert call.approval is not None  # noqa: S101  (the caller checks)
+        call.stage = "approval"
+        try:
+            used = await self._store_step(call, self.approvals.redeem(call.approval.id))
+        except ApprovalError as exc:  # redeemed by a concurrent call in the meantime
+            call.going_ahead = False
+            await self._audit_rejection(call.session, call.tool.spec.name, exc)
+            raise
+        await self._audit(self.approvals.event(used, "redeemed"))
+
+    async def _mint(self, call: _Call, decision: Decision) -> list[Lease]:
+        """Step 6: the call's credentials, minted and each audited.
+
+        Raises:
+            _Refused: a credential cannot be granted or minted (audited), or the audit log failed
+                (what was minted is revoked by the caller).
+        """
         session, spec = call.session, call.tool.spec
         try:
             if isinstance(spec.executor, ExternalExecutor):
@@ -674,24 +782,20 @@ class ControlPlane:
             grants = self.credentials.grant(decision.obligations.credentials)
             binding = Binding(call.decision_id, call.call_id, session.id, session.agent,
                               sha256_hex(call.canonical_args.encode()))  # fmt: skip
-            leases = await self.credentials.mint(grants, binding)
+            leases = await self._store_step(call, self.credentials.mint(grants, binding))
         except CredentialError as exc:
             log.info("credential_refused", code=exc.code, error=str(exc))
-            await self._record(self._event(
+            raise _Refused([exc.code], self._event(
                 "credential", call.decision_id, session, spec.name, call.call_id,
                 outcome="refused", result={"code": exc.code, "message": str(exc)},
-            ))  # fmt: skip
-            return self._result(call, "denied", reasons=[exc.code])
-        except StoreError as exc:
-            return await self._store_failed(call, exc)
+            )) from exc  # fmt: skip
+        call.leases = leases  # revoked on every exit from here on, whatever happens next
         for lease in leases:
             self._leases[lease.id] = (call, lease)
-            if not await self._record(self._event(
+            await self._audit(self._event(
                 "credential", call.decision_id, session, spec.name, call.call_id,
                 outcome="minted", result=lease.record(),
-            )):  # fmt: skip
-                await self._revoke(call, leases)
-                return self._result(call, "denied", reasons=["audit.unavailable"])
+            ))  # fmt: skip
         return leases
 
     async def _revoke(self, call: _Call, leases: list[Lease]) -> None:
@@ -705,7 +809,8 @@ class ControlPlane:
                         **({"error": str(problem)} if problem else {})},
             ))  # fmt: skip
 
-    async def _run(self, call: _Call, decision: Decision, leases: list[Lease] | None = None) -> ToolResult:
+    def _job(self, call: _Call, decision: Decision) -> runner_pkg.SandboxSpec:
+        """What the sandbox runs: the tool's executor with its limits, inputs, egress and credentials."""
         spec = call.tool.spec
         limits = _limits(spec, decision)
         if isinstance(spec.executor, PythonExecutor):
@@ -717,7 +822,7 @@ class ControlPlane:
             base = runner_pkg.SandboxSpec(argv=call.argv, limits=limits)
         mode = decision.obligations.sandbox.mode or spec.sandbox.mode
         outputs = spec.sandbox.outputs
-        job = dataclasses.replace(
+        return dataclasses.replace(
             base,
             call_id=call.call_id,
             inputs=call.inputs,
@@ -725,21 +830,31 @@ class ControlPlane:
             egress=tuple(runner_pkg.EgressRule(e.host, e.port, tuple(e.methods)) for e in decision.obligations.egress),
             on_egress=self._egress_auditor(call),
             session=call.session.id if mode == "session" else None,
-            env={**base.env, **{lease.grant.config.env_var: lease.placeholder for lease in leases or ()}},
-            injections=tuple(_injection(lease) for lease in leases or ()),
+            env={**base.env, **{lease.grant.config.env_var: lease.placeholder for lease in call.leases}},
+            injections=tuple(_injection(lease) for lease in call.leases),
         )
+
+    async def _run(self, call: _Call, decision: Decision, tier: str) -> ToolResult:
+        """Steps 7-11: run in the sandbox, redact, audit the execution, index what the agent will see.
+
+        Raises:
+            _Refused: the sandbox failed (audited as the execution), the execution could not be
+                audited (the output is withheld), or the output could not be indexed.
+        """
+        spec = call.tool.spec
+        job = self._job(call, decision)
+        call.stage, call.tier = "running", tier
         started = time.perf_counter_ns()
         try:
-            run = await self.sandboxes[call.tier].run(job)
+            run = await self.sandboxes[tier].run(job)
         except runner_pkg.SandboxError as exc:
             code = "sandbox.unavailable" if isinstance(exc, runner_pkg.SandboxUnavailable) else "sandbox.error"
             log.error("sandbox_failed", error=str(exc))
-            event = self._event(
+            call.closed = True
+            raise _Refused([code], self._event(
                 "execution", call.decision_id, call.session, spec.name, call.call_id,
-                outcome="error", result={"code": code, "message": str(exc)},
-            )  # fmt: skip
-            await self._record(event)
-            return self._result(call, "error", reasons=[code])
+                outcome="error", result={"code": code, "message": str(exc), "tier": tier},
+            ), status="error") from exc  # fmt: skip
         elapsed = time.perf_counter_ns() - started
         metrics.RUNS.labels(run.tier).observe(elapsed / 1e9)
 
@@ -758,30 +873,33 @@ class ControlPlane:
         usage = RunUsage(
             wall_ms=run.usage.wall_s * 1000, cpu_ms=run.usage.cpu_s * 1000, max_rss_kb=run.usage.max_rss_kb
         )
-        event = self._event(
-            "execution", call.decision_id, call.session, spec.name, call.call_id,
-            outcome=verdict,
-            result={
-                "verdict": verdict, "exit_code": run.exit_code, "detail": run.detail, "tier": run.tier,
-                "usage": usage.model_dump(), "limits": dataclasses.asdict(limits),
-                "stdout": stdout, "stderr": stderr,
-                "stdout_sha256": sha256_hex(run.stdout), "stderr_sha256": sha256_hex(run.stderr),
-                "start": run.start, "inputs": [dataclasses.asdict(f) for f in run.inputs],
-                "artifacts": [{**dataclasses.asdict(f), "untrusted": True} for f in run.artifacts],
-                "refused_outputs": [{"path": p, "why": w} for p, w in run.refused],
-                "quarantine": run.quarantine,
-            },
-            metrics={"timer_run_ns": float(elapsed)},
-        )  # fmt: skip
-        if not await self._record(event):
-            # The output is withheld: nothing leaves the router without an audit record.
-            return self._result(call, "denied", reasons=["audit.unavailable"])
+        call.stage = "recording"
+        try:
+            await self._audit(self._event(
+                "execution", call.decision_id, call.session, spec.name, call.call_id,
+                outcome=verdict,
+                result={
+                    "verdict": verdict, "exit_code": run.exit_code, "detail": run.detail, "tier": run.tier,
+                    "usage": usage.model_dump(), "limits": dataclasses.asdict(job.limits),
+                    "stdout": stdout, "stderr": stderr,
+                    "stdout_sha256": sha256_hex(run.stdout), "stderr_sha256": sha256_hex(run.stderr),
+                    "start": run.start, "inputs": [dataclasses.asdict(f) for f in run.inputs],
+                    "artifacts": [{**dataclasses.asdict(f), "untrusted": True} for f in run.artifacts],
+                    "refused_outputs": [{"path": p, "why": w} for p, w in run.refused],
+                    "quarantine": run.quarantine,
+                },
+                metrics={"timer_run_ns": float(elapsed)},
+            ))  # fmt: skip
+        finally:
+            # Recorded, or the audit log is down and nothing more can be: either way, this call's
+            # trail has no further event to write.
+            call.closed = True
         # What the agent gets back enters its context: index it for the provenance of later calls.
         # If that fails, the output is withheld: unindexed, it could later pass for the user's.
-        try:
-            await self._remember(call.session, spec, call.call_id, output if output is not None else stdout, stderr)
-        except StoreError as exc:
-            return await self._store_failed(call, exc)
+        call.stage = "indexing"
+        await self._store_step(call, self._remember(
+            call.session, spec, call.call_id, output if output is not None else stdout, stderr
+        ))  # fmt: skip
         log.info("tool_call_completed", verdict=verdict, wall_ms=round(usage.wall_ms, 2))
         return ToolResult(
             status="completed", decision_id=call.decision_id, call_id=call.call_id, tool=spec.name,
@@ -790,6 +908,15 @@ class ControlPlane:
             artifacts=[Artifact(path=f.path, size=f.size, sha256=f.sha256) for f in run.artifacts],
             quarantine=run.quarantine,
         )  # fmt: skip
+
+    async def _close_trail(self, call: _Call, outcome: str, detail: dict[str, Any]) -> None:
+        """The execution event of an allowed call that ended without one: what is known of it."""
+        call.closed = True
+        await self._record(self._event(
+            "execution", call.decision_id, call.session, call.tool.spec.name, call.call_id, outcome=outcome,
+            result={**detail, "verdict": outcome, "stage": call.stage, "tier": call.tier,
+                    "credentials": [lease.id for lease in call.leases]},
+        ))  # fmt: skip
 
     # -- helpers ------------------------------------------------------------------------
 
@@ -805,15 +932,24 @@ class ControlPlane:
         return audit_egress
 
     async def _record(self, event: AuditEvent) -> bool:
-        """Append ``event`` (the log redacts it); False (logged) if the log failed, so the caller fails closed."""
+        """Append ``event`` (the log redacts and escapes it); False (logged) if the log failed, so the
+        caller fails closed. Never raises: whatever breaks inside an append is an audit failure."""
         started = time.perf_counter()
         try:
             await self.audit.append(event)
         except AuditError as exc:
             log.error("audit_append_failed", error=str(exc), kind=event.kind, decision_id=event.decision_id)
             return False
+        except Exception:  # a log that breaks its contract still fails the call closed
+            log.exception("audit_append_raised", kind=event.kind, decision_id=event.decision_id)
+            return False
         metrics.AUDIT_APPEND.observe(time.perf_counter() - started)
         return True
+
+    async def _audit(self, event: AuditEvent) -> None:
+        """Append ``event``, which the call cannot go on without. Raises `_Refused` (audit.unavailable)."""
+        if not await self._record(event):
+            raise _Refused(["audit.unavailable"])
 
     async def _remember(self, session: SessionRecord, spec: ToolSpec, call_id: str, *content: Any) -> None:
         """Index output the agent is about to see, and taint the session if the tool reads
@@ -849,7 +985,10 @@ def make_audit_log(settings: Settings) -> AuditLog:
     if settings.audit.backend == "redis":
         if settings.store.url is None:
             raise AuditError("STOCKADE_AUDIT__BACKEND=redis needs the store's Redis: set STOCKADE_STORE__URL")
-        return RedisAuditLog(settings.store.url, timeout_s=settings.store.timeout_s)
+        spool = settings.audit.spool_dir or settings.audit.path.parent / "audit-spool"
+        return RedisAuditLog(
+            settings.store.url, timeout_s=settings.store.timeout_s, spool_dir=spool, instance=settings.instance
+        )
     return JsonlAuditLog(settings.audit.path, durability=settings.audit.durability)
 
 
@@ -879,9 +1018,22 @@ def _policy_input(call: _Call) -> PolicyInput:
     )
 
 
+def _check_text(value: Any, field: str) -> None:
+    """Refuse text UTF-8 cannot hold (a lone surrogate, e.g. ``"\\ud800"`` in JSON): no tool, policy
+    or log could take it. Raises `InvalidCall` naming the field."""
+    where = first_invalid_text(value, field)
+    if where is not None:
+        raise InvalidCall(
+            f"{where} holds a lone surrogate, which is not Unicode text: send valid UTF-8 "
+            "(binary data as base64, or as an input file)",
+            [FieldProblem(where, "not valid Unicode text")],
+        )
+
+
 def _check_inputs(inputs: Mapping[str, bytes], max_bytes: int) -> tuple[runner_pkg.InputFile, ...]:
     files = []
     total = 0
+    _check_text(list(inputs), "inputs")
     for name, data in inputs.items():
         try:
             runner.files.check_input_name(name)
@@ -899,8 +1051,13 @@ def _check_inputs(inputs: Mapping[str, bytes], max_bytes: int) -> tuple[runner_p
     return tuple(files)
 
 
-class _AuditFailed:
-    """Marker: the decision could not be audited, so the call is denied."""
+class _Refused(Exception):  # a control-flow signal inside the pipeline, never raised out of it
+    """A pipeline step refused the call: the reason codes the agent gets, the event that records
+    why (None when the audit log itself failed: there is nowhere to write it), and the status."""
+
+    def __init__(self, reasons: list[str], event: AuditEvent | None = None, *, status: str = "denied") -> None:
+        super().__init__(reasons)
+        self.reasons, self.event, self.status = reasons, event, status
 
 
 def _scrub_artifacts(run: runner_pkg.RunResult) -> tuple[runner_pkg.FileRecord, ...]:

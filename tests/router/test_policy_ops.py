@@ -39,13 +39,29 @@ async def test_a_changed_policy_is_picked_up_and_a_broken_one_is_refused(tmp_pat
         (root / "stockade" / "broken.rego").write_text("package stockade\n\nthis is not rego\n")
         for _ in range(50):
             await asyncio.sleep(0.1)
-            if await plane.audit.query(AuditFilter(kind="error")):
+            if await plane.audit.query(AuditFilter(kind="policy", outcome="reload_refused")):
                 break
         assert plane.policy.revision == second  # the last good policy stays in force
-        [failure] = await plane.audit.query(AuditFilter(kind="error"))
-        assert failure.outcome == "policy_reload_failed"
-        assert "broken.rego" in (failure.result or {}).get("message", "")
+        [failure] = await plane.audit.query(AuditFilter(kind="policy", outcome="reload_refused"))
+        assert (failure.result or {})["kept_revision"] == second
+        assert (failure.result or {})["source"] == "watcher"
+        assert "broken.rego" in (failure.result or {})["message"]
+        assert "backtrace" not in (failure.result or {})["message"].lower()
         assert (await plane.decide(session, "echo", {})).reasons == ["policy.default_deny"]
+        problems = await plane.readiness_problems()
+        assert "broken.rego" in (problems["policy_files"] or "")
+        assert await plane.readiness() == {"policy": True, "store": True, "audit": True}  # still serving
+
+        # Every reload is an event: the one that took the tightened catalog, with both revisions.
+        [reloaded] = await plane.audit.query(AuditFilter(kind="policy", outcome="reloaded"))
+        assert (reloaded.result or {})["previous_revision"] == first
+        assert (reloaded.result or {})["revision"] == second
+        (root / "stockade" / "broken.rego").unlink()
+        assert await plane.reload_policy(source="cli", by="admin@example.com") == second
+        assert "policy_files" not in await plane.readiness_problems()
+        events = await plane.audit.query(AuditFilter(kind="policy"))
+        assert [(e.outcome, (e.result or {})["source"]) for e in events][-1] == ("reloaded", "cli")
+        assert events[-1].agent == "admin@example.com"
 
 
 async def record_some_decisions(audit: Path) -> None:
