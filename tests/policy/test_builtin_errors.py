@@ -17,6 +17,7 @@ from policy import EmbeddedEngine, Outcome, PolicyInput, PolicySettings
 from policy.base import POLICY_ERROR
 from router import ControlPlane, Settings
 from router.settings import AuditSettings
+from runner import RunnerSettings
 from tests.conftest import copy_policies, python_tool
 
 # (rule body over input.args, arguments that make it fail, arguments under which it is simply false)
@@ -123,19 +124,25 @@ async def test_an_absent_optional_destination_is_decided_alike_on_both_engines(t
     assert decision.outcome is Outcome.ALLOW, decision.reasons
 
 
-async def test_a_call_whose_policy_errors_never_runs_and_the_denial_is_audited(tmp_path: Path) -> None:
+async def test_a_call_whose_policy_errors_never_runs_and_the_denial_is_audited(
+    tmp_path: Path, runner_state: Path
+) -> None:
     settings = Settings(
         audit=AuditSettings(path=tmp_path / "audit.jsonl"),
         policy=PolicySettings(dir=_policy_with_deny_rules(tmp_path)),
+        runner=RunnerSettings(state_dir=runner_state),
     )
-    marker = tmp_path / "ran"
+    quarantine = runner_state / "quarantine"  # each sandbox run leaves its /out there
     async with ControlPlane.from_settings(settings) as plane:
-        await plane.register(python_tool("t", f"def main(**kw):\n    open({str(marker)!r}, 'w')\n    return 1\n"))
+        source = "def main(**kw):\n    open('/out/ran', 'w').write('x')\n    return 1\n"
+        await plane.register(python_tool("t", source, sandbox={"outputs": {"max_files": 1, "max_bytes": 10}}))
         session = await plane.open_session("a", "p@example.com")
+        assert (await plane.call(session, "t", {"amount": "5"})).status == "completed"
+        assert len(list(quarantine.iterdir())) == 1
         result = await plane.call(session, "t", {"amount": "5000x"})
     assert (result.status, result.reasons) == ("denied", [POLICY_ERROR])
-    assert not marker.exists()
+    assert len(list(quarantine.iterdir())) == 1  # the second call never reached the sandbox
     events = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
     decisions = [e for e in events if e["kind"] == "decision" and e["decision_id"] == result.decision_id]
     assert [(d["outcome"], d["result"]["reasons"][0]["code"]) for d in decisions] == [("deny", POLICY_ERROR)]
-    assert not [e for e in events if e["kind"] == "execution"]
+    assert result.decision_id not in {e["decision_id"] for e in events if e["kind"] == "execution"}

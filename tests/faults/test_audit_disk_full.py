@@ -1,0 +1,93 @@
+"""The audit log on a small tmpfs filled to the last byte: appends fail without touching the file,
+calls are denied and nothing runs, readiness says so, and everything resumes when space returns,
+in this process and after a restart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from router import AuditError, ControlPlane, Settings
+from router.api import create_app
+from router.audit import AuditEvent, JsonlAuditLog, timestamp
+from router.settings import AuditSettings
+from runner import RunnerSettings
+from tests.conftest import python_tool
+from tests.faults.conftest import fill, small_tmpfs
+
+
+def _event(i: int) -> AuditEvent:
+    return AuditEvent(kind="decision", decision_id=f"d-{i}", timestamp=timestamp(), outcome="allow",
+                      result={"padding": "x" * 300})  # fmt: skip
+
+
+async def test_a_full_disk_leaves_the_log_exactly_as_it_was_and_appends_resume(tmp_path: Path) -> None:
+    with small_tmpfs(tmp_path / "disk", 256) as disk:
+        log = JsonlAuditLog(disk / "audit.jsonl")
+        for i in range(5):
+            await log.append(_event(i))
+        filler = fill(disk)
+        before = (disk / "audit.jsonl").read_bytes()
+        failures = 0
+        for i in range(5, 25):  # larger events than the last free bytes: partial writes happen
+            with pytest.raises(AuditError, match=r"short write|No space left"):
+                await log.append(_event(i))
+            failures += 1
+        assert (disk / "audit.jsonl").read_bytes() == before  # no half line, nothing torn
+        assert "cannot take an append" in (await log.check() or "")
+
+        filler.unlink()  # space returns
+        assert await log.check() is None
+        appended = await log.append(_event(99))
+        assert appended.seq == 6
+        await log.aclose()
+
+        restarted = JsonlAuditLog(disk / "audit.jsonl")
+        assert (await restarted.append(_event(100))).seq == 7
+        report = await restarted.verify()
+        assert (report.ok, report.events, failures) == (True, 7, 20)
+        await restarted.aclose()
+
+
+def runs(state: Path) -> int:
+    """Sandbox runs so far, as the host sees them: each run leaves its /out in a quarantine folder."""
+    quarantine = state / "quarantine"
+    return len(list(quarantine.iterdir())) if quarantine.exists() else 0
+
+
+async def test_calls_are_denied_while_the_disk_is_full_and_served_again_after(
+    tmp_path: Path, runner_state: Path
+) -> None:
+    with small_tmpfs(tmp_path / "disk", 512) as disk:
+        settings = Settings(
+            audit=AuditSettings(path=disk / "audit.jsonl"), runner=RunnerSettings(state_dir=runner_state)
+        )
+        async with ControlPlane.from_settings(settings) as plane:
+            source = "def main(**kw):\n    open('/out/ran', 'w').write('x')\n    return 1\n"
+            await plane.register(python_tool("touch", source, sandbox={"outputs": {"max_files": 1, "max_bytes": 10}}))
+            session = await plane.open_session("agent-1", "alice@example.com")
+            first = await plane.call(session, "touch", {})
+            assert (first.status, first.artifacts[0].path, runs(runner_state)) == ("completed", "ran", 1)
+            ready = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(plane)),
+                                      base_url="http://router")  # fmt: skip
+            assert (await ready.get("/readyz")).status_code == 200
+
+            filler = fill(disk)
+            # Appends may still use room the readiness probe reserved; once that is gone, none gets by.
+            for _ in range(200):
+                if (await plane.call(session, "touch", {})).status == "denied":
+                    break
+            ran = runs(runner_state)
+            results = [await plane.call(session, "touch", {}) for _ in range(10)]
+            assert {(r.status, tuple(r.reasons)) for r in results} == {("denied", ("audit.unavailable",))}
+            assert runs(runner_state) == ran  # denied before the sandbox: nothing ran
+            response = await ready.get("/readyz")
+            assert (response.status_code, response.json()["checks"]["audit"]) == (503, False)
+
+            filler.unlink()
+            assert (await plane.call(session, "touch", {})).status == "completed"  # no restart needed
+            assert (await ready.get("/readyz")).status_code == 200
+            assert (await plane.audit.verify()).ok
+            await ready.aclose()

@@ -1,0 +1,149 @@
+"""Redis killed with SIGKILL mid-load, with the Redis store and the Redis audit stream: no call is
+allowed while it is down, every refusal is audited (spooled, then chained into the stream), none
+is lost, and the router recovers without a restart. Redis that comes back without its data is a
+chain that went backwards: refused, not silently restarted."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+from policy import PolicySettings
+from router import ControlPlane, Settings, StockadeError
+from router.audit import AuditFilter
+from router.settings import AuditSettings, StoreSettings
+from tests.conftest import copy_policies, edit_catalog, external_tool
+from tests.faults.conftest import RedisServer
+
+
+def _settings(tmp_path: Path, url: str, instance: str = "router-a") -> Settings:
+    policies = tmp_path / "policies"
+    if not policies.exists():  # rate limits out of the way: the load here is the test's, not abuse
+        copy_policies(tmp_path)
+        edit_catalog(policies, rate_limits={"session_per_minute": 10**6, "agent_per_minute": 10**6,
+                                            "agent_tool_per_minute": 10**6})  # fmt: skip
+    return Settings(
+        audit=AuditSettings(backend="redis", path=tmp_path / "unused.jsonl", spool_dir=tmp_path / "spool"),
+        store=StoreSettings(url=url, timeout_s=0.5),
+        policy=PolicySettings(dir=policies),
+        instance=instance,
+    )
+
+
+async def test_redis_killed_mid_load_every_refusal_is_audited_and_nothing_is_allowed(
+    tmp_path: Path, persistent_redis: RedisServer
+) -> None:
+    allowed_before: list[str] = []
+    allowed_while_down: list[str] = []
+    refused_while_down = 0
+    down = asyncio.Event()
+
+    async with ControlPlane.from_settings(_settings(tmp_path, persistent_redis.url)) as plane:
+        await plane.register(external_tool("lookup"))
+        session = await plane.open_session("agent-1", "alice@example.com")
+
+        async def agent() -> None:
+            nonlocal refused_while_down
+            deadline = time.monotonic() + 4
+            while time.monotonic() < deadline:
+                was_down = down.is_set()  # judged at the start: calls in flight at the kill may pass
+                try:
+                    result = await plane.call(session, "lookup", {"q": "x"})
+                except StockadeError:
+                    refused_while_down += was_down
+                    continue
+                if result.status == "awaiting_report":
+                    (allowed_while_down if was_down else allowed_before).append(result.decision_id)
+                elif was_down:
+                    refused_while_down += 1
+
+        async def chaos() -> None:
+            await asyncio.sleep(1)
+            await asyncio.to_thread(persistent_redis.kill)
+            down.set()
+            await asyncio.sleep(1.5)
+
+        await asyncio.gather(chaos(), *(agent() for _ in range(4)))
+        assert refused_while_down > 20
+        assert allowed_while_down == []
+
+        spooled = [json.loads(line) for line in next((tmp_path / "spool").glob("*.jsonl")).read_text().splitlines()]
+        assert len(spooled) >= refused_while_down  # each refusal is on disk before the caller hears of it
+
+        # Redis returns (its AOF kept every acknowledged event); the router goes on, no restart.
+        persistent_redis.start()
+        for _ in range(50):
+            if (await plane.readiness())["audit"]:
+                break
+            await asyncio.sleep(0.1)
+        after = await plane.call(session, "lookup", {"q": "y"})
+        assert after.status == "awaiting_report", after.reasons
+
+        report = await plane.audit.verify()
+        assert report.ok, report.problem
+        events = await plane.audit.query(AuditFilter())
+    refusals = [e for e in events if e.outcome in ("store_unavailable", "denied") or e.kind == "error"]
+    drained = [e for e in events if "spool" in e.labels]
+    decided = {e.decision_id for e in events if e.kind == "decision"}
+    assert len(refusals) >= refused_while_down  # 100% of the refusals are in the stream
+    assert len(drained) == len(spooled)  # every spooled event was chained in, once
+    assert [int(e.labels["spool"].rsplit("#", 1)[1]) for e in drained] == list(range(1, len(spooled) + 1))
+    assert set(allowed_before) <= decided  # nothing acknowledged before the kill was lost
+    assert not next((tmp_path / "spool").glob("*.jsonl")).read_text()  # the spool is empty again
+
+
+async def test_redis_back_without_its_data_is_a_chain_that_went_backwards(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    async with ControlPlane.from_settings(_settings(tmp_path, redis_server.url)) as plane:
+        await plane.register(external_tool("lookup"))
+        session = await plane.open_session("agent-1", "alice@example.com")
+        for _ in range(5):
+            assert (await plane.call(session, "lookup", {})).status == "awaiting_report"
+
+        redis_server.kill()
+        redis_server.start()  # no persistence: the stream and its head are gone
+        await _until_the_store_answers(plane)
+
+        session = await plane.open_session("agent-1", "alice@example.com")
+        result = await plane.call(session, "lookup", {})
+        assert (result.status, result.reasons) == ("denied", ["audit.unavailable"])
+        problems = await plane.readiness_problems()
+        assert "went backwards" in (problems["audit"] or "")
+        assert (await plane.readiness())["audit"] is False
+        assert await plane.audit.query(AuditFilter()) == []  # nothing was chained onto the new head
+
+    # The refusal is on record locally, and a restarted router remembers the chain it extended.
+    spool = (tmp_path / "spool" / "router-a.jsonl").read_text().splitlines()
+    assert [json.loads(line)["decision_id"] for line in spool].count(result.decision_id) >= 1
+    async with ControlPlane.from_settings(_settings(tmp_path, redis_server.url)) as again:
+        await again.register(external_tool("lookup"))
+        session = await again.open_session("agent-1", "alice@example.com")
+        assert (await again.call(session, "lookup", {})).reasons == ["audit.unavailable"]
+        assert "went backwards" in ((await again.readiness_problems())["audit"] or "")
+
+
+async def _until_the_store_answers(plane: ControlPlane) -> None:
+    """The first command on a connection Redis dropped fails; a router is ready again after it."""
+    for _ in range(50):
+        if (await plane.readiness())["store"]:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("the store did not come back")
+
+
+async def test_two_routers_on_one_host_keep_spools_of_their_own(tmp_path: Path, redis_server: RedisServer) -> None:
+    async with (
+        ControlPlane.from_settings(_settings(tmp_path, redis_server.url)) as one,
+        ControlPlane.from_settings(_settings(tmp_path, redis_server.url)) as two,
+    ):
+        await one.register(external_tool("lookup"))
+        await two.register(external_tool("lookup"))
+        session = await one.open_session("agent-1", "alice@example.com")
+        assert (await two.call(session, "lookup", {})).status == "awaiting_report"
+        assert (await one.call(session, "lookup", {})).status == "awaiting_report"
+        assert (await one.audit.verify()).events == 2
+    locks = sorted(p.name for p in (tmp_path / "spool").glob("*.lock"))
+    assert locks == ["router-a.1.jsonl.lock", "router-a.jsonl.lock"]
