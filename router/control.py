@@ -57,7 +57,7 @@ from router.results import Artifact, DecisionResult, RunUsage, ToolResult
 from router.sessions import UNTRUSTED_CONTENT, new_session
 from router.settings import Settings
 from router.store import MemoryStore, PendingExternal, SessionRecord, Store, make_store
-from router.text import first_invalid_text
+from router.text import escape_invalid_text, first_invalid_text
 from router.tools import (
     CommandExecutor,
     ExternalExecutor,
@@ -520,6 +520,7 @@ class ControlPlane:
                 and the call cannot be reported again: the framework must not show the output).
         """
         session = await self._load_session(session_id, agent)
+        _check_text(output, "output")
         try:
             encoded = json.dumps(output, sort_keys=True, allow_nan=False)
         except (TypeError, ValueError) as exc:
@@ -865,7 +866,10 @@ class ControlPlane:
         verdict, output, reasons = run.verdict.value, None, []
         if isinstance(spec.executor, PythonExecutor) and run.verdict is runner_pkg.Verdict.OK:
             try:
-                output = REDACTOR.deep(runner_pkg.parse_result(run.stdout))
+                # A tool may return text no response or record can carry (a lone surrogate from a
+                # JSON escape): escaped like the audit log escapes it, so what the agent gets is
+                # exactly what was recorded.
+                output = escape_invalid_text(REDACTOR.deep(runner_pkg.parse_result(run.stdout)), "", [])
             except ValueError:
                 verdict, reasons = "error", ["output.malformed"]
         elif run.verdict is runner_pkg.Verdict.OK:
