@@ -499,7 +499,7 @@ class ControlPlane:
             await self._redeem(call)
         if decision.obligations.credentials:
             call.stage = "credentials"
-            call.leases = await self._mint(call, decision)
+            await self._mint(call, decision)
         if isinstance(call.tool.spec.executor, ExternalExecutor):
             call.stage = "awaiting_report"
             await self._store_step(call, self.store.expect_report(
@@ -583,12 +583,20 @@ class ControlPlane:
         """Validate the call, then load everything the store knows for it in one step (the session,
         renewed and counted if ``count_call``; its arguments' provenance; its rate windows)."""
         try:
-            tool = self.registry.get(tool_name)
-            args, canonical_args = parse_args(tool.spec.name, raw_args, self.settings.max_args_bytes)
-            _check_text(args, "args")
-            validate_args(tool, args)
-            checked_inputs = _check_inputs(inputs or {}, self.settings.max_input_bytes)
-            argv = command_argv(tool.spec.executor, args) if isinstance(tool.spec.executor, CommandExecutor) else ()
+            try:
+                tool = self.registry.get(tool_name)
+                args, canonical_args = parse_args(tool.spec.name, raw_args, self.settings.max_args_bytes)
+                _check_text(args, "args")
+                validate_args(tool, args)
+                checked_inputs = _check_inputs(inputs or {}, self.settings.max_input_bytes)
+                argv = command_argv(tool.spec.executor, args) if isinstance(tool.spec.executor, CommandExecutor) else ()
+            except StockadeError:
+                raise
+            except Exception as exc:  # a validator that breaks on hostile input: still a refusal, audited
+                log.exception("call_validation_raised")
+                raise InvalidCall(
+                    f"the call could not be validated ({type(exc).__name__}): check its arguments' shape and size"
+                ) from exc
         except StockadeError as exc:
             session = await self._load_session(session_id, agent)  # an unknown session is reported as such
             await self._audit_rejection(session, tool_name, exc)
@@ -768,8 +776,8 @@ class ControlPlane:
             raise
         await self._audit(self.approvals.event(used, "redeemed"))
 
-    async def _mint(self, call: _Call, decision: Decision) -> list[Lease]:
-        """Step 6: the call's credentials, minted and each audited.
+    async def _mint(self, call: _Call, decision: Decision) -> None:
+        """Step 6: the call's credentials, minted (into ``call.leases``) and each audited.
 
         Raises:
             _Refused: a credential cannot be granted or minted (audited), or the audit log failed
@@ -797,7 +805,6 @@ class ControlPlane:
                 "credential", call.decision_id, session, spec.name, call.call_id,
                 outcome="minted", result=lease.record(),
             ))  # fmt: skip
-        return leases
 
     async def _revoke(self, call: _Call, leases: list[Lease]) -> None:
         """Revoke the call's leases and audit each revocation (or its failure: the TTL ends it then)."""

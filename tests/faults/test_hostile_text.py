@@ -61,7 +61,7 @@ async def test_a_surrogate_in_any_caller_field_is_refused_audited_and_the_sessio
     for name, attempt in attempts.items():
         with pytest.raises(StockadeError) as refused:
             await attempt()
-        assert refused.value.status < 500, name
+        assert refused.value.http_status < 500, name
         after = events(plane)
         assert len(after) > before, f"{name}: no audit record"
         escaped_past += any("escaped" in e or "\\ud800" in json.dumps(e) for e in after[before:])
