@@ -1,31 +1,24 @@
 """Redaction: the one function that scrubs secrets from tool output, errors, logs and audit events.
 
 Every secret value and minted token is registered here with a label; `redact` replaces each
-occurrence, also in its base64 (standard and URL-safe, padded or not) and URL-encoded forms, with
-``[REDACTED:<label>]``. Values a secret is merely part of (``base64("user:" + secret)``) are not
-recognised: only the forms listed. Upstream secrets stay registered; a minted token is
-registered while its call runs (its output is scrubbed before the lease is revoked) and until
-its expiry at most, so the pattern stays as small as the number of calls in flight.
+occurrence with ``[REDACTED:<label>]``, in every form the egress proxy scrubs from responses
+(`runner.egress.scrub`, shared so the two never drift apart): raw and reversed, hex,
+percent-encoded, JSON-escaped, base64 and base64url (padded or not, and inside a longer base64
+text such as ``base64("user:" + secret)``), all regardless of ASCII case. A secret split into
+pieces or otherwise transformed is not recognised (``docs/egress.md``). Upstream secrets stay
+registered; a minted token is registered while its call runs (its output is scrubbed before the
+lease is revoked) and until its expiry at most, so the search stays as small as the number of
+calls in flight.
 """
 
 from __future__ import annotations
 
-import base64
 import threading
 import time
 from collections.abc import MutableMapping
 from typing import Any
-from urllib.parse import quote, quote_plus
 
-_MIN_LENGTH = 6  # shorter values would redact ordinary text
-
-
-def _forms(secret: str) -> set[str]:
-    raw = secret.encode()
-    forms = {secret, quote(secret, safe=""), quote_plus(secret)}
-    for encoded in (base64.b64encode(raw).decode(), base64.urlsafe_b64encode(raw).decode()):
-        forms |= {encoded, encoded.rstrip("=")}
-    return {f for f in forms if len(f) >= _MIN_LENGTH}
+from runner.egress.scrub import Form, scrub, secret_forms
 
 
 class Redactor:
@@ -33,30 +26,30 @@ class Redactor:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._entries: dict[str, tuple[str, float]] = {}  # form -> (label, forget after)
-        self._order: tuple[tuple[str, str], ...] = ()  # (form, replacement), longest form first
+        self._entries: dict[bytes, tuple[Form, float]] = {}  # needle -> (form, forget after)
+        self._order: tuple[Form, ...] = ()  # longest needle first
         self._next_expiry = float("inf")
 
     def add(self, secret: str, label: str, *, until: float = float("inf")) -> None:
         """Redact ``secret`` (and its encodings) as ``[REDACTED:label]`` until ``until`` (epoch)."""
         with self._lock:
-            for form in _forms(secret):
-                self._entries[form] = (label, until)
+            for needle, encoding in secret_forms(secret).items():
+                self._entries[needle] = (Form(needle, label, encoding), until)
             self._next_expiry = min(self._next_expiry, until)
             self._compile()
 
     def discard(self, secret: str) -> None:
         """Stop redacting ``secret`` (a revoked token: only its own call's output could hold it)."""
         with self._lock:
-            for form in _forms(secret):
-                self._entries.pop(form, None)
+            for needle in secret_forms(secret):
+                self._entries.pop(needle, None)
             self._compile()
 
     def _compile(self) -> None:
         # Longest first, so a secret's base64 form is not cut by a shorter secret inside it.
-        # Plain substring replacement: compiling a regex over long tokens costs milliseconds per mint.
-        forms = sorted(self._entries, key=len, reverse=True)
-        self._order = tuple((f, f"[REDACTED:{self._entries[f][0]}]") for f in forms)
+        # Plain substring search: compiling a regex over long tokens costs milliseconds per mint.
+        forms = (form for form, _ in self._entries.values())
+        self._order = tuple(sorted(forms, key=lambda form: len(form.needle), reverse=True))
 
     def _expire(self, now: float) -> None:
         with self._lock:
@@ -67,10 +60,13 @@ class Redactor:
     def __call__(self, text: str) -> str:
         if self._next_expiry <= time.time():
             self._expire(time.time())
-        for form, replacement in self._order:
-            if form in text:
-                text = text.replace(form, replacement)
-        return text
+        order = self._order
+        if not order:
+            return text
+        # Matched as UTF-8 bytes: folding ASCII case there keeps every offset, which str.lower()
+        # does not for all of Unicode; surrogatepass keeps text that is not valid UTF-8 intact.
+        scrubbed, found = scrub(text.encode("utf-8", "surrogatepass"), order)
+        return scrubbed.decode("utf-8", "surrogatepass") if found else text
 
     @property
     def active(self) -> bool:

@@ -88,7 +88,8 @@ class EgressRecord:
     bytes_down: int = 0
     duration_ms: float = 0.0
     injected: tuple[str, ...] = ()  # labels of the credentials put into this request, never values
-    intercepted: bool = False  # HTTPS terminated at the proxy (to inject), not tunnelled
+    intercepted: bool = False  # HTTPS terminated at the proxy (to inject or check the method), not tunnelled
+    scrubbed: tuple[str, ...] = ()  # "<credential>:<encoding>" removed from the response, never values
 
 
 EgressHook = Callable[[EgressRecord], Awaitable[None]]

@@ -1,12 +1,14 @@
-"""TLS interception for credential injection: an ephemeral CA per call.
+"""TLS interception: an ephemeral CA per call.
 
-To put a credential into an HTTPS request, the proxy must see the request: for hosts that have a
-credential it terminates the sandbox's TLS with a certificate for that host, signed by a CA made
-for this call alone, then speaks TLS to the real upstream (verified against the system's CAs and
-the operator's ``egress_ca_file``). The CA's certificate is trusted inside this call's sandbox
-only (a bundle in ``/in`` named by ``SSL_CERT_FILE`` and friends); its private key exists only
-in this process's memory and dies with the call. Hosts without a credential are tunnelled
-untouched: the sandbox talks TLS to them end to end.
+To put a credential into an HTTPS request, or to hold it to the methods its rule grants, the
+proxy must see the request: for hosts that have a credential or a method-restricted rule it
+terminates the sandbox's TLS with a certificate for that host, signed by a CA made for this
+call alone, then speaks TLS to the real upstream (verified against the system's CAs and the
+operator's ``egress_ca_file``). The CA's certificate is trusted inside this call's sandbox only
+(a bundle in ``/in`` named by ``SSL_CERT_FILE`` and friends); its private key exists only in
+this process's memory and dies with the call. Other hosts are tunnelled untouched: the sandbox
+talks TLS to them end to end. A tool that trusts only its own CAs (certificate pinning) cannot
+reach an intercepted host: that fails closed.
 """
 
 from __future__ import annotations
@@ -90,10 +92,16 @@ def upstream_context(extra_ca: Path | None) -> ssl.SSLContext:
     return context
 
 
+def needs_interception(spec: SandboxSpec) -> bool:
+    """Whether the proxy must see inside this call's HTTPS: to inject a credential, or to check
+    methods against a rule that restricts them."""
+    return bool(spec.injections) or any(rule.methods for rule in spec.egress)
+
+
 def with_interception(spec: SandboxSpec) -> tuple[SandboxSpec, InterceptCA | None]:
-    """``spec`` prepared for credential injection: a fresh CA, and its certificate (with the
-    system's CAs, so other hosts still verify) trusted inside the sandbox. Unchanged without injections."""
-    if not spec.injections:
+    """``spec`` prepared for interception: a fresh CA, and its certificate (with the system's
+    CAs, so other hosts still verify) trusted inside the sandbox. Unchanged when nothing needs it."""
+    if not needs_interception(spec):
         return spec, None
     ca = InterceptCA()
     system = _SYSTEM_BUNDLE.read_bytes() if _SYSTEM_BUNDLE.is_file() else b""

@@ -3,16 +3,26 @@
 Sandboxes have no network interface. A bridge inside each one forwards ``127.0.0.1:3128`` to
 this proxy's socket, and tools see it as ``HTTP_PROXY``/``HTTPS_PROXY``. For each request:
 
-- ``CONNECT host:port`` (HTTPS): allowed when a rule names that host and port; then tunnelled.
+- ``CONNECT host:port`` (HTTPS): allowed when a rule names that host and port; then tunnelled,
+  unless the proxy must see inside (below).
 - an absolute-form ``http://`` request: allowed when a rule names the host and port and, if the
   rule lists methods, the method; forwarded with ``Connection: close``.
 - anything else, or a destination no rule names: ``403`` with the reason; malformed: ``400``.
 
+Interception: for HTTPS to a host whose rule lists methods, or that has a credential, the proxy
+terminates the sandbox's TLS with a per-call CA (`runner.egress.intercept`), opens its own
+verified TLS connection upstream, and treats the one request inside like a plain HTTP one: the
+method is checked against the rule (``403`` inside the tunnel and a refused record if it is not
+granted) and the request is recorded with its own method. Without a CA such a CONNECT is refused,
+never tunnelled unchecked. Every other host is tunnelled untouched, end to end.
+
 Credentials (``injections``): the sandbox holds a placeholder; the proxy replaces it with the
 real value in the request headers, only for the credential's hosts (exact host, or host:port).
-For HTTPS to such a host the proxy terminates TLS with a per-call CA (`runner.egress.intercept`)
-and opens its own verified TLS connection upstream; every other host is tunnelled untouched.
-Records name the credentials injected, never their values.
+Responses from those hosts are scrubbed of each of their credentials' values in every form
+`runner.egress.scrub` knows (headers and body, with its length rewritten or sent chunked; the
+upstream is asked for an uncompressed body, and a gzip or deflate one is decompressed; any other
+coding is refused, ``502``), so a reflecting upstream does not hand the secret back to the tool.
+Records name the credentials injected and scrubbed (with the encoding found), never their values.
 
 Destinations are matched before any name is resolved, so a refused request causes no DNS
 lookup. A name that resolves to a loopback, private or link-local address is refused unless the
@@ -28,13 +38,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import ipaddress
 import os
 import socket
 import ssl
 import time
-from collections.abc import Mapping, Sequence
+import zlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import cast
 from urllib.parse import urlsplit
 
 import h11
@@ -42,6 +55,7 @@ import structlog
 
 from runner.base import EgressHook, EgressRecord, EgressRule, Injection
 from runner.egress.intercept import InterceptCA, upstream_context
+from runner.egress.scrub import StreamScrubber, compile_forms, scrub
 
 log = structlog.get_logger(__name__)
 
@@ -52,6 +66,9 @@ _HOP_BY_HOP = {
 _MAX_HEAD = 64 * 1024
 _MAX_BODY = 16 << 20
 _CHUNK = 65536
+_INFLATABLE = {b"gzip", b"x-gzip", b"deflate"}
+_CLOSE_GRACE_S = 1.0
+_BUFFERED_MAX = 1 << 20  # a scrubbed body up to this keeps a Content-Length (rewritten); longer ones go chunked
 
 
 class _Refused(Exception):
@@ -59,6 +76,46 @@ class _Refused(Exception):
         super().__init__(reason)
         self.status = status
         self.reason = reason
+
+
+@dataclasses.dataclass
+class _Exchange:
+    """What the proxy learned about one request as it went; reported once as an `EgressRecord`."""
+
+    method: str = "?"
+    host: str = "?"
+    port: int = 0
+    allowed: bool = False
+    reason: str = ""
+    status: int = 0
+    up: int = 0
+    down: int = 0
+    injected: tuple[str, ...] = ()
+    intercepted: bool = False
+    scrubbed: tuple[str, ...] = ()
+    started: float = dataclasses.field(default_factory=time.perf_counter)
+
+    def fail(self, refused: _Refused) -> None:
+        """The request ended with ``refused``; whether the rules allowed it stays as it was."""
+        self.status, self.reason = refused.status, refused.reason
+
+    def record(self) -> EgressRecord:
+        return EgressRecord(self.method, self.host, self.port, self.allowed, self.reason, self.status, self.up,
+                            self.down, (time.perf_counter() - self.started) * 1000, self.injected, self.intercepted,
+                            self.scrubbed)  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Route:
+    """Where an allowed request goes: its rule, its origin-form target (none for CONNECT), the
+    credentials for its host, whether HTTPS to it is intercepted, and the upstream connection."""
+
+    rule: EgressRule
+    target: str
+    injections: tuple[Injection, ...]
+    intercept: bool
+    up_reader: asyncio.StreamReader
+    up_writer: asyncio.StreamWriter
 
 
 class EgressProxy:
@@ -116,88 +173,89 @@ class EgressProxy:
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
             pass
         except asyncio.CancelledError:
-            # aclose() cancels open tunnels: the connection ends here, and asyncio's stream callback
-            # would otherwise report the cancellation as an error.
+            # aclose() cancels open tunnels: the connection ends here, and Python 3.11's stream
+            # callback would otherwise report the cancellation as an error.
             pass
         finally:
             if task is not None:
                 self._tasks.discard(task)
-            writer.close()
-            with contextlib.suppress(ConnectionError, OSError):
-                await writer.wait_closed()
+            await _close(writer)
 
     async def _report(self, record: EgressRecord) -> None:
         self.records.append(record)
         log.info("egress", method=record.method, host=record.host, port=record.port, allowed=record.allowed,
-                 reason=record.reason, status=record.status)  # fmt: skip
+                 reason=record.reason, status=record.status, intercepted=record.intercepted,
+                 scrubbed=list(record.scrubbed))  # fmt: skip
         if self._on_record is not None:
             await self._on_record(record)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_HEAD)
-        started = time.perf_counter()
-        method, host, port = "?", "?", 0
+        exchange = _Exchange()
         try:
             request = await _next_request(conn, reader, self._idle_timeout)
+            if request.method.upper() == b"CONNECT":
+                # What the client sends after its CONNECT must reach whatever serves the tunnel:
+                # TLS, if the proxy intercepts. Read on, and a TLS hello sent early (or between
+                # the 200 and the switch to TLS, which uvloop's turn order makes likely) lands in
+                # the plain-text buffer, lost to TLS: the handshake would time out. Reading resumes
+                # once the tunnel or TLS takes over.
+                _transport(writer).pause_reading()
+            route = await self._route(request, exchange)
         except ConnectionError:
             return  # hung up before asking for anything (a readiness probe): no request, no record
         except _Refused as refused:
             await _send_error(conn, writer, refused.status, refused.reason)
-            await self._report(EgressRecord(method, host, port, False, refused.reason, refused.status))
+            exchange.fail(refused)
+            await self._report(exchange.record())
             return
         try:
-            _check_framing(request)
-            method = request.method.decode("ascii", "replace").upper()
-            host, port, target = _destination(method, request.target.decode("ascii", "replace"))
-            rule_reason = self._check(method, host, port)
-            address = await self._resolve(host)
-            up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(address, port), self._connect_timeout)
-        except _Refused as refused:
-            await _send_error(conn, writer, refused.status, refused.reason)
-            await self._report(EgressRecord(method, host, port, False, refused.reason, refused.status,
-                                            duration_ms=(time.perf_counter() - started) * 1000))  # fmt: skip
-            return
-        except (OSError, TimeoutError) as exc:
-            reason = f"upstream {host}:{port} unreachable: {exc.__class__.__name__}"
-            await _send_error(conn, writer, 502, reason)
-            await self._report(EgressRecord(method, host, port, True, reason, 502,
-                                            duration_ms=(time.perf_counter() - started) * 1000))  # fmt: skip
-            return
-        injections = [i for i in self._injections if i.applies_to(host, port)]
-        intercepted, injected = False, tuple[str, ...]()
-        try:
-            if method == "CONNECT" and injections and self._intercept is not None:
-                intercepted = True
-                status, up, down, injected = await self._intercept_tls(
-                    conn, reader, writer, up_reader, up_writer, host, injections
-                )
-            elif method == "CONNECT":
-                up, down = await self._tunnel(conn, reader, writer, up_reader, up_writer)
-                status = 200
+            if route.intercept:
+                await self._intercept_tls(conn, reader, writer, route, exchange)
+            elif exchange.method == "CONNECT":
+                await self._tunnel(conn, reader, writer, route, exchange)
             else:
-                status, up, down, injected = await self._forward(
-                    conn, request, target, reader, writer, up_reader, up_writer, injections
-                )
-        except _Refused as refused:
-            with contextlib.suppress(Exception):
-                await _send_error(conn, writer, refused.status, refused.reason)
-            status, up, down, rule_reason = refused.status, 0, 0, refused.reason
+                await self._forward(conn, request, reader, writer, route, exchange)
+        except _Refused as refused:  # before any answer went to the client
+            await _send_error(conn, writer, refused.status, refused.reason)
+            exchange.fail(refused)
+        except ConnectionError:
+            pass  # the client left; what happened until then is recorded
         except (ssl.SSLError, OSError, TimeoutError) as exc:
-            status, up, down, rule_reason = 502, 0, 0, f"TLS with {host}:{port} failed: {exc.__class__.__name__}"
+            exchange.fail(_Refused(502, f"exchange with {exchange.host}:{exchange.port} failed: "
+                                        f"{exc.__class__.__name__}"))  # fmt: skip
         finally:
-            up_writer.close()
-            with contextlib.suppress(ConnectionError, OSError):
-                await up_writer.wait_closed()
-        await self._report(EgressRecord(method, host, port, True, rule_reason, status, up, down,
-                                        (time.perf_counter() - started) * 1000, injected, intercepted))  # fmt: skip
+            await _close(route.up_writer)
+        await self._report(exchange.record())
 
-    def _check(self, method: str, host: str, port: int) -> str:
+    async def _route(self, request: h11.Request, exchange: _Exchange) -> _Route:
+        """Check ``request`` against the rules and open its upstream connection, or `_Refused`."""
+        _check_framing(request)
+        exchange.method = method = request.method.decode("ascii", "replace").upper()
+        exchange.host, exchange.port, target = _destination(method, request.target.decode("ascii", "replace"))
+        host, port = exchange.host, exchange.port
+        rule = self._rule(method, host, port)
+        injections = tuple(i for i in self._injections if i.applies_to(host, port))
+        intercept = method == "CONNECT" and bool(injections or rule.methods)
+        if intercept and self._intercept is None:
+            raise _Refused(403, f"HTTPS to {host}:{port} must be intercepted (a credential or a method "
+                                "restriction) and this proxy has no CA for it")  # fmt: skip
+        exchange.reason = f"allowed by rule {rule.host}:{rule.port}"
+        address = await self._resolve(host)
+        exchange.allowed = True
+        try:
+            up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(address, port), self._connect_timeout)
+        except (OSError, TimeoutError) as exc:
+            raise _Refused(502, f"upstream {host}:{port} unreachable: {exc.__class__.__name__}") from exc
+        return _Route(rule, target, injections, intercept, up_reader, up_writer)
+
+    def _rule(self, method: str, host: str, port: int) -> EgressRule:
+        """The rule allowing ``method`` to ``host:port`` (a CONNECT is checked inside, if at all), or `_Refused`."""
         for rule in self._rules:
             if rule.host == host and rule.port == port:
-                if method == "CONNECT" or not rule.methods or method in rule.methods:
-                    return f"allowed by rule {rule.host}:{rule.port}"
-                raise _Refused(403, f"method {method} to {host}:{port} is not allowed (allowed: "
-                                    f"{', '.join(rule.methods)})")  # fmt: skip
+                if method != "CONNECT":
+                    _check_method(rule, method)
+                return rule
         raise _Refused(403, f"egress to {host}:{port} is not in this call's allowlist")
 
     async def _resolve(self, host: str) -> str:
@@ -222,108 +280,264 @@ class EgressProxy:
         conn: h11.Connection,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
-        up_reader: asyncio.StreamReader,
-        up_writer: asyncio.StreamWriter,
-    ) -> tuple[int, int]:
+        route: _Route,
+        exchange: _Exchange,
+    ) -> None:
         await _established(conn, writer)
+        exchange.status = 200
         leftover, _ = conn.trailing_data
-        up_writer.write(leftover)
+        route.up_writer.write(leftover)
+        _transport(writer).resume_reading()
         counts = [len(leftover), 0]
-        await asyncio.gather(
-            _pump(reader, up_writer, counts, 0, self._idle_timeout),
-            _pump(up_reader, writer, counts, 1, self._idle_timeout),
-        )
-        return counts[0], counts[1]
+        try:
+            await asyncio.gather(
+                _pump(reader, route.up_writer, counts, 0, self._idle_timeout),
+                _pump(route.up_reader, writer, counts, 1, self._idle_timeout),
+            )
+        finally:
+            exchange.up, exchange.down = counts
 
     async def _intercept_tls(
         self,
         conn: h11.Connection,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
-        up_reader: asyncio.StreamReader,
-        up_writer: asyncio.StreamWriter,
-        host: str,
-        injections: Sequence[Injection],
-    ) -> tuple[int, int, int, tuple[str, ...]]:
-        """Terminate the sandbox's TLS for ``host``, then forward one request with its
-        credentials over the proxy's own verified TLS connection to the upstream."""
+        route: _Route,
+        exchange: _Exchange,
+    ) -> None:
+        """Terminate the sandbox's TLS for the rule's host, check the one request inside against
+        the rule, then forward it (with its credentials) over the proxy's own verified TLS
+        connection to the upstream."""
         if self._intercept is None or self._upstream_tls is None:
             raise _Refused(500, "interception is not set up for this call")
         leftover, _ = conn.trailing_data
         if leftover:
             raise _Refused(400, "send the TLS handshake after the CONNECT response, not with the request")
+        host = exchange.host
+        exchange.intercepted = True
+        try:
+            # Upstream first: if it cannot be verified, the CONNECT itself is answered 502.
+            async with asyncio.timeout(self._connect_timeout):
+                await route.up_writer.start_tls(self._upstream_tls, server_hostname=host)
+        except (ssl.SSLError, OSError, TimeoutError) as exc:
+            raise _Refused(502, f"TLS with {host}:{exchange.port} failed: {exc.__class__.__name__}") from exc
+        context = self._intercept.server_context(host)
         await _established(conn, writer)
-        await asyncio.wait_for(writer.start_tls(self._intercept.server_context(host)), self._connect_timeout)
-        await asyncio.wait_for(up_writer.start_tls(self._upstream_tls, server_hostname=host), self._connect_timeout)
+        exchange.status = 200
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                await writer.start_tls(context)
+        except (ssl.SSLError, OSError, TimeoutError) as exc:  # e.g. a client that does not trust the call's CA
+            exchange.fail(_Refused(502, f"TLS with the client failed: {exc.__class__.__name__}"))
+            return
         inner = h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_HEAD)
         try:
             request = await _next_request(inner, reader, self._idle_timeout)
+            _check_framing(request)
+            exchange.method = request.method.decode("ascii", "replace").upper()
+            target = request.target.decode("ascii", "replace")
+            if not target.startswith("/"):
+                raise _Refused(400, "inside the tunnel, send origin-form targets (/path)")
+            _check_method(route.rule, exchange.method)
         except _Refused as refused:
             await _send_error(inner, writer, refused.status, refused.reason)
-            return refused.status, 0, 0, ()
-        _check_framing(request)
-        target = request.target.decode("ascii", "replace")
-        if not target.startswith("/"):
-            await _send_error(inner, writer, 400, "inside the tunnel, send origin-form targets (/path)")
-            return 400, 0, 0, ()
-        return await self._forward(inner, request, target, reader, writer, up_reader, up_writer, injections)
+            exchange.allowed = False
+            exchange.fail(refused)
+            return
+        try:
+            await self._forward(inner, request, reader, writer, dataclasses.replace(route, target=target), exchange)
+        except _Refused as refused:
+            await _send_error(inner, writer, refused.status, refused.reason)
+            exchange.fail(refused)
 
     async def _forward(
         self,
         conn: h11.Connection,
         request: h11.Request,
-        target: str,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
-        up_reader: asyncio.StreamReader,
-        up_writer: asyncio.StreamWriter,
-        injections: Sequence[Injection] = (),
-    ) -> tuple[int, int, int, tuple[str, ...]]:
-        body = bytearray()
-        while True:
-            event = await _next_event(conn, reader, self._idle_timeout)
-            if isinstance(event, h11.Data):
-                body += event.data
-                if len(body) > _MAX_BODY:
-                    raise _Refused(413, "request body over the proxy's cap")
-            elif isinstance(event, h11.EndOfMessage):
-                break
+        route: _Route,
+        exchange: _Exchange,
+    ) -> None:
+        """Send ``request`` upstream with its credentials, and its response back, scrubbed of
+        them. Raises `_Refused` only before anything was sent back."""
+        body = await _read_body(conn, reader, self._idle_timeout)
         upstream = h11.Connection(h11.CLIENT)
         # The body is framed by what we send, never by the client's claims.
-        headers, injected = _inject(
-            [(k, v) for k, v in request.headers if k.lower() not in _HOP_BY_HOP | {b"content-length"}], injections
+        headers, exchange.injected = _inject(
+            [(k, v) for k, v in request.headers if k.lower() not in _HOP_BY_HOP | {b"content-length"}], route.injections
         )
+        scrubber = _ResponseScrubber(route.injections, request.method) if route.injections else None
+        if scrubber is not None:
+            # Scrubbing needs the body as text: ask for it uncompressed.
+            headers = [(k, v) for k, v in headers if k.lower() != b"accept-encoding"]
+            headers.append((b"accept-encoding", b"identity"))
         headers.append((b"connection", b"close"))
         if body or request.method.upper() in (b"POST", b"PUT", b"PATCH"):
             headers.append((b"content-length", str(len(body)).encode()))
-        data = upstream.send(h11.Request(method=request.method, target=target.encode(), headers=headers))
+        data = upstream.send(h11.Request(method=request.method, target=route.target.encode(), headers=headers))
         if body:
-            data += upstream.send(h11.Data(data=bytes(body)))
+            data += upstream.send(h11.Data(data=body))
         data += upstream.send(h11.EndOfMessage())
-        up_writer.write(data)
-        await up_writer.drain()
-        sent, received, status = len(data), 0, 502
+        route.up_writer.write(data)
+        await route.up_writer.drain()
+        exchange.up = len(data)
+        try:
+            await self._relay(upstream, conn, route.up_reader, writer, scrubber, exchange)
+        finally:
+            if scrubber is not None:
+                exchange.scrubbed = scrubber.found()
+
+    async def _relay(
+        self,
+        upstream: h11.Connection,
+        conn: h11.Connection,
+        up_reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        scrubber: _ResponseScrubber | None,
+        exchange: _Exchange,
+    ) -> None:
+        """The upstream's response, passed to the client as it arrives (scrubbed, if ``scrubber``).
+        Raises `_Refused` when it cannot be: before the head was sent, the client gets the error."""
+        exchange.status = 502
         while True:
-            chunk_event = upstream.next_event()
-            if chunk_event is h11.NEED_DATA:
+            try:
+                event = upstream.next_event()
+            except h11.RemoteProtocolError as exc:
+                raise _Refused(502, f"malformed response from upstream: {exc}") from exc
+            if event is h11.NEED_DATA:
                 chunk = await asyncio.wait_for(up_reader.read(_CHUNK), self._idle_timeout)
-                received += len(chunk)
+                exchange.down += len(chunk)
                 upstream.receive_data(chunk)
                 continue
-            if isinstance(chunk_event, h11.Response):
-                status = chunk_event.status_code
-                kept = [(k, v) for k, v in chunk_event.headers if k.lower() not in _HOP_BY_HOP]
-                writer.write(conn.send(h11.Response(status_code=status, headers=[*kept, (b"connection", b"close")],
-                                                    reason=chunk_event.reason)))  # fmt: skip
-            elif isinstance(chunk_event, h11.Data):
-                writer.write(conn.send(h11.Data(data=chunk_event.data)))
-            elif isinstance(chunk_event, h11.EndOfMessage | h11.ConnectionClosed):
+            if isinstance(event, h11.Response):
+                exchange.status = event.status_code
+                kept = [(k, v) for k, v in event.headers if k.lower() not in _HOP_BY_HOP]
+                response = h11.Response(status_code=event.status_code, headers=[*kept, (b"connection", b"close")],
+                                        reason=event.reason)  # fmt: skip
+                await _send(conn, writer, [response] if scrubber is None else scrubber.head(response))
+            elif isinstance(event, h11.Data):
+                await _send(conn, writer, [event] if scrubber is None else scrubber.body(event.data))
+            elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
+                await _send(conn, writer, () if scrubber is None else scrubber.finish())
                 with contextlib.suppress(h11.LocalProtocolError):
                     writer.write(conn.send(h11.EndOfMessage()))
                 break
-            await writer.drain()
         await writer.drain()
-        return status, sent, received, injected
+
+
+class _ResponseScrubber:
+    """A response from a credential's host, as h11 events to send on, with its credentials' values
+    removed in every form `runner.egress.scrub` knows: from the header names and values, the reason,
+    and the body. A body up to ``_BUFFERED_MAX`` with a Content-Length is held, scrubbed and sent
+    with its new length; a longer, chunked or compressed one is scrubbed as it streams and sent
+    chunked. A gzip or deflate body (sent although the request asked for none) is decompressed;
+    any other coding cannot be read, and is refused."""
+
+    def __init__(self, injections: Sequence[Injection], method: bytes) -> None:
+        self._forms = compile_forms((i.label, i.value) for i in injections)
+        self._stream = StreamScrubber(self._forms)
+        self._head_found: set[tuple[str, str]] = set()
+        self._method = method.upper()
+        self._inflate: zlib._Decompress | None = None
+        self._held: h11.Response | None = None  # a head waiting for its body's new length
+        self._body = bytearray()
+
+    def found(self) -> tuple[str, ...]:
+        """``<credential>:<encoding>`` of each form removed so far."""
+        seen = self._head_found | {(form.label, form.encoding) for form in self._stream.found}
+        return tuple(sorted(f"{label}:{encoding}" for label, encoding in seen))
+
+    def _scrub(self, value: bytes) -> bytes:
+        scrubbed, found = scrub(value, self._forms)
+        self._head_found.update((form.label, form.encoding) for form in found)
+        return scrubbed
+
+    def head(self, response: h11.Response) -> list[h11.Response]:
+        """What to send of the status line and headers now; `_Refused` for a body coding it cannot read."""
+        headers: list[tuple[bytes, bytes]] = []
+        length: int | None = None
+        for name, value in response.headers:
+            lower = name.lower()
+            if lower == b"content-encoding":
+                coding = value.strip().lower()
+                if coding in _INFLATABLE:
+                    self._inflate = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib header
+                elif coding != b"identity":
+                    raise _Refused(502, f"upstream sent a {coding.decode('ascii', 'replace')[:40]} body, "
+                                        "which the proxy cannot scrub for credentials")  # fmt: skip
+                continue
+            if lower == b"content-length" and self._method != b"HEAD":
+                length = int(value)  # h11 has checked it; the new one is known once the body is scrubbed
+                continue
+            if self._scrub(name) != name:
+                continue  # reflected as a header's name: a marker is no valid name, so the header goes
+            headers.append((name, self._scrub(value)))
+        scrubbed = h11.Response(status_code=response.status_code, headers=headers,
+                                reason=self._scrub(bytes(response.reason)))  # fmt: skip
+        if length is not None and length <= _BUFFERED_MAX and self._inflate is None:
+            self._held = scrubbed
+            return []
+        return [scrubbed]  # no length: h11 sends the body chunked (or until close, to HTTP/1.0)
+
+    def body(self, data: bytes) -> Iterator[h11.Data]:
+        """What to send of ``data`` now."""
+        if self._held is not None:
+            self._body += data
+            return
+        if self._inflate is None:
+            yield h11.Data(data=self._stream.feed(data))
+            return
+        # Bounded steps: a small compressed body may inflate to a great deal.
+        while data:
+            try:
+                piece = self._inflate.decompress(data, _CHUNK)
+            except zlib.error as exc:
+                raise _Refused(502, "upstream's compressed body is corrupt") from exc
+            data = self._inflate.unconsumed_tail
+            yield h11.Data(data=self._stream.feed(piece))
+
+    def finish(self) -> list[h11.Response | h11.Data]:
+        """What is left to send once the upstream's body has ended."""
+        if self._held is not None:
+            body = self._scrub(bytes(self._body))
+            length = (b"content-length", str(len(body)).encode())
+            return [h11.Response(status_code=self._held.status_code, headers=[*self._held.headers, length],
+                                 reason=self._held.reason), h11.Data(data=body)]  # fmt: skip
+        rest = self._stream.feed(self._inflate.flush()) if self._inflate is not None else b""
+        return [h11.Data(data=rest + self._stream.finish())]
+
+
+async def _send(conn: h11.Connection, writer: asyncio.StreamWriter, events: Iterable[h11.Response | h11.Data]) -> None:
+    for event in events:
+        if not isinstance(event, h11.Data) or event.data:  # an empty chunk would end a chunked body
+            writer.write(conn.send(event))
+            await writer.drain()
+
+
+def _transport(writer: asyncio.StreamWriter) -> asyncio.ReadTransport:
+    """The client connection's transport, which reads too (StreamWriter types it write-only)."""
+    return cast("asyncio.ReadTransport", writer.transport)
+
+
+def _check_method(rule: EgressRule, method: str) -> None:
+    """`_Refused` unless ``rule`` grants ``method`` (a rule listing no methods grants any)."""
+    if rule.methods and method not in rule.methods:
+        raise _Refused(403, f"method {method} to {rule.host}:{rule.port} is not allowed (allowed: "
+                            f"{', '.join(rule.methods)})")  # fmt: skip
+
+
+async def _read_body(conn: h11.Connection, reader: asyncio.StreamReader, idle_s: float) -> bytes:
+    """The request's body, up to the proxy's cap."""
+    body = bytearray()
+    while True:
+        event = await _next_event(conn, reader, idle_s)
+        if isinstance(event, h11.Data):
+            body += event.data
+            if len(body) > _MAX_BODY:
+                raise _Refused(413, "request body over the proxy's cap")
+        elif isinstance(event, h11.EndOfMessage):
+            return bytes(body)
 
 
 def _inject(
@@ -415,6 +629,19 @@ async def _send_error(conn: h11.Connection, writer: asyncio.StreamWriter, status
         writer.write(conn.send(h11.Data(data=body)))
         writer.write(conn.send(h11.EndOfMessage()))
         await writer.drain()
+
+
+async def _close(writer: asyncio.StreamWriter) -> None:
+    """Close a connection: gracefully (TLS's close_notify) for a moment, then abruptly."""
+    writer.close()
+    try:
+        async with asyncio.timeout(_CLOSE_GRACE_S):
+            await writer.wait_closed()
+    except (ConnectionError, OSError, TimeoutError, asyncio.CancelledError):
+        # A peer that never answers close_notify, or a stream whose TLS handshake was cut short
+        # (its close is never reported to the stream), would hold this forever; so would
+        # aclose(), which waits for every connection. A cancellation (aclose()) ends it here too.
+        writer.transport.abort()
 
 
 async def _pump(

@@ -1,8 +1,9 @@
-"""The redactor: every registered form of a secret, and nothing else."""
+"""The redactor: every registered form of a secret (the forms the egress proxy scrubs), and nothing else."""
 
 from __future__ import annotations
 
 import base64
+import json
 import time
 from urllib.parse import quote, quote_plus
 
@@ -32,3 +33,41 @@ def test_forgotten_and_expired_secrets_are_no_longer_scrubbed() -> None:
     time.sleep(0.1)
     assert redactor("token-one-abcdef token-two-abcdef") == "token-one-abcdef token-two-abcdef"
     assert not redactor.active
+
+
+def test_every_form_the_egress_proxy_scrubs_is_redacted_too() -> None:
+    """Hex, reversed, any ASCII case, base64 of ``user:secret`` for users of every length (each
+    alignment of the secret in base64), base64url, percent-encoding with either case of escape,
+    JSON escapes: 0 of them survive."""
+    redactor = Redactor()
+    redactor.add(SECRET, "api-key")
+    raw = SECRET.encode()
+    forms = {
+        "hex": raw.hex(), "HEX": raw.hex().upper(), "reversed": SECRET[::-1], "reversed upper": SECRET[::-1].upper(),
+        "upper": SECRET.upper(), "lower": SECRET.lower(), "swapped": SECRET.swapcase(),
+        "percent lower": quote(SECRET, safe="").lower(), "percent keeping /": quote(SECRET),
+        "json": json.dumps(SECRET)[1:-1].replace("/", "\\/"),
+        **{f"basic {user!r}": base64.b64encode(f"{user}:{SECRET}".encode()).decode()
+           for user in ("", "a", "ab", "abc")},
+        **{f"base64url {user!r}": base64.urlsafe_b64encode(f"{user}:{SECRET}".encode()).decode().rstrip("=")
+           for user in ("", "a", "ab")},
+        "base64 with more after": base64.b64encode(raw + b"&more=1").decode(),
+    }  # fmt: skip
+    survived = {name: redactor(f"before {form} after") for name, form in forms.items()}
+    assert [name for name, text in survived.items() if "[REDACTED:api-key]" not in text] == []
+    secret_bits = [form for form in forms.values() if any(form in text for text in survived.values())]
+    assert secret_bits == []
+
+
+def test_ordinary_text_and_fragments_of_a_secret_are_left_alone() -> None:
+    redactor = Redactor()
+    redactor.add(SECRET, "api-key")
+    text = "s3cr3t and value+with and chars?& and " + SECRET[:5] + " in prose, 73337233 as hex"
+    assert redactor(text) == text
+
+
+def test_offsets_hold_in_text_that_is_not_ascii_or_not_valid_utf8() -> None:
+    """Case folding must not shift what is cut: ``İ`` lowercases to two characters in Python."""
+    redactor = Redactor()
+    redactor.add(SECRET, "api-key")
+    assert redactor(f"İstanbul {SECRET.upper()} ünïcode \udcff end") == "İstanbul [REDACTED:api-key] ünïcode \udcff end"

@@ -1,17 +1,51 @@
-"""The egress proxy on its Unix socket, driven the way a sandbox's bridge drives it."""
+"""The egress proxy on its Unix socket, driven the way a sandbox's bridge drives it; every test
+runs on asyncio's event loop and on uvloop (the loop `stockade serve` runs on)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.server
+import socket
+import ssl
+import sys
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import h11
 import pytest
+import trustme
+import uvloop
 
 from runner import EgressRecord, EgressRule
+from runner.base import Injection
 from runner.egress import EgressProxy
+from runner.egress.intercept import InterceptCA
+
+LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
+    "asyncio": asyncio.new_event_loop,
+    "uvloop": uvloop.new_event_loop,
+}
+HOST = "api.allowed.test"
+SECRET = "sk-egress-test-5f1d8a3b9c7e"
+PLACEHOLDER = "stockade-placeholder-egress-test"
+
+
+@pytest.fixture(scope="module", params=list(LOOPS), autouse=True)
+def _asyncio_loop_factory(request: pytest.FixtureRequest) -> Callable[[], asyncio.AbstractEventLoop]:
+    """Runs each test of this module on both loops. It overrides pytest-asyncio's own loop-factory
+    fixture for this module only: the plugin's public hook for this (``pytest_asyncio_loop_factories``)
+    lives in a conftest and would switch every test under it."""
+    return LOOPS[request.param]
+
+
+@pytest.fixture(autouse=True)
+async def _runs_on_the_loop_asked_for(_asyncio_loop_factory: Callable[[], asyncio.AbstractEventLoop]) -> None:
+    """Fails if pytest-asyncio stops honouring the override (both runs would then be asyncio's)."""
+    on_uvloop = isinstance(asyncio.get_running_loop(), uvloop.Loop)
+    assert on_uvloop == (_asyncio_loop_factory is uvloop.new_event_loop)
 
 
 @pytest.fixture(scope="module")
@@ -141,3 +175,336 @@ async def test_a_client_that_hangs_up_is_not_a_request(proxy: tuple[EgressProxy,
     await writer.wait_closed()
     await asyncio.sleep(0.05)
     assert records == []
+
+
+@dataclass
+class HttpsUpstream:
+    """An HTTPS service for HOST on loopback that answers any method and remembers what reached it."""
+
+    port: int
+    ca_file: Path
+    ca_pem: bytes
+    cert_file: Path
+    seen: list[tuple[str, str]] = field(default_factory=list)  # (method, X-Api-Key)
+
+
+@pytest.fixture(scope="module")
+def https_upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpsUpstream]:
+    ca = trustme.CA()
+    files = tmp_path_factory.mktemp("upstream-ca")
+    ca.cert_pem.write_to_path(str(files / "ca.pem"))
+    cert = ca.issue_cert(HOST)
+    cert.private_key_and_cert_chain_pem.write_to_path(str(files / "cert.pem"))
+    state = HttpsUpstream(0, files / "ca.pem", ca.cert_pem.bytes(), files / "cert.pem")
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            key = self.headers.get("X-Api-Key", "")
+            state.seen.append((self.command, key))
+            body = b"authorized" if key == SECRET else f"{self.command} reached the upstream".encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _answer
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    cert.configure_cert(context)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    state.port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield state
+    server.shutdown()
+    server.server_close()
+
+
+@dataclass
+class Intercepting:
+    proxy: EgressProxy
+    ca: InterceptCA
+    records: list[EgressRecord]
+
+
+@pytest.fixture
+async def intercepting(tmp_path: Path, https_upstream: HttpsUpstream) -> AsyncIterator[Intercepting]:
+    """A proxy granting only GET to HOST over HTTPS, with a credential for HOST, as a sandbox's gets it."""
+    https_upstream.seen.clear()
+    records: list[EgressRecord] = []
+
+    async def keep(record: EgressRecord) -> None:
+        records.append(record)
+
+    ca = InterceptCA()
+    server = EgressProxy(
+        tmp_path / "egress.sock", [EgressRule(HOST, https_upstream.port, ("GET",))], keep,
+        hosts={HOST: "127.0.0.1"}, injections=[Injection("api-key", PLACEHOLDER, SECRET, (HOST,))],
+        intercept=ca, upstream_ca=https_upstream.ca_file,
+    )  # fmt: skip
+    await server.start()
+    yield Intercepting(server, ca, records)
+    await server.aclose()
+
+
+async def https_via(proxy: EgressProxy, port: int, trusted: bytes, request: bytes) -> tuple[bytes, bytes]:
+    """CONNECT through ``proxy``, then TLS trusting only ``trusted``, then ``request``: the CONNECT's
+    answer and what came back inside the tunnel (empty if the tunnel was refused)."""
+    reader, writer = await asyncio.open_unix_connection(str(proxy.path))
+    try:
+        writer.write(f"CONNECT {HOST}:{port} HTTP/1.1\r\nHost: {HOST}:{port}\r\n\r\n".encode())
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        if not head.startswith(b"HTTP/1.1 200"):
+            return head + await asyncio.wait_for(reader.read(), 10), b""
+        client = ssl.create_default_context(cadata=trusted.decode())
+        await asyncio.wait_for(writer.start_tls(client, server_hostname=HOST), 10)
+        writer.write(request)
+        await writer.drain()
+        return head, await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError, ssl.SSLError):
+            await writer.wait_closed()
+
+
+def parse(reply: bytes) -> tuple[int, bytes]:
+    """Status and body (de-chunked) of one HTTP/1.1 response."""
+    conn = h11.Connection(h11.CLIENT)
+    conn.send(h11.Request(method="GET", target="/", headers=[("Host", HOST)]))
+    conn.send(h11.EndOfMessage())
+    conn.receive_data(reply)
+    conn.receive_data(b"")
+    status, body = 0, b""
+    while not isinstance(event := conn.next_event(), h11.EndOfMessage | h11.ConnectionClosed):
+        if isinstance(event, h11.Response):
+            status = event.status_code
+        elif isinstance(event, h11.Data):
+            body += event.data
+    return status, body
+
+
+def inner_request(method: str, body: bytes = b"") -> bytes:
+    head = f"{method} /resource HTTP/1.1\r\nHost: {HOST}\r\nX-Api-Key: {PLACEHOLDER}\r\n"
+    return (head + (f"Content-Length: {len(body)}\r\n" if body else "") + "\r\n").encode() + body
+
+
+async def test_https_methods_outside_the_grant_are_refused_inside_the_tunnel_and_never_reach_the_upstream(
+    intercepting: Intercepting, https_upstream: HttpsUpstream
+) -> None:
+    """A GET-only grant holds over HTTPS: each other method gets 403 from the proxy inside TLS and a
+    refused record under its own name; only the GET reaches the upstream (with its credential)."""
+    trusted = intercepting.ca.cert_pem
+    replies = {}
+    for method in ("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"):
+        body = b"exfiltrated" if method in ("POST", "PUT", "PATCH") else b""
+        _, replies[method] = await https_via(
+            intercepting.proxy, https_upstream.port, trusted, inner_request(method, body)
+        )
+    assert parse(replies["GET"]) == (200, b"authorized")
+    refused = {m: r for m, r in replies.items() if m != "GET"}
+    assert [m for m, r in refused.items() if not r.startswith(b"HTTP/1.1 403")] == []
+    assert b"method DELETE to api.allowed.test" in refused["DELETE"]
+    assert [method for method, _ in https_upstream.seen if method != "GET"] == []  # nothing else got through
+    assert https_upstream.seen == [("GET", SECRET)]
+    got = [(r.method, r.allowed, r.status, r.intercepted) for r in intercepting.records]
+    assert got == [("GET", True, 200, True)] + [(m, False, 403, True) for m in refused]
+    assert intercepting.records[0].injected == ("api-key",)
+
+
+async def test_a_second_request_pipelined_inside_the_tunnel_never_reaches_the_upstream(
+    intercepting: Intercepting, https_upstream: HttpsUpstream
+) -> None:
+    """The intercepted tunnel serves one request: a DELETE sent behind an allowed GET is dropped."""
+    both = inner_request("GET") + inner_request("DELETE")
+    _, reply = await https_via(intercepting.proxy, https_upstream.port, intercepting.ca.cert_pem, both)
+    assert reply.count(b"HTTP/1.1 ") == 1
+    assert [method for method, _ in https_upstream.seen] == ["GET"]
+    assert [(r.method, r.status) for r in intercepting.records] == [("GET", 200)]
+
+
+async def test_a_client_that_does_not_trust_the_call_ca_reaches_nothing(
+    intercepting: Intercepting, https_upstream: HttpsUpstream
+) -> None:
+    """Trusting only the real upstream's CA (pinning) cannot get past interception: the handshake
+    with the proxy fails and nothing is sent upstream."""
+    with pytest.raises(ssl.SSLCertVerificationError):
+        await https_via(intercepting.proxy, https_upstream.port, https_upstream.ca_pem, inner_request("DELETE"))
+    await asyncio.sleep(0.05)
+    assert https_upstream.seen == []
+    [record] = intercepting.records
+    assert (record.method, record.status, record.intercepted) == ("CONNECT", 502, True)
+
+
+async def test_a_proxy_without_a_ca_refuses_https_it_would_have_to_intercept(
+    tmp_path: Path, https_upstream: HttpsUpstream
+) -> None:
+    """A method restriction that cannot be enforced is not tunnelled as if it were: 403."""
+    https_upstream.seen.clear()
+    server = EgressProxy(tmp_path / "egress.sock", [EgressRule(HOST, https_upstream.port, ("GET",))],
+                         hosts={HOST: "127.0.0.1"})  # fmt: skip
+    await server.start()
+    try:
+        head, _ = await https_via(server, https_upstream.port, https_upstream.ca_pem, inner_request("DELETE"))
+    finally:
+        await server.aclose()
+    assert head.startswith(b"HTTP/1.1 403")
+    assert b"no CA" in head
+    assert https_upstream.seen == []
+    assert [(r.method, r.allowed) for r in server.records] == [("CONNECT", False)]
+
+
+async def test_an_upstream_that_fails_verification_is_refused_at_the_connect(
+    tmp_path: Path, https_upstream: HttpsUpstream
+) -> None:
+    """The proxy verifies the upstream before answering the CONNECT, so the tool gets a 502, not a
+    tunnel that dies after the handshake; the credential is never sent."""
+    https_upstream.seen.clear()
+    ca = InterceptCA()
+    server = EgressProxy(tmp_path / "egress.sock", [EgressRule(HOST, https_upstream.port, ("GET",))],
+                         hosts={HOST: "127.0.0.1"}, intercept=ca,
+                         injections=[Injection("api-key", PLACEHOLDER, SECRET, (HOST,))])  # fmt: skip
+    await server.start()
+    try:
+        head, _ = await https_via(server, https_upstream.port, ca.cert_pem, inner_request("GET"))
+    finally:
+        await server.aclose()
+    assert head.startswith(b"HTTP/1.1 502")
+    assert b"SSLCertVerificationError" in head
+    assert https_upstream.seen == []
+    [record] = server.records
+    assert (record.status, record.injected, record.intercepted) == (502, (), True)
+
+
+SANDBOX_CLIENT = """
+import socket, ssl, sys
+path, host, port, cafile, placeholder = sys.argv[1:6]
+context = ssl.create_default_context(cafile=cafile)  # ready before the CONNECT, as urllib's is
+sock = socket.socket(socket.AF_UNIX)
+sock.settimeout(20)
+sock.connect(path)
+sock.sendall(("CONNECT %s:%s HTTP/1.1\\r\\nHost: %s:%s\\r\\n\\r\\n" % (host, port, host, port)).encode())
+head = b""
+while not head.endswith(b"\\r\\n\\r\\n"):
+    head += sock.recv(1)
+tls = context.wrap_socket(sock, server_hostname=host)  # the hello goes out at once
+tls.sendall(("GET / HTTP/1.1\\r\\nHost: %s\\r\\nX-Api-Key: %s\\r\\n\\r\\n" % (host, placeholder)).encode())
+reply = b""
+while chunk := tls.recv(65536):
+    reply += chunk
+sys.stdout.buffer.write(reply)
+"""
+
+
+async def test_intercepted_https_from_another_process_succeeds_ten_times_in_ten(
+    intercepting: Intercepting, https_upstream: HttpsUpstream, tmp_path: Path
+) -> None:
+    """A client in its own process (as in a sandbox) sends its TLS hello the moment it reads the
+    CONNECT's 200. Under uvloop that hello used to land in the proxy's plain-text buffer before TLS
+    took the socket, and the handshake timed out (10 s) in 2 to 7 calls of 10."""
+    cafile = tmp_path / "call-ca.pem"
+    cafile.write_bytes(intercepting.ca.cert_pem)
+    argv = [sys.executable, "-I", "-c", SANDBOX_CLIENT, str(intercepting.proxy.path), HOST, str(https_upstream.port),
+            str(cafile), PLACEHOLDER]  # fmt: skip
+    succeeded = 0
+    for _ in range(10):
+        client = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
+                                                      stderr=asyncio.subprocess.PIPE)  # fmt: skip
+        out, _ = await asyncio.wait_for(client.communicate(), 30)
+        succeeded += client.returncode == 0 and parse(out) == (200, b"authorized")
+    assert succeeded == 10
+    assert [(r.method, r.status, r.injected) for r in intercepting.records] == [("GET", 200, ("api-key",))] * 10
+
+
+@dataclass
+class GatedUpstream:
+    """An HTTPS service for HOST that accepts a connection, then holds its TLS handshake until
+    ``gate`` opens: a slow upstream, so the proxy is still connecting when the client speaks."""
+
+    port: int
+    accepted: threading.Event
+    gate: threading.Event
+
+
+@pytest.fixture
+def gated_upstream(https_upstream: HttpsUpstream) -> Iterator[GatedUpstream]:
+    listener = socket.create_server(("127.0.0.1", 0))
+    state = GatedUpstream(listener.getsockname()[1], threading.Event(), threading.Event())
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(https_upstream.cert_file)
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            sock, _ = listener.accept()
+            state.accepted.set()
+            state.gate.wait(10)
+            with context.wrap_socket(sock, server_side=True) as tls:
+                request = b""
+                while b"\r\n\r\n" not in request and (data := tls.recv(65536)):
+                    request += data
+                key = b"authorized" if f"x-api-key: {SECRET}".encode() in request.lower() else b"no key"
+                tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(key), key))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield state
+    state.gate.set()
+    listener.close()
+    thread.join(10)
+
+
+async def test_a_tls_hello_sent_before_the_connect_is_answered_still_reaches_tls(
+    tmp_path: Path, gated_upstream: GatedUpstream, https_upstream: HttpsUpstream
+) -> None:
+    """The client's TLS hello arrives while the proxy is still connecting upstream. It waits in the
+    socket for the proxy's TLS, instead of landing in the plain-text buffer where TLS never sees it
+    (the handshake then timed out: what happened under uvloop, there by the loop's turn order)."""
+    ca = InterceptCA()
+    server = EgressProxy(tmp_path / "egress.sock", [EgressRule(HOST, gated_upstream.port, ("GET",))],
+                         hosts={HOST: "127.0.0.1"}, intercept=ca, upstream_ca=https_upstream.ca_file,
+                         injections=[Injection("api-key", PLACEHOLDER, SECRET, (HOST,))])  # fmt: skip
+    await server.start()
+    reader, writer = await asyncio.open_unix_connection(str(server.path))
+    try:
+        port = gated_upstream.port
+        writer.write(f"CONNECT {HOST}:{port} HTTP/1.1\r\nHost: {HOST}:{port}\r\n\r\n".encode())
+        await writer.drain()
+        assert await asyncio.to_thread(gated_upstream.accepted.wait, 10)
+        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        tls = ssl.create_default_context(cadata=ca.cert_pem.decode()).wrap_bio(incoming, outgoing, server_hostname=HOST)
+        with contextlib.suppress(ssl.SSLWantReadError):
+            tls.do_handshake()
+        writer.write(outgoing.read())  # the hello, before the CONNECT is answered
+        await writer.drain()
+        await asyncio.sleep(0.1)  # the proxy's loop turns meanwhile
+        gated_upstream.gate.set()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert head.startswith(b"HTTP/1.1 200")
+        while True:
+            try:
+                tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                writer.write(outgoing.read())
+                incoming.write(await asyncio.wait_for(reader.read(65536), 5))  # the bug: times out here
+        tls.write(inner_request("GET"))
+        writer.write(outgoing.read())
+        reply = b""
+        with contextlib.suppress(ssl.SSLZeroReturnError):  # the proxy's close_notify
+            while True:
+                try:
+                    if not (chunk := tls.read(65536)):
+                        break
+                    reply += chunk
+                except ssl.SSLWantReadError:
+                    incoming.write(await asyncio.wait_for(reader.read(65536), 5))
+    finally:
+        writer.close()
+        await server.aclose()
+    assert parse(reply) == (200, b"authorized")
+    assert [(r.method, r.status, r.injected) for r in server.records] == [("GET", 200, ("api-key",))]

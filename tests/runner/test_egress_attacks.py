@@ -1,0 +1,301 @@
+"""Attacks on the egress proxy's promises, each counting what got through: a secret reflected back
+in an encoding, a method the grant leaves out sent inside HTTPS. On asyncio's loop and on uvloop,
+and the method attacks from inside each sandbox tier."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import gzip
+import http.server
+import json
+import ssl
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import parse_qs, quote, urlsplit
+
+import pytest
+import trustme
+import uvloop
+
+from runner import EgressRecord, EgressRule, RunnerSettings, Sandbox, SandboxSpec, make_sandbox
+from runner.base import Injection, InputFile, ResourceLimits
+from runner.egress import EgressProxy
+from runner.egress.intercept import InterceptCA
+from tests.runner.test_egress import HOST, https_via, parse, send
+
+LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
+    "asyncio": asyncio.new_event_loop,
+    "uvloop": uvloop.new_event_loop,
+}
+SECRET = "sk/echo+5f1d=8a3b?9c7e&4d2a~Zx"  # characters that percent- and base64url-encoding change
+PLACEHOLDER = "stockade-placeholder-echo"
+# How a reflecting upstream (or a tool, from what it got back) may hand the secret on.
+ENCODINGS: dict[str, Callable[[str], str]] = {
+    "raw": lambda v: v,
+    "hex": lambda v: v.encode().hex(),
+    "HEX": lambda v: v.encode().hex().upper(),
+    "reversed": lambda v: v[::-1],
+    "upper": str.upper,
+    "basic": lambda v: base64.b64encode(f"agent-1:{v}".encode()).decode(),  # base64(user:secret), unaligned
+    "base64url": lambda v: base64.urlsafe_b64encode(v.encode()).decode().rstrip("="),
+    "percent": lambda v: quote(v, safe=""),
+}
+# The name the proxy's record gives each (case does not matter to it).
+SCRUBBED_AS = {"raw": "raw", "hex": "hex", "HEX": "hex", "reversed": "reversed", "upper": "raw", "basic": "base64",
+               "base64url": "base64url", "percent": "percent"}  # fmt: skip
+
+
+def leaked(text: bytes | str) -> list[str]:
+    """The encodings of SECRET found in ``text``."""
+    data = text if isinstance(text, str) else text.decode("utf-8", "replace")
+    return [name for name, encode in ENCODINGS.items() if encode(SECRET) in data]
+
+
+@pytest.fixture(scope="module", params=list(LOOPS), autouse=True)
+def _asyncio_loop_factory(request: pytest.FixtureRequest) -> Callable[[], asyncio.AbstractEventLoop]:
+    """Runs each test of this module on both loops (see tests/runner/test_egress.py)."""
+    return LOOPS[request.param]
+
+
+@pytest.fixture(autouse=True)
+async def _runs_on_the_loop_asked_for(_asyncio_loop_factory: Callable[[], asyncio.AbstractEventLoop]) -> None:
+    on_uvloop = isinstance(asyncio.get_running_loop(), uvloop.Loop)
+    assert on_uvloop == (_asyncio_loop_factory is uvloop.new_event_loop)
+
+
+@dataclass
+class Reflector:
+    """Loopback upstreams for HOST (HTTPS and plain HTTP) that reflect each request's headers:
+    ``/<encoding>`` answers every header value in that encoding, in the body and in ``X-Reflected``;
+    ``?framing=chunked`` sends the body in 5-byte chunks, ``?coding=gzip|br`` compresses it (or
+    claims to) whatever the request asked for, ``?name=hex`` also names a header after the value.
+    Remembers each request's method and X-Api-Key."""
+
+    https_port: int = 0
+    http_port: int = 0
+    ca_file: Path = Path()
+    seen: list[tuple[str, str]] = field(default_factory=list)
+
+
+@pytest.fixture(scope="module")
+def reflector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Reflector]:
+    state = Reflector()
+    ca = trustme.CA()
+    state.ca_file = tmp_path_factory.mktemp("reflector") / "ca.pem"
+    ca.cert_pem.write_to_path(str(state.ca_file))
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _answer(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            state.seen.append((self.command, self.headers.get("X-Api-Key", "")))
+            url = urlsplit(self.path)
+            query = {k: v[0] for k, v in parse_qs(url.query).items()}
+            encode = ENCODINGS.get(url.path.strip("/"), ENCODINGS["raw"])
+            body = "".join(f"{name}: {encode(value)}\n" for name, value in self.headers.items()).encode()
+            self.send_response(200)
+            self.send_header("X-Reflected", encode(self.headers.get("X-Api-Key", "")))
+            if query.get("name") == "hex":  # the secret as a header's name
+                self.send_header("X-" + self.headers.get("X-Api-Key", "").encode().hex(), "reflected")
+            coding = query.get("coding")
+            if coding == "gzip":
+                body = gzip.compress(body)
+                self.send_header("Content-Encoding", "gzip")
+            elif coding == "br":
+                self.send_header("Content-Encoding", "br")  # not brotli at all: the proxy must not pass it
+            if query.get("framing") == "chunked":
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for start in range(0, len(body), 5):  # every form straddles chunks
+                    piece = body[start : start + 5]
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                self.wfile.write(b"0\r\n\r\n")
+            else:
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            self.close_connection = True
+
+        do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _answer
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    servers = []
+    for secure in (True, False):
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if secure:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ca.issue_cert(HOST).configure_cert(context)
+            server.socket = context.wrap_socket(server.socket, server_side=True)
+            state.https_port = server.server_address[1]
+        else:
+            state.http_port = server.server_address[1]
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+    yield state
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+@dataclass
+class Proxied:
+    proxy: EgressProxy
+    ca: InterceptCA
+    records: list[EgressRecord]
+
+
+@pytest.fixture
+async def proxied(tmp_path: Path, reflector: Reflector) -> AsyncIterator[Proxied]:
+    """The proxy as a call with a credential for HOST gets it: both upstreams allowed."""
+    reflector.seen.clear()
+    records: list[EgressRecord] = []
+
+    async def keep(record: EgressRecord) -> None:
+        records.append(record)
+
+    ca = InterceptCA()
+    server = EgressProxy(
+        tmp_path / "egress.sock", [EgressRule(HOST, reflector.https_port), EgressRule(HOST, reflector.http_port)],
+        keep, hosts={HOST: "127.0.0.1"}, injections=[Injection("api-key", PLACEHOLDER, SECRET, (HOST,))],
+        intercept=ca, upstream_ca=reflector.ca_file,
+    )  # fmt: skip
+    await server.start()
+    yield Proxied(server, ca, records)
+    await server.aclose()
+
+
+def test_the_listed_encodings_of_the_secret_differ() -> None:
+    """Otherwise a test below could pass by catching one form where it claims several."""
+    forms = [encode(SECRET) for encode in ENCODINGS.values()]
+    assert len(set(forms)) == len(forms)
+    assert all(PLACEHOLDER not in form for form in forms)
+
+
+@pytest.mark.parametrize("scheme", ["https", "http"])
+@pytest.mark.parametrize("query", ["", "?framing=chunked", "?coding=gzip", "?framing=chunked&coding=gzip"])
+async def test_a_reflected_secret_reaches_the_client_in_no_encoding(
+    proxied: Proxied, reflector: Reflector, scheme: str, query: str
+) -> None:
+    """The upstream gets the real secret and reflects it in every listed encoding, in its body
+    (also chunked across pieces, also gzipped though the proxy asked for none) and a header:
+    none of it reaches the client, and each request's record names what was scrubbed."""
+    received = {}
+    for name in ENCODINGS:
+        request = f"GET /{name}{query} HTTP/1.1\r\nHost: {HOST}\r\nX-Api-Key: {PLACEHOLDER}\r\n\r\n".encode()
+        if scheme == "https":
+            _, reply = await https_via(proxied.proxy, reflector.https_port, proxied.ca.cert_pem, request)
+        else:
+            absolute = request.replace(b"GET /", f"GET http://{HOST}:{reflector.http_port}/".encode(), 1)
+            reply = await send(proxied.proxy, absolute)
+        status, body = parse(reply)
+        assert status == 200, reply[:300]
+        assert b"[REDACTED:api-key]" in body
+        received[name] = reply + body  # headers as sent, and the body de-chunked
+    assert [key for _, key in reflector.seen] == [SECRET] * len(ENCODINGS)  # the upstream had it each time
+    leaks = {name: leaked(reply) for name, reply in received.items()}
+    assert sum(len(found) for found in leaks.values()) == 0, leaks
+    assert [r.scrubbed for r in proxied.records] == [(f"api-key:{SCRUBBED_AS[name]}",) for name in ENCODINGS]
+    assert all(r.intercepted == (scheme == "https") for r in proxied.records)
+
+
+async def test_a_body_coding_the_proxy_cannot_read_is_refused(proxied: Proxied, reflector: Reflector) -> None:
+    """A body the proxy cannot scrub (here claimed to be brotli) is not passed on: 502, nothing leaks."""
+    request = f"GET /raw?coding=br HTTP/1.1\r\nHost: {HOST}\r\nX-Api-Key: {PLACEHOLDER}\r\n\r\n".encode()
+    _, reply = await https_via(proxied.proxy, reflector.https_port, proxied.ca.cert_pem, request)
+    assert reply.startswith(b"HTTP/1.1 502")
+    assert b"cannot scrub" in reply
+    assert leaked(reply) == []
+    [record] = proxied.records
+    assert (record.status, record.allowed, record.injected) == (502, True, ("api-key",))
+
+
+async def test_a_secret_reflected_as_a_header_name_is_dropped_with_its_header(
+    proxied: Proxied, reflector: Reflector
+) -> None:
+    request = f"GET /raw?name=hex HTTP/1.1\r\nHost: {HOST}\r\nX-Api-Key: {PLACEHOLDER}\r\n\r\n".encode()
+    _, reply = await https_via(proxied.proxy, reflector.https_port, proxied.ca.cert_pem, request)
+    assert parse(reply)[0] == 200
+    assert leaked(reply) == []
+    assert proxied.records[0].scrubbed == ("api-key:hex", "api-key:raw")
+
+
+# -- methods inside HTTPS, from each sandbox tier -------------------------------------------
+
+METHOD_ATTACK = """
+import json, socket, ssl, urllib.error, urllib.request
+url = "https://HOST:PORT/resource"
+context = ssl.create_default_context()  # the call's CA, from SSL_CERT_FILE
+context.load_verify_locations("/in/upstream-ca.pem")  # and the upstream's own: whichever answers
+statuses = {}
+for method in ("GET", "POST", "PUT", "DELETE", "PATCH"):
+    data = b"exfiltrated" if method in ("POST", "PUT", "PATCH") else None
+    try:
+        request = urllib.request.Request(url, data=data, method=method)
+        with urllib.request.urlopen(request, timeout=10, context=context) as reply:
+            statuses[method] = reply.status
+    except urllib.error.HTTPError as e:
+        statuses[method] = e.code
+    except OSError as e:
+        statuses[method] = repr(e)
+# A DELETE pipelined behind an allowed GET, on one tunnel.
+sock = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+sock.sendall(b"CONNECT HOST:PORT HTTP/1.1\\r\\nHost: HOST:PORT\\r\\n\\r\\n")
+head = b""
+while not head.endswith(b"\\r\\n\\r\\n"):
+    head += sock.recv(1)
+tls = context.wrap_socket(sock, server_hostname="HOST")
+tls.sendall(b"GET /resource HTTP/1.1\\r\\nHost: HOST\\r\\n\\r\\nDELETE /resource HTTP/1.1\\r\\nHost: HOST\\r\\n\\r\\n")
+replies = b""
+try:
+    while chunk := tls.recv(65536):
+        replies += chunk
+except OSError:
+    pass
+statuses["pipelined"] = replies.count(b"HTTP/1.1 ")
+print(json.dumps(statuses))
+"""
+
+
+@pytest.fixture(params=["bwrap", "docker", "gvisor"])
+async def sandbox(request: pytest.FixtureRequest, runner_state: Path, reflector: Reflector) -> AsyncIterator[Sandbox]:
+    settings = RunnerSettings(state_dir=runner_state, pool_size=0, egress_hosts={HOST: "127.0.0.1"},
+                              egress_ca_file=reflector.ca_file)  # fmt: skip
+    box = make_sandbox(settings, request.param)
+    assert box.check() is None, f"{request.param} must work in the test environment"
+    yield box
+    await box.aclose()
+
+
+async def test_methods_outside_an_https_grant_never_reach_the_upstream_from_any_tier(
+    sandbox: Sandbox, reflector: Reflector
+) -> None:
+    """A GET-only grant to an HTTPS host, attacked from inside the sandbox with the other methods
+    and with a DELETE pipelined behind a GET, by a tool that trusts the upstream's own CA as well
+    as the call's (so a tunnel would have carried them): only the GETs get through."""
+    reflector.seen.clear()
+    records: list[EgressRecord] = []
+
+    async def keep(record: EgressRecord) -> None:
+        records.append(record)
+
+    code = METHOD_ATTACK.replace("HOST", HOST).replace("PORT", str(reflector.https_port))
+    result = await sandbox.run(SandboxSpec(
+        argv=("python3", "-I", "-c", code), limits=ResourceLimits(timeout_s=30),
+        inputs=(InputFile("upstream-ca.pem", reflector.ca_file.read_bytes()),),
+        egress=(EgressRule(HOST, reflector.https_port, ("GET",)),), on_egress=keep,
+    ))  # fmt: skip
+    assert result.verdict == "ok", result.stderr[-800:]
+    statuses = json.loads(result.stdout.decode().splitlines()[-1])
+    assert statuses == {"GET": 200, "POST": 403, "PUT": 403, "DELETE": 403, "PATCH": 403, "pipelined": 1}
+    assert [method for method, _ in reflector.seen if method != "GET"] == []  # nothing else got through
+    assert [method for method, _ in reflector.seen] == ["GET", "GET"]
+    assert [(r.method, r.allowed, r.status, r.intercepted) for r in records] == [
+        ("GET", True, 200, True), ("POST", False, 403, True), ("PUT", False, 403, True),
+        ("DELETE", False, 403, True), ("PATCH", False, 403, True), ("GET", True, 200, True),
+    ]  # fmt: skip
