@@ -1,6 +1,7 @@
 """Settings owned by the runner package (composed into the router's settings)."""
 
 import os
+import tempfile
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -9,6 +10,13 @@ from pydantic import BaseModel, ConfigDict, Field
 def _state_dir() -> Path:
     # Staging directories and quarantined outputs. Root: a system path; otherwise the user's own.
     return Path("/var/lib/stockade") if os.geteuid() == 0 else Path.home() / ".local/state/stockade"
+
+
+def _staging_dir() -> Path:
+    # Container staging (bind-mount sources): a neutral path, since a tool reads them in mountinfo.
+    if os.geteuid() == 0:
+        return Path("/run/stockade")
+    return Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()) / f"stockade-{os.geteuid()}"
 
 
 class RunnerSettings(BaseModel):
@@ -47,3 +55,22 @@ class RunnerSettings(BaseModel):
     tmpfs_mb: int = Field(default=64, gt=0)
     file_size_mb: int = Field(default=64, gt=0)
     open_files: int = Field(default=256, gt=16)
+    # Container tiers: each container's staging directory (inputs, the egress socket, /etc files)
+    # is made under this root; a tool sees its path in /proc/self/mountinfo, so keep it neutral.
+    container_staging_dir: Path = Field(default_factory=_staging_dir)
+    # Container tiers: how long one Docker request of the availability probe may take (and how
+    # long check() waits for the first answer); an unavailable tier is probed again after
+    # tier_recheck_min_s, the wait doubling up to tier_recheck_max_s, until it is back.
+    tier_probe_timeout_s: float = Field(default=5.0, gt=0)
+    tier_recheck_min_s: float = Field(default=0.5, gt=0)
+    tier_recheck_max_s: float = Field(default=30.0, gt=0)
+    # Files (inodes) a bwrap sandbox's /tmp may hold: its size alone does not stop a tool making
+    # millions of empty files.
+    tmpfs_inodes: int = Field(default=8192, ge=64)
+    # Each bwrap sandbox runs in its own cgroup (memory, pids, CPU) under this one, in every
+    # hierarchy used: relative paths are under stockade's own cgroup (and removed again when
+    # empty), absolute ones from the hierarchy's root (e.g. a cgroup delegated to stockade).
+    cgroup_parent: str = Field(default="stockade", pattern=r"^/?[\w][\w.-]*(/[\w][\w.-]*)*$")
+    # False: where no cgroup is usable, run bwrap sandboxes with per-process rlimits only (one
+    # tool's processes together may then use many times its memory limit). True: the tier is unavailable.
+    cgroup_required: bool = True

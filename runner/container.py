@@ -3,8 +3,11 @@
 Every container: all capabilities dropped, ``no-new-privileges``, stockade's seccomp profile,
 read-only root, size-capped tmpfs at ``/tmp`` and ``/out``, ``network_mode=none``, memory, pids
 and CPU limits, uid 65534, no log driver (output never lands on the host's disk), and no host
-mounts but two per-container staging directories: ``/in`` (the call's inputs, read-only) and
-``/run/stockade`` (the egress proxy's socket, read-only). ``gvisor`` is the same with the
+mounts but one per-container staging directory: ``/in`` (the call's inputs, read-only),
+``/run/stockade`` (the egress proxy's socket, read-only) and ``/etc/hosts``, ``/etc/hostname``,
+``/etc/resolv.conf`` (in place of Docker's, which name its own directories and copy the host's
+resolvers). The staging directory is a random name under a neutral root (``/run/stockade``):
+the tool sees bind sources in ``/proc/self/mountinfo``. ``gvisor`` is the same with the
 ``runsc`` runtime, so the tool talks to gVisor's kernel instead of the host's.
 
 Warm pools keep ``pool_size`` started, never-used containers per (image, limits) class, each
@@ -12,6 +15,10 @@ with the resident worker (`runner.worker`) blocked on stdin. A call takes one, r
 the container is destroyed in the background while a replacement starts. An empty pool means a
 cold start, reported as ``start="cold"``. Session sandboxes keep one container per session, its
 worker looping over jobs, until `close_session`; nothing is shared across sessions.
+
+Availability (`ContainerSandbox.check`) is probed in a thread, started when the sandbox is made,
+and cached: ``check()`` never calls Docker. An unavailable tier (no engine, no runtime, no image,
+or a run that found the engine gone) is probed again with exponential backoff until it is back.
 
 The Docker SDK blocks: its calls run in threads. The attach socket is driven by the event loop.
 """
@@ -23,8 +30,10 @@ import contextlib
 import os
 import secrets
 import socket
+import stat
 import struct
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +62,8 @@ _MEMORY_MARKERS = (b"MemoryError", b"Cannot allocate memory", b"std::bad_alloc",
 _WORKER_STDERR_CAP = 16384
 _MAX_USED_BACKLOG = 32  # used containers waiting for removal before removal stops waiting for idle
 _PATH = "/usr/local/bin:/usr/bin:/bin"
+# In place of Docker's /etc files: the sandbox has no network and no resolver (the proxy resolves).
+_ETC = {"hosts": "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost\n", "hostname": "sandbox\n", "resolv.conf": ""}
 
 
 @dataclass
@@ -123,8 +134,14 @@ class ContainerSandbox:
         self._closing = False
         self._sessions: dict[str, _Box] = {}
         self._session_locks: dict[str, asyncio.Lock] = {}
-        self._problem: str | Literal[False] | None = False  # False: not checked yet
-        self._staging_root = settings.state_dir / "containers"
+        self._staging_root = settings.container_staging_dir
+        # Availability, written by the probe thread and read by check(); _answered once it is known.
+        self._problem: str | None = None
+        self._answered = threading.Event()
+        self._stopping = threading.Event()
+        self._probe_lock = threading.Lock()
+        self._prober: threading.Thread | None = None
+        self._reprobe("not checked yet")
 
     @property
     def owner(self) -> str:
@@ -139,32 +156,100 @@ class ContainerSandbox:
     # -- availability -----------------------------------------------------------------------
 
     def _docker(self) -> docker.DockerClient:
+        """The client for container work (blocking: a thread's).
+
+        Raises:
+            SandboxUnavailable: the engine's socket is gone.
+        """
+        missing = self._missing_socket()
+        if missing is not None:
+            raise SandboxUnavailable(missing)
         if self._client is None:
             self._client = docker.DockerClient(base_url=self._settings.docker_host, timeout=30)
         return self._client
 
-    def check(self) -> str | None:
-        if self._problem is not False:
-            return self._problem
+    def _missing_socket(self) -> str | None:
+        # Checked before each use: the SDK leaks a socket when a connect to a missing path fails.
         host = self._settings.docker_host or "unix:///var/run/docker.sock"
         if host.startswith("unix://") and not os.path.exists(host.removeprefix("unix://")):
-            # Checked here: the SDK leaks a socket when a connect to a missing path fails.
-            self._problem = f"Docker engine unreachable: no socket at {host}; start dockerd (scripts/services)"
-            return self._problem
+            return f"Docker engine unreachable: no socket at {host}; start dockerd (scripts/services)"
+        return None
+
+    def check(self) -> str | None:
+        """Why this tier cannot run now, or None: the cached answer of the probe thread, so it
+        never calls Docker. Only before the first probe has answered (just after the sandbox was
+        made) does it wait for that answer, at most ``tier_probe_timeout_s``."""
+        if not self._answered.wait(self._settings.tier_probe_timeout_s):
+            return (f"Docker engine not answering within {self._settings.tier_probe_timeout_s:g}s "
+                    "(still checking); start dockerd (scripts/services)")  # fmt: skip
+        return self._problem
+
+    def _reprobe(self, problem: str) -> None:
+        """Mark the tier unavailable for ``problem`` and make sure a probe thread is re-checking it."""
+        with self._probe_lock:
+            self._problem = problem
+            if self._prober is None and not self._stopping.is_set():
+                self._prober = threading.Thread(target=self._watch, name=f"stockade-{self.tier}-probe", daemon=True)
+                self._prober.start()
+
+    def _watch(self) -> None:
+        """Probe until the tier is available: after ``tier_recheck_min_s``, doubling up to
+        ``tier_recheck_max_s``. Runs in its own thread; ends when the tier is available."""
+        delay = self._settings.tier_recheck_min_s
+        was = self._problem if self._answered.is_set() else None
+        while True:
+            problem = self._probe()
+            with self._probe_lock:
+                self._problem = problem
+                self._answered.set()
+                if problem is None or self._stopping.is_set():
+                    self._prober = None
+                    break
+            if problem != was:
+                log.warning("sandbox_tier_unavailable", tier=self.tier, problem=problem, retry_in_s=delay)
+                was = problem
+            if self._stopping.wait(delay):
+                with self._probe_lock:
+                    self._prober = None
+                return
+            delay = min(delay * 2, self._settings.tier_recheck_max_s)
+        if problem is None and was is not None:
+            # The engine may have restarted: connections pooled by the old client are dead.
+            client, self._client = self._client, None
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    client.close()
+            log.info("sandbox_tier_available", tier=self.tier)
+
+    def _probe(self) -> str | None:
+        """Why this tier cannot run (no engine, no runtime, no image, no staging directory), or
+        None. Blocking: a thread's."""
+        missing = self._missing_socket()
+        if missing is not None:
+            return missing
         try:
-            client = self._docker()
+            _staging_root(self._staging_root)
+        except (OSError, SandboxUnavailable) as exc:
+            return f"cannot use the staging directory {self._staging_root}: {exc}"
+        host = self._settings.docker_host or "unix:///var/run/docker.sock"
+        client = None
+        try:
+            # A client of its own with a short timeout: a hung engine must not hold the probe for long.
+            client = docker.DockerClient(base_url=host, timeout=max(1, round(self._settings.tier_probe_timeout_s)))
             client.ping()
             runtimes = client.info().get("Runtimes", {})
             if self._runtime and self._runtime not in runtimes:
-                self._problem = "dockerd has no runsc runtime: install runsc and register it (scripts/services)"
-            else:
-                client.images.get(self._image)
-                self._problem = None
+                return "dockerd has no runsc runtime: install runsc and register it (scripts/services)"
+            client.images.get(self._image)
         except docker.errors.ImageNotFound:
-            self._problem = f"image {self._image} not built: run `stockade sandbox build-image`"
+            return f"image {self._image} not built: run `stockade sandbox build-image`"
         except Exception as exc:  # any failure to reach Docker means: this tier is not here
-            self._problem = f"Docker engine unreachable ({exc.__class__.__name__}): start dockerd (scripts/services)"
-        return self._problem
+            return f"Docker engine unreachable ({exc.__class__.__name__}): start dockerd (scripts/services)"
+        finally:
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    client.close()
+        return None
 
     # -- containers -----------------------------------------------------------------------
 
@@ -174,22 +259,26 @@ class ContainerSandbox:
 
     def _create(self, cls: _Class, session: bool) -> _Box:
         """Create, attach and start one container (blocking: run in a thread)."""
-        self._staging_root.mkdir(parents=True, exist_ok=True, mode=0o711)
-        staging = Path(tempfile.mkdtemp(prefix="c-", dir=self._staging_root))
-        for sub in ("in", "run"):
-            (staging / sub).mkdir(mode=0o755)
-        staging.chmod(0o755)
         client = self._docker()
-        env = {"HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8", "PATH": _PATH,
-               "HTTP_PROXY": "http://127.0.0.1:3128", "HTTPS_PROXY": "http://127.0.0.1:3128",
-               "http_proxy": "http://127.0.0.1:3128", "https_proxy": "http://127.0.0.1:3128"}  # fmt: skip
-        if session:
-            env["STOCKADE_WORKER_MODE"] = "session"
+        staging = Path(tempfile.mkdtemp(dir=_staging_root(self._staging_root)))
+        try:
+            for sub in ("in", "run"):
+                (staging / sub).mkdir(mode=0o755)
+            for name, text in _ETC.items():
+                (staging / name).write_text(text)
+                (staging / name).chmod(0o444)
+            staging.chmod(0o755)
+        except OSError as exc:
+            remove_tree(staging)
+            raise SandboxError(f"cannot prepare the staging directory {staging}: {exc}") from exc
         tmpfs_mb, out_mb = self._settings.tmpfs_mb, self._settings.out_mb
+        # `env -i`: the worker starts with an empty environment (Docker always sets PATH and
+        # HOSTNAME); each job brings its tool's environment.
+        command = ["env", "-i", self._settings.python, "-I", "-S", "-c", WORKER, "session" if session else "pool"]
         try:
             container = client.containers.create(
-                cls.image, command=["python3", "-I", "-S", "-c", WORKER], user="65534:65534",
-                stdin_open=True, tty=False, working_dir="/tmp", environment=env, hostname="sandbox",
+                cls.image, command=command, user="65534:65534",
+                stdin_open=True, tty=False, working_dir="/tmp", hostname="sandbox",
                 cap_drop=["ALL"], security_opt=["no-new-privileges", f"seccomp={docker_profile()}"],
                 read_only=True, network_mode="none", runtime=self._runtime,
                 tmpfs={"/tmp": f"rw,nosuid,nodev,size={tmpfs_mb}m,nr_inodes=8192,mode=1777",
@@ -197,7 +286,8 @@ class ContainerSandbox:
                 mem_limit=f"{cls.memory_mb}m", memswap_limit=f"{cls.memory_mb}m", pids_limit=cls.pids,
                 nano_cpus=int(cls.cpus * 1e9), log_config=LogConfig(type="none"),
                 volumes={str(staging / "in"): {"bind": "/in", "mode": "ro"},
-                         str(staging / "run"): {"bind": "/run/stockade", "mode": "ro"}},
+                         str(staging / "run"): {"bind": "/run/stockade", "mode": "ro"},
+                         **{str(staging / name): {"bind": f"/etc/{name}", "mode": "ro"} for name in _ETC}},
                 labels={"stockade.tier": self.tier, "stockade.owner": self._owner},
             )  # fmt: skip
             handle = container.attach_socket(params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
@@ -285,6 +375,8 @@ class ContainerSandbox:
                 except SandboxError as exc:
                     # Do not spin on a broken engine: calls will start cold (and say why) meanwhile.
                     log.warning("sandbox_pool_refill_failed", tier=self.tier, error=str(exc))
+                    if isinstance(exc, SandboxUnavailable):
+                        self._reprobe(str(exc))
                     if short is not None:
                         self._wanted.discard(short)
                     await asyncio.sleep(1.0)
@@ -320,12 +412,18 @@ class ContainerSandbox:
     # -- running ----------------------------------------------------------------------------
 
     async def run(self, spec: SandboxSpec) -> RunResult:
+        if not self._answered.is_set():
+            await asyncio.to_thread(self._answered.wait, self._settings.tier_probe_timeout_s)
         problem = self.check()
         if problem is not None:
             raise SandboxUnavailable(f"{self.tier} tier unavailable: {problem}")
         lock = self._session_locks.setdefault(spec.session, asyncio.Lock()) if spec.session else None
-        async with lock or contextlib.nullcontext():
-            return await self._run(spec)
+        try:
+            async with lock or contextlib.nullcontext():
+                return await self._run(spec)
+        except SandboxUnavailable as exc:
+            self._reprobe(str(exc))  # the engine or the image went away: refuse until it is back
+            raise
 
     async def _run(self, spec: SandboxSpec) -> RunResult:
         self._inflight += 1
@@ -422,6 +520,10 @@ class ContainerSandbox:
             if reader.reply.over_cap or reader.reply.malformed:
                 break
         if timed_out or reader.reply.over_cap or reader.reply.malformed:
+            # Hang up first: dockerd cannot stop a container while its copy of the output to us is
+            # blocked on a socket we no longer read (the kill then waited out the client's 30 s).
+            with contextlib.suppress(OSError):
+                box.sock.shutdown(socket.SHUT_RDWR)
             await asyncio.to_thread(self._kill, box)
         # Otherwise the worker has killed what the tool left running and waits for us to hang up;
         # the housekeeper does that (and the container's teardown) when no call is running.
@@ -450,6 +552,10 @@ class ContainerSandbox:
         # Let the housekeeper finish the container it may be creating: cancelling it would leave
         # that container (and its attach socket) to nobody.
         self._closing = True
+        self._stopping.set()
+        prober = self._prober
+        if prober is not None:
+            await asyncio.to_thread(prober.join, self._settings.tier_probe_timeout_s * 3)
         self._chores.set()
         self._idle.set()
         if self._housekeeper is not None:
@@ -463,13 +569,29 @@ class ContainerSandbox:
                 boxes.append(queue.get_nowait())
         await asyncio.gather(*(asyncio.to_thread(self._destroy_now, b) for b in boxes))
         if self._client is not None:
-            # Anything of ours still there (a container whose creation was interrupted). One listing
-            # call: the high-level list inspects each container and races their removal.
-            with contextlib.suppress(Exception):
-                for found in self._client.api.containers(all=True, filters={"label": f"stockade.owner={self._owner}"}):
-                    self._client.api.remove_container(found["Id"], force=True)
-            self._client.close()
+            await asyncio.to_thread(self._remove_leftovers, self._client)
             self._client = None
+
+    def _remove_leftovers(self, client: docker.DockerClient) -> None:
+        """Remove anything of ours still there (a container whose creation was interrupted), then
+        close the client. One listing call: the high-level list inspects each container and races
+        their removal."""
+        with contextlib.suppress(Exception):
+            if self._missing_socket() is None:
+                for found in client.api.containers(all=True, filters={"label": f"stockade.owner={self._owner}"}):
+                    client.api.remove_container(found["Id"], force=True)
+        client.close()
+
+
+def _staging_root(root: Path) -> Path:
+    """``root``, created if missing; refused unless it is a directory of ours that nobody else can
+    write to (under a shared temporary directory another user could have made it first)."""
+    root.mkdir(parents=True, exist_ok=True, mode=0o711)
+    info = root.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        raise SandboxUnavailable(f"staging directory {root} is not a private directory of this user: remove it, "
+                                 "or set STOCKADE_RUNNER__CONTAINER_STAGING_DIR")  # fmt: skip
+    return root
 
 
 def _await_ready(sock: socket.socket, timeout_s: float) -> None:

@@ -1,8 +1,10 @@
 """The resident worker inside a container sandbox, and the host side of its wire format.
 
-A warm container runs ``python3 -I -S -c WORKER`` as its main process, blocked on stdin. The
-host sends one job: a 4-byte big-endian length, a JSON header, then ``stdin_len`` bytes of stdin
-for the tool. The worker answers on stdout with frames ``kind (1 byte) | length (4 bytes) | data``:
+A warm container runs ``env -i python3 -I -S -c WORKER pool|session`` as its main process, blocked
+on stdin, with an empty environment: what a tool needs (proxy variables, credential placeholders)
+comes with each job and goes to that job's tool only. The host sends one job: a 4-byte big-endian
+length, a JSON header, then ``stdin_len`` bytes of stdin for the tool. The worker answers on
+stdout with frames ``kind (1 byte) | length (4 bytes) | data``:
 
     o  a chunk of the tool's stdout        e  a chunk of the tool's stderr
     x  exit: {"code", "signal", "cpu_s", "max_rss_kb", "oom_kills"} as JSON
@@ -14,7 +16,11 @@ for the tool. The worker answers on stdout with frames ``kind (1 byte) | length 
 ``python`` jobs run in the worker's own process (its interpreter is already up: that is what
 makes a warm call fast); ``exec`` jobs are forked and exec'd. The worker shares the tool's uid, so
 the host treats every frame as untrusted output of the tool: it is capped, parsed defensively,
-and file paths are rebuilt by the host, never trusted as given.
+and file paths are rebuilt by the host, never trusted as given. The worker makes itself not
+dumpable, so an ``exec`` tool cannot read its ``/proc`` entries (environment, memory).
+
+A job with egress gets a bridge from ``127.0.0.1:3128`` to the proxy's socket: one process forked
+from the worker for the job's length, serving every connection with a selector loop.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import struct
 from dataclasses import dataclass, field
 
 WORKER = r'''
-import json, os, resource, signal, struct, sys, selectors, socket, subprocess, time, traceback
+import ctypes, json, os, resource, signal, struct, sys, selectors, socket, time, traceback
 
 def write_all(data):
     view = memoryview(data)
@@ -65,20 +71,141 @@ def oom_kills():
             pass
     return 0
 
+BRIDGE_CONNECTIONS = 64  # open at once; more wait in the listen backlog
+# Connections the kernel queues meanwhile. Past it the kernel drops handshakes, and a client that
+# believed itself connected is reset: a tool opening many connections at once should just wait.
+BRIDGE_BACKLOG = 1024
+BRIDGE_BUFFER = 1 << 16  # bytes held per direction before the sender is no longer read
+BRIDGE_LINGER = 0.5  # seconds a connection the proxy has ended stays open for the tool's last bytes
+
 def start_bridge():
     # The egress proxy's socket is mounted at /run/stockade/egress.sock; tools reach it as an
-    # ordinary HTTP proxy on 127.0.0.1:3128.
-    subprocess.Popen(["socat", "TCP-LISTEN:3128,bind=127.0.0.1,fork,reuseaddr",
-                      "UNIX-CONNECT:/run/stockade/egress.sock"], stdin=subprocess.DEVNULL,
-                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(500):
-        probe = socket.socket()
+    # ordinary HTTP proxy on 127.0.0.1:3128. One forked process serves every connection: a
+    # process per connection (socat's fork) costs about five host threads each under gVisor,
+    # counted against the container's pids limit, and a tool opening ~20 connections took the
+    # whole sandbox down. The listener is up before the tool starts: no readiness probe.
+    listener = socket.socket()
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 3128))
+        listener.listen(BRIDGE_BACKLOG)
+    except OSError as exc:
+        listener.close()
+        frame(b"e", ("stockade: the egress bridge could not listen on 127.0.0.1:3128: %s\n" % exc).encode())
+        return
+    if os.fork() == 0:
+        # Never on the worker's stdin/stdout (the host's frames); reap_leftovers ends it with the job.
+        null = os.open("/dev/null", os.O_RDWR)
+        os.dup2(null, 0)
+        os.dup2(null, 1)
         try:
-            if probe.connect_ex(("127.0.0.1", 3128)) == 0:
-                return
+            bridge(listener)
         finally:
-            probe.close()
-        time.sleep(0.002)
+            os._exit(0)
+    listener.close()
+
+def bridge(listener):
+    """Copies bytes both ways between each accepted connection and a connection to the proxy,
+    holding at most BRIDGE_BUFFER per direction, passing on each half-close, and dropping both
+    sides of a pair on any error. Once the proxy has ended its side and the tool has had every
+    byte, the pair is dropped after BRIDGE_LINGER (as socat's -t did): a tool that never closes
+    its sockets must not hold the bridge's connections."""
+    listener.setblocking(False)
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ)
+    peer, pending, ended = {}, {}, set()  # the other side; bytes waiting to be sent to it; sides that sent EOF
+    proxied, linger = set(), {}  # the proxy's sides; tool's side -> when its pair is dropped
+
+    def watch(sock):
+        events = 0
+        if sock not in ended and len(pending[peer[sock]]) < BRIDGE_BUFFER:
+            events |= selectors.EVENT_READ
+        if pending[sock]:
+            events |= selectors.EVENT_WRITE
+        key = sel.get_map().get(sock)
+        if key is None:
+            if events:
+                sel.register(sock, events)
+        elif not events:
+            sel.unregister(sock)
+        elif key.events != events:
+            sel.modify(sock, events)
+
+    def drop(sock):
+        other = peer.pop(sock)
+        del peer[other]
+        for side in (sock, other):
+            if side in sel.get_map():
+                sel.unregister(side)
+            side.close()
+            del pending[side]
+            ended.discard(side)
+            proxied.discard(side)
+            linger.pop(side, None)
+        if listener not in sel.get_map():
+            sel.register(listener, selectors.EVENT_READ)
+
+    def accept():
+        while len(peer) < 2 * BRIDGE_CONNECTIONS:
+            try:
+                client = listener.accept()[0]
+            except OSError:
+                return
+            upstream = socket.socket(socket.AF_UNIX)
+            upstream.settimeout(5)
+            try:
+                upstream.connect("/run/stockade/egress.sock")
+            except OSError:
+                client.close()
+                upstream.close()
+                continue
+            for side, other in ((client, upstream), (upstream, client)):
+                side.setblocking(False)
+                peer[side], pending[side] = other, bytearray()
+            proxied.add(upstream)
+            watch(client)
+            watch(upstream)
+        sel.unregister(listener)  # full: the backlog holds the rest until a pair closes
+
+    while True:
+        timeout = max(0, min(linger.values()) - time.monotonic()) if linger else None
+        for key, events in sel.select(timeout):
+            sock = key.fileobj
+            if sock is listener:
+                accept()
+                continue
+            if sock not in peer:
+                continue  # dropped with its peer earlier in this batch
+            other = peer[sock]
+            try:
+                if events & selectors.EVENT_WRITE:
+                    del pending[sock][:sock.send(pending[sock])]
+                    if not pending[sock] and other in ended:
+                        sock.shutdown(socket.SHUT_WR)
+                if events & selectors.EVENT_READ:
+                    data = sock.recv(BRIDGE_BUFFER)
+                    if data:
+                        pending[other] += data
+                    else:
+                        ended.add(sock)
+                        if not pending[other]:
+                            other.shutdown(socket.SHUT_WR)
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError:
+                drop(sock)
+                continue
+            if sock in ended and other in ended and not pending[sock] and not pending[other]:
+                drop(sock)
+                continue
+            watch(sock)
+            watch(other)
+            for side in (sock, other):
+                if side in proxied and side in ended and not pending[peer[side]]:
+                    linger.setdefault(peer[side], time.monotonic() + BRIDGE_LINGER)
+        now = time.monotonic()
+        for client in [client for client, deadline in linger.items() if deadline <= now]:
+            drop(client)
 
 def reap_leftovers():
     """Kill every other process of this uid in the container (the tool's descendants), and reap them.
@@ -96,7 +223,15 @@ def reap_leftovers():
             return
         time.sleep(0.001)
 
+def set_dumpable(value):
+    if ctypes.CDLL(None, use_errno=True).prctl(4, value, 0, 0, 0) != 0:  # PR_SET_DUMPABLE
+        os.write(2, b"stockade worker: prctl(PR_SET_DUMPABLE) failed\n")
+        os._exit(3)
+
 def run_python(job, payload):
+    # A python tool runs in this process: for its run the worker is the tool, and its own /proc
+    # entries (/proc/self/status, fd, environ) must read as any program's. Not dumpable again after.
+    set_dumpable(1)
     # The job's environment (proxy, credential placeholders, CA bundle) replaces the last job's.
     os.environ.clear()
     os.environ.update(job.get("env", {}))
@@ -121,6 +256,7 @@ def run_python(job, payload):
         frame(b"e", traceback.format_exc().encode())
     sys.stdout, sys.stderr = real_out, real_err
     reap_leftovers()
+    set_dumpable(0)
     after = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return {"code": code, "signal": 0, "cpu_s": cpu, "max_rss_kb": after.ru_maxrss}
@@ -216,7 +352,12 @@ def send_outputs(limits):
             total += len(data)
 
 def main():
-    session = os.environ.get("STOCKADE_WORKER_MODE") == "session"
+    session = sys.argv[1:] == ["session"]
+    # Not dumpable: /proc/<this pid>/{environ,mem,...} become root's, so a tool (the same uid) cannot
+    # read the worker's memory, which holds each job's header (its environment, placeholders).
+    # The tool's own processes are dumpable again after their execve; a python tool, which runs
+    # in this process, is for the length of its run (run_python).
+    set_dumpable(0)
     frame(b"R", b"")  # up and waiting: the host pools this container only after seeing it
     while True:
         header = json.loads(read_exact(struct.unpack(">I", read_exact(4))[0]))

@@ -8,14 +8,23 @@ from pathlib import Path
 
 import pytest
 
-from runner import ContainerSandbox, ResourceLimits, RunnerSettings, SandboxSpec, SandboxUnavailable, Verdict
+from runner import (
+    ContainerSandbox,
+    EgressRule,
+    InputFile,
+    ResourceLimits,
+    RunnerSettings,
+    SandboxSpec,
+    SandboxUnavailable,
+    Verdict,
+)
 from runner.python import parse_result, python_job
-from tests.conftest import sandbox_containers
+from tests.conftest import ALLOWED_HOST, Upstream, sandbox_containers
 
 
 @pytest.fixture
 def settings(runner_state: Path) -> RunnerSettings:
-    return RunnerSettings(state_dir=runner_state, pool_size=1)
+    return RunnerSettings(state_dir=runner_state, pool_size=1, egress_hosts={ALLOWED_HOST: "127.0.0.1"})
 
 
 @pytest.fixture(params=["docker", "gvisor"])
@@ -60,6 +69,31 @@ async def test_session_sandbox_keeps_state_within_a_session_only(box: ContainerS
     assert sandbox_containers(box.owner) == []
 
 
+async def test_each_session_job_with_egress_gets_a_bridge_and_one_without_finds_none(
+    box: ContainerSandbox, upstream: Upstream
+) -> None:
+    """The bridge to the proxy lives for one job: the next job with egress starts its own, and a
+    job without egress finds nothing listening on 127.0.0.1:3128."""
+    fetch = f"""
+import socket, ssl, sys, urllib.request
+try:
+    socket.create_connection(('127.0.0.1', 3128), timeout=5).close()
+except OSError:
+    sys.exit(print('no bridge'))
+context = ssl.create_default_context(cafile='/in/ca.pem')
+print(urllib.request.urlopen('https://{ALLOWED_HOST}:{upstream.port}/', context=context, timeout=10).read().decode())
+"""
+    egress = {"inputs": (InputFile("ca.pem", upstream.ca_pem),), "egress": (EgressRule(ALLOWED_HOST, upstream.port),)}
+    outputs = []
+    for with_egress in (True, True, False, True):
+        spec = SandboxSpec(argv=("python3", "-I", "-c", fetch), session="s", **(egress if with_egress else {}))  # type: ignore[arg-type]
+        result = await box.run(spec)
+        outputs.append(result.stdout.decode().strip() or result.stderr.decode()[-300:])
+    await box.close_session("s")
+    hello = "hello from the allowlisted upstream"
+    assert outputs == [hello, hello, "no bridge", hello]
+
+
 async def test_command_tools_run_as_nobody_with_their_exit_code(box: ContainerSandbox) -> None:
     result = await box.run(SandboxSpec(argv=("/bin/sh", "-c", "id -u; echo oops >&2; exit 7")))
     assert (result.verdict, result.exit_code) == (Verdict.NONZERO_EXIT, 7)
@@ -70,6 +104,15 @@ async def test_python_tool_errors_are_a_nonzero_exit_with_the_traceback(box: Con
     result = await box.run(job("def main():\n    raise ValueError('bad input')"))
     assert result.verdict is Verdict.NONZERO_EXIT
     assert b"ValueError: bad input" in result.stderr
+
+
+async def test_a_tool_flooding_its_output_is_stopped_at_once(box: ContainerSandbox) -> None:
+    """Over the output cap the call ends within moments, not after Docker's client timeout."""
+    flood = SandboxSpec(argv=("python3", "-I", "-c", "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)"),
+                        limits=ResourceLimits(output_bytes=200_000, timeout_s=20))  # fmt: skip
+    results = [await box.run(flood) for _ in range(3)]
+    assert [r.verdict for r in results] == [Verdict.OUTPUT_LIMIT] * 3
+    assert max(r.usage.wall_s for r in results) < 5
 
 
 async def test_used_containers_are_destroyed(box: ContainerSandbox) -> None:
