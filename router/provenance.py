@@ -31,39 +31,217 @@ number                at least 3 significant digits, in canonical form (``100``,
 Strings longer than 256 characters (free text) are matched only by the identifiers they contain.
 Nested arguments are matched leaf by leaf; the provenance of an argument is every source of any
 of its keys. A key remembers at most 16 sources.
+
+Cost. Every matcher runs in time linear in the text: each is a regular expression without
+nested or overlapping quantifiers (possessive where a retry could only fail again), or a scan
+anchored on a literal such as ``@`` with bounded work around it. Repeated words and lines are
+scanned once, and each distinct token is reduced once. Indexing one piece of content is bounded
+on top of that:
+
+- at most `MAX_INDEXED_CHARS` characters of its strings are read, and at most
+  `MAX_INDEXED_TOKENS` distinct candidate tokens (and values, and containers) examined; the
+  scan stops when the tokens run out;
+- containers nested deeper than `MAX_DEPTH` are not entered.
+
+Which way the bounds fail. Content that is not indexed contributes no key, so a value found only
+there has no source from it. Policy reads "no trusted source" as unverified: after untrusted
+content, a consequential call with such a value needs a human. So a value the user gave past
+the bound no longer counts as the user's (the call is held, not let through), and a value from
+untrusted content past the bound is held for a human instead of denied outright (the price of
+the bound, logged as ``provenance_index_cut``); in no case does content that was not read make a
+value pass as ``user`` or as a trusted tool's. (Taint does not depend on indexing: the store
+taints the session for the output's tool whatever the index holds.) A cut must not invent keys
+either: a string is cut before a character no matcher can span (whitespace other than a single
+space, two spaces, or one of ``<>"'`(){}[]``), so every key from a cut string is one the whole
+string yields too; a string without such a character within the budget is not read at all.
+
+An argument, on the other hand, is always reduced completely (its size is bounded by
+``max_args_bytes``, its nesting by `router.tools.MAX_NESTING`): dropping one of its keys could
+hide the untrusted source of a value, which is the unsafe direction.
+
+Indexing is CPU work: `content_keys_async` and `argument_keys_async` run large values in a
+worker thread so the event loop keeps serving other calls.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
+import string
 from collections.abc import Iterable, Iterator, Mapping
-from decimal import Decimal, InvalidOperation
-from typing import Any
+from decimal import Decimal
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
+
+import structlog
+
+log = structlog.get_logger(__name__)
 
 USER = "user"
 _MAX_WHOLE = 256
 MAX_SOURCES = 16  # per key: enough to name the culprit, bounded whatever the session reads
-_MAX_DEPTH = 32
+# Containers below this depth are not indexed (content) and not allowed (arguments: the router
+# refuses calls nested deeper, router.tools.MAX_NESTING, so arguments are always walked whole).
+MAX_DEPTH = 64
+# Per piece of content (one output, one report, one session's trusted context): twice the
+# default output cap, so an output and its stderr at the default limits are read whole.
+MAX_INDEXED_CHARS = 2 << 20
+# Candidate tokens (and values and containers) examined per piece of content: about 25 ms of
+# the slowest matcher (URLs) on this machine class; a realistic output has far fewer.
+MAX_INDEXED_TOKENS = 8192
+# Below this many characters (and nodes) a value is indexed inline: a few milliseconds at most.
+INLINE_CHARS = 64 * 1024
+_SPAN = 64 * 1024  # characters of distinct words scanned at a time while a budget lasts
 
-_EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,63}")
+# The matchers. Each is linear: repeats are possessive where giving characters back could only
+# fail again; a pattern that must not start inside a token begins with its first character class
+# and checks what precedes it after that (the regex engine then skips other characters fast);
+# and where the old greedy patterns backed off one step at a time over a long run, a few scans of
+# the run find the same end (`_emails`, `_host_key`, `_account_keys`). The property tests in
+# tests/router/test_provenance.py check them against the old patterns.
+_LOCAL = "A-Za-z0-9._%+-"  # the characters of an email's local part
+# An '@' whose domain has a TLD-like segment ('.' and two letters): the only '@'s an email can
+# use. The lazy scan is linear: each segment is taken whole, so a step never revisits one.
+_AT_EMAIL = re.compile(r"@(?=[A-Za-z0-9-]++(?:\.[A-Za-z0-9-]++)*?\.[A-Za-z]{2})")
+_DOMAIN_RUN = re.compile(r"[A-Za-z0-9-]++(?:\.[A-Za-z0-9-]++)*+")  # a domain's segments, each whole
+_LOCAL_RUN_REVERSED = re.compile(f"[{_LOCAL}]*+")
+_TLD_REVERSED = re.compile(r"[A-Za-z]{2}\.")  # reversed: the last '.' + two letters of a domain
+_TLD = re.compile(r"[A-Za-z]{2,63}")
 _URL = re.compile(r"https?://[^\s<>\"'`(){}\[\]]+", re.IGNORECASE)
-_HOST = re.compile(r"(?<![\w@.-])(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z]{2,63}\.?(?![\w-])")
-_IBAN = re.compile(r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?\b")
-_ACCOUNT = re.compile(r"(?<![\w.])\d(?:[ -]?\d){7,}(?![\w.])")
-_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w.])")
+# A host can only start a run of [A-Za-z0-9.-] that follows none of [\w@.-]; the run is taken
+# whole, with whether a word character follows it, and `_host_key` finds the host in it.
+_HOST_RUN = re.compile(r"(?<![\w@.-])([A-Za-z0-9][A-Za-z0-9-]*+\.[A-Za-z0-9.-]*+)(?=(\w?))")
+_HOST_HINT = re.compile(r"\.[A-Za-z]{2}")  # no host without it: most text skips the run scan
+_LONG_LABEL = re.compile(r"[^.]{64}")
+_TLD_LABEL_REVERSED = re.compile(r"\.[A-Za-z]{2,63}(?![^.])")  # reversed labels, each after its dot
+
+
+def _compiled(pattern: str) -> tuple[re.Pattern[str], re.Pattern[str]]:
+    """``pattern`` for any text, and with re.ASCII for ASCII text (the same matches there, found
+    faster: character classes become table lookups)."""
+    return re.compile(pattern), re.compile(pattern, re.ASCII)
+
+
+# The digit matchers end in a branch like ``|[\w.]{16,}+``: where a token cannot start (a digit
+# inside a word, say), it takes the rest of the run in one step instead of one failed try per
+# character (no token can start inside such a run either); its matches have every group empty
+# (`_SKIPPED2`, `_SKIPPED3`) and are dropped.
+_SKIPPED2, _SKIPPED3 = ("", ""), ("", "", "")
+# `\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?\b` (on upper-cased text), found from
+# its first check digit (the scan skips to digits, rarer than letters): (country, digit, rest).
+_IBAN = _compiled(r"\d(?:(?<=(?<!\w)([A-Z]{2})(\d))(\d(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?)\b|\w{16,}+)")
+# `(?<![\w.])\d(?:[ -]?\d){7,}(?![\w.])`: a run of digits, spaces and dashes from where that may
+# start and long enough to hold 8 digits, taken whole, and the character after it: (digit, rest,
+# after); `_account_keys` splits the run and counts its digits as that pattern would.
+_ACCOUNT_RUN = _compiled(r"\d(?:(?<=(\d))(?<![\w.]\d)(?=[\d -]{7})([\d -]*+)(?=([\w.]?))|[\w.]{16,}+)")
+_SEPARATORS = re.compile(r"[ -]{2,}")
+# `(?<![\w.])-?\d+(?:\.\d+)?(?![\w.])` for tokens of 3 or more written digits (fewer never make
+# a key, `_number_key`), as two scans that skip to a digit or to a '-': unsigned tokens (digit,
+# rest), not right after a '-' that could start one; and signed ones.
+_UNSIGNED = _compiled(
+    r"\d(?:(?<=(\d))(?<![\w.]\d)(?:(?<!-\d)|(?<=[\w.]-\d))(?=(?:\.?\d){2})(\d*+(?:\.\d++)?+)(?![\w.])|[\w.]{16,}+)"
+)
+_SIGNED = _compiled(r"-(?<![\w.]-)(?=\d(?:\.?\d){2})\d++(?:\.\d++)?+(?![\w.])")
+# ASCII text in outline (digits as 9, letters as A), to tell from a few substring scans whether a
+# digit matcher can find anything: an IBAN needs AA99, a number of 3 digits 999, 9.99 or 99.9.
+_OUTLINE = str.maketrans(string.digits + string.ascii_letters, "9" * 10 + "A" * 52)
+_IBAN_DIGITS = {ord(ch): str(int(ch, 36)) for ch in string.ascii_uppercase}
 _SPACE = re.compile(r"\s+")
+# Characters no matcher can span (see the module docstring): content is only ever cut before one.
+_UNSPANNABLE = re.compile(r"[^\S ]|[<>\"'`(){}\[\]]|  ")
+
+_T = TypeVar("_T")
 
 
-def _number_key(text: str) -> str | None:
-    if sum(ch.isdigit() for ch in text) < 3:
+class _Budget:
+    """What indexing one piece of content may still read (characters) and examine (tokens)."""
+
+    __slots__ = ("chars", "cut", "tokens")
+
+    def __init__(self, chars: int, tokens: int) -> None:
+        self.chars = chars
+        self.tokens = tokens
+        self.cut = False
+
+    def spend(self) -> bool:
+        """Spend a token; False (and the budget marked cut) if none is left."""
+        if self.tokens <= 0:
+            self.cut = True
+            return False
+        self.tokens -= 1
+        return True
+
+    def take(self, found: list[_T]) -> list[_T]:
+        """As many of ``found`` as the budget still allows, in order."""
+        if len(found) <= self.tokens:
+            self.tokens -= len(found)
+            return found
+        kept, self.tokens, self.cut = found[: self.tokens], 0, True
+        return kept
+
+    def read(self, text: str) -> tuple[str, bool]:
+        """The part of ``text`` to index, and whether that is all of it."""
+        if len(text) <= self.chars:
+            self.chars -= len(text)
+            return text, True
+        self.cut = True
+        window, self.chars = self.chars, 0
+        found = _UNSPANNABLE.search(text[window - 1 :: -1]) if window > 0 else None
+        # Cut before the last unspannable character in the window, so no key is a token's prefix.
+        return (text[: window - found.end()], False) if found is not None else ("", False)
+
+
+def _distinct(items: list[_T], budget: _Budget | None, skipped: _T | None = None) -> list[_T]:
+    """``items`` without repeats (first occurrence first) nor ``skipped``, as many as ``budget`` allows."""
+    found = dict.fromkeys(items)
+    if skipped is not None:
+        found.pop(skipped, None)
+    distinct = list(found)
+    return distinct if budget is None else budget.take(distinct)
+
+
+def _scan(pattern: re.Pattern[str], words: str, budget: _Budget | None, skipped: Any = None) -> list[Any]:
+    """`_distinct` over ``pattern``'s matches in ``words`` (distinct words joined by newlines),
+    read a span at a time and no further than the budget needs: a flood of distinct tokens costs
+    what the budget allows, not what the text holds."""
+    if budget is None:
+        return _distinct(pattern.findall(words), None, skipped)
+    found: dict[Any, None] = {}
+    start = 0
+    while start < len(words) and len(found) <= budget.tokens:
+        end = words.find("\n", start + _SPAN)
+        end = len(words) if end < 0 else end
+        found.update(dict.fromkeys(pattern.findall(words, start, end)))  # a match never spans a newline
+        if skipped is not None:
+            found.pop(skipped, None)
+        start = end + 1
+    if start < len(words):
+        budget.cut = True
+    return budget.take(list(found))
+
+
+def _left(budget: _Budget | None) -> bool:
+    """Whether another matcher may run (no point scanning for tokens that cannot be taken)."""
+    return budget is None or budget.tokens > 0
+
+
+def _number_key(text: str, digits: int | None = None) -> str | None:
+    """``text``'s number key; ``digits``: how many digits it has, when the caller knows."""
+    if (sum(map(str.isdigit, text)) if digits is None else digits) < 3:
         return None
+    if text.isascii() and text.isdigit():
+        # What Decimal gives a plain integer of at most 28 significant digits (its precision;
+        # longer ones are rounded), without building one: the common case, several times faster.
+        significant = text.lstrip("0")
+        if len(significant) <= 28:
+            return "n:" + significant if len(significant) >= 3 else None
     try:
         canonical = format(Decimal(text).normalize(), "f")
-    except InvalidOperation:
+    except ArithmeticError:  # not a number, or beyond Decimal's exponent range (Overflow)
         return None
     # Significant digits, not written ones: "000" is 0 and "0.005" is 5 thousandths, as common as 5.
-    if sum(ch.isdigit() for ch in canonical.lstrip("-").lstrip("0.")) < 3:
+    significant = canonical.lstrip("-").lstrip("0.")
+    if len(significant) - significant.count(".") < 3:
         return None
     return "n:" + canonical
 
@@ -72,8 +250,7 @@ def _iban_checksum_ok(iban: str) -> bool:
     """ISO 13616: move the first four characters to the end, letters to numbers, mod 97 == 1."""
     if not 15 <= len(iban) <= 34:
         return False
-    rearranged = iban[4:] + iban[:4]
-    return int("".join(str(int(ch, 36)) for ch in rearranged)) % 97 == 1
+    return int((iban[4:] + iban[:4]).translate(_IBAN_DIGITS)) % 97 == 1
 
 
 def _url_keys(url: str) -> Iterator[str]:
@@ -94,58 +271,229 @@ def _url_keys(url: str) -> Iterator[str]:
     yield f"h:{host}"
 
 
+def _emails(text: str, budget: _Budget | None) -> list[str]:
+    """Every ``local@domain.tld`` in ``text``, left to right, as the pattern
+    ``[local]+@[A-Za-z0-9-]+(?:\\.[A-Za-z0-9-]+)*\\.[A-Za-z]{2,63}`` finds them (greedy, no
+    overlaps), in linear time: that pattern retried every start of a long local part."""
+    found: list[str] = []
+    reversed_text = ""
+    last_end = 0
+    for at in _AT_EMAIL.finditer(text):
+        if budget is not None and not budget.spend():
+            break
+        if not reversed_text:
+            reversed_text = text[::-1]
+        start = at.start()
+        # The local part: the run of local characters ending at '@', not reaching into the
+        # previous address (the pattern resumes where its last match ended).
+        local = _LOCAL_RUN_REVERSED.match(reversed_text, len(text) - start)
+        begin = max(start - (local.end() - local.start()) if local else start, last_end)
+        if begin == start:
+            continue
+        # The domain: its whole run of segments, then (as the greedy pattern backs off) its last
+        # segment that starts with two letters; the TLD is up to 63 of those letters.
+        run = _DOMAIN_RUN.match(text, start + 1)
+        if run is None:  # pragma: no cover - _AT_EMAIL saw one
+            continue
+        first_dot = text.find(".", start + 1, run.end())
+        tld = _TLD_REVERSED.search(reversed_text, len(text) - run.end(), len(text) - first_dot)
+        if tld is None:  # pragma: no cover - _AT_EMAIL saw one after the first segment
+            continue
+        letters = _TLD.match(text, len(text) - tld.end() + 1)
+        if letters is None:  # pragma: no cover - two letters were just found there
+            continue
+        found.append(text[begin : letters.end()])
+        last_end = letters.end()
+    return found
+
+
+def _host_key(run: str, after_is_word: bool) -> str | None:
+    """The host ``(?<![\\w@.-])(?:label\\.)+[A-Za-z]{2,63}\\.?(?![\\w-])`` finds at the start of
+    ``run`` (a whole run of [A-Za-z0-9.-]; ``after_is_word``: a word character follows it), as its key.
+
+    The pattern takes every leading label followed by a dot, then backs off to the last one that
+    is 2 to 63 letters (and, if it ends the run, not followed by a word character). This finds
+    the same one with a few scans instead of a step per label."""
+    # The labels stop at the first segment that is empty, starts or ends with '-', or is over
+    # 63 characters: find where that segment starts.
+    bad = len(run)
+    for mark in ("..", ".-"):
+        at = run.find(mark)
+        if 0 <= at < bad:
+            bad = at + 1
+    at = run.find("-.")
+    if 0 <= at < bad:
+        bad = run.rfind(".", 0, at) + 1
+    long = _LONG_LABEL.search(run, 0, bad)
+    if long is not None:
+        bad = long.start()
+    first_dot = run.index(".")
+    chain_end = bad if bad < len(run) else run.rfind(".") + 1
+    if chain_end <= first_dot:
+        return None
+    next_dot = run.find(".", chain_end)
+    last_end = len(run) if next_dot < 0 else next_dot
+    last = run[chain_end:last_end]
+    if (
+        2 <= len(last) <= 63
+        and last.isascii()
+        and last.isalpha()
+        and not (next_dot < 0 and after_is_word)  # the pattern's (?![\\w-]) after the run
+    ):
+        return "h:" + run[:last_end].lower()
+    # Backwards from the dot ending the labels: each label follows its (forward) trailing dot.
+    tld = _TLD_LABEL_REVERSED.search(run[chain_end - 1 : first_dot : -1])
+    if tld is None:
+        return None
+    return "h:" + run[: chain_end - 1 - tld.start()].lower()
+
+
+def _string_keys(text: str, indexing: bool, budget: _Budget | None) -> list[str]:
+    keys: list[str] = []
+    whole = True
+    if budget is not None:
+        text, whole = budget.read(text)
+        if not text:
+            return keys
+    if whole and len(text) <= _MAX_WHOLE:
+        collapsed = _SPACE.sub(" ", text).strip()
+        if collapsed:
+            keys.append("s:" + collapsed)
+    if not indexing:
+        stripped = text.strip()
+        if stripped.count("@") == 1 and _emails(stripped, None) == [stripped]:
+            # An argument that is one email address is matched as that address only: not by its
+            # domain, nor by a number in it (``123@a.example`` is not ``123@b.example``).
+            keys.append("e:" + stripped.lower())
+            return keys
+    # Which matchers can find anything at all, from a few scans of the text (for ASCII text, of
+    # its outline): most text skips most of them.
+    ascii_ = text.isascii()
+    outline = text.translate(_OUTLINE) if ascii_ else ""
+    emails, urls, hosts = "@" in text, "://" in text, _HOST_HINT.search(text) is not None
+    digits = outline.count("9") if ascii_ else len(text)
+    ibans = digits >= 2 and (not ascii_ or "AA99" in outline)
+    # Eight digits joined by single separators: eight in a row once separators are dropped.
+    accounts = digits >= 8 and (not ascii_ or "99999999" in outline.replace(" ", "").replace("-", ""))
+    signed = digits >= 3 and (not ascii_ or "-9" in outline)
+    unsigned = digits >= 3 and (not ascii_ or "999" in outline or "9.99" in outline or "99.9" in outline)
+    if emails or urls or hosts or signed or unsigned:
+        # Emails, URLs, hosts and numbers never span whitespace, and whitespace is all their
+        # patterns can see around a word: each distinct word, scanned once (joined by newlines),
+        # gives the same keys as the text, at a fraction of the cost when words repeat.
+        words = dict.fromkeys(text.split())
+        distinct = "\n".join(words)
+    if emails:
+        for found in dict.fromkeys(_emails(distinct, budget)):
+            email = found.lower()
+            keys.append("e:" + email)
+            if indexing:
+                keys.append("h:" + email.rsplit("@", 1)[1])
+    if urls and _left(budget):
+        for url in _scan(_URL, distinct, budget):
+            keys.extend(_url_keys(url))
+    if hosts and _left(budget):
+        dotted = "\n".join([word for word in words if "." in word])
+        for run, after in _scan(_HOST_RUN, dotted, budget):
+            key = _host_key(run, bool(after))
+            if key:
+                keys.append(key)
+    # IBANs and account numbers span single spaces, never a line break: they are read from the
+    # text's distinct lines.
+    lines = "\n".join(dict.fromkeys(text.split("\n"))) if ibans or accounts else ""
+    if ibans and _left(budget):
+        for country, digit, rest in _distinct(_IBAN[ascii_].findall(lines.upper()), budget, _SKIPPED3):
+            iban = (country + digit + rest).replace(" ", "")
+            if _iban_checksum_ok(iban):
+                keys.append("i:" + iban)
+    if accounts and _left(budget):
+        for digit, rest, after in _distinct(_ACCOUNT_RUN[ascii_].findall(lines), budget, _SKIPPED3):
+            keys.extend(_account_keys(digit + rest, bool(after), budget))
+    if signed and _left(budget):
+        for number in _scan(_SIGNED[ascii_], distinct, budget):
+            keys.extend(_number_keys(number))
+    if unsigned and _left(budget):
+        for digit, rest in _scan(_UNSIGNED[ascii_], distinct, budget, _SKIPPED2):
+            keys.extend(_number_keys(digit + rest))
+    return keys
+
+
+def _number_keys(token: str) -> list[str]:
+    """The key of a number token (digits, at most one '.', a leading '-'), as a list of 0 or 1."""
+    key = _number_key(token, len(token) - token.count(".") - token.count("-"))
+    return [key] if key else []
+
+
+def _account_keys(run: str, after_is_word: bool, budget: _Budget | None) -> list[str]:
+    """The account numbers ``(?<![\\w.])\\d(?:[ -]?\\d){7,}(?![\\w.])`` finds in ``run`` (digits,
+    spaces and dashes from a digit where that pattern may start; ``after_is_word``: a word
+    character or '.' follows it), as keys."""
+    # The pattern cannot span two separators: it stops, then starts again after them (after a
+    # separator, always a valid start).
+    doubled = any(pair in run for pair in ("  ", "--", " -", "- "))
+    groups = _SEPARATORS.split(run) if doubled else [run]
+    last = groups.pop()
+    keys = []
+    for group in [*_distinct(groups, budget), last]:
+        chain = group
+        if group is last and not group.endswith((" ", "-")) and after_is_word:
+            # Its (?![\\w.]) fails after the whole run: it backs off to the last separator (a
+            # shorter end inside a group of digits is followed by a digit, and fails too).
+            cut = max(group.rfind(" "), group.rfind("-"))
+            chain = group[:cut] if cut >= 0 else ""
+        digits = chain.replace(" ", "").replace("-", "")
+        if len(digits) >= 8:
+            keys.append("a:" + digits)
+    return keys
+
+
 def string_keys(text: str, *, indexing: bool = True) -> Iterator[str]:
     """The keys a string contributes (see the module docstring). Indexed content also contributes
     each email's domain as a hostname, so host and URL arguments match it; an email argument
     matches only as a whole address (any address at a domain a page mentions is not suspect)."""
-    if len(text) <= _MAX_WHOLE:
-        collapsed = _SPACE.sub(" ", text).strip()
-        if collapsed:
-            yield "s:" + collapsed
-    if not indexing and _EMAIL.fullmatch(text.strip()):
-        # An argument that is one email address is matched as that address only: not by its
-        # domain, nor by a number in it (``123@a.example`` is not ``123@b.example``).
-        yield "e:" + text.strip().lower()
-        return
-    for match in _EMAIL.finditer(text):
-        email = match.group(0).lower()
-        yield "e:" + email
-        if indexing:
-            yield "h:" + email.rsplit("@", 1)[1]
-    for match in _URL.finditer(text):
-        yield from _url_keys(match.group(0))
-    for match in _HOST.finditer(text):
-        yield "h:" + match.group(0).lower().rstrip(".")
-    for match in _IBAN.finditer(text.upper()):
-        iban = match.group(0).replace(" ", "")
-        if _iban_checksum_ok(iban):
-            yield "i:" + iban
-    for match in _ACCOUNT.finditer(text):
-        yield "a:" + re.sub(r"[ -]", "", match.group(0))
-    for match in _NUMBER.finditer(text):
-        key = _number_key(match.group(0))
-        if key:
-            yield key
+    yield from _string_keys(text, indexing, None)
+
+
+def _value_keys(value: Any, indexing: bool, budget: _Budget | None, depth: int = 0) -> list[str]:
+    """The keys of a JSON value, walked without recursion (a value may be nested deeper than
+    Python's recursion limit): strings as above, numbers canonically, containers leaf by leaf,
+    none below `MAX_DEPTH`."""
+    keys: list[str] = []
+    stack: list[tuple[Any, int]] = [(value, depth)]
+    while stack:
+        if budget is not None and budget.tokens <= 0:
+            budget.cut = True
+            break
+        item, level = stack.pop()
+        if level > MAX_DEPTH:
+            if budget is not None:
+                budget.cut = True
+            continue
+        if isinstance(item, str):
+            keys.extend(_string_keys(item, indexing, budget))
+            continue
+        if budget is not None:
+            budget.tokens -= 1
+        if isinstance(item, bool) or item is None:
+            continue
+        if isinstance(item, int | float):
+            try:
+                key = _number_key(repr(item) if isinstance(item, float) else str(item))
+            except ValueError:  # an int over Python's 4300-digit str() limit: no JSON holds one
+                continue
+            if key:
+                keys.append(key)
+        elif isinstance(item, dict):
+            # Reversed, so the stack pops them in order: a cut then keeps the first ones.
+            stack.extend((child, level + 1) for child in reversed(list(item.values())))
+        elif isinstance(item, list | tuple):
+            stack.extend((child, level + 1) for child in reversed(item))
+    return keys
 
 
 def value_keys(value: Any, depth: int = 0, *, indexing: bool = True) -> Iterator[str]:
     """The keys of any JSON value: strings as above, numbers canonically, containers leaf by leaf."""
-    if depth > _MAX_DEPTH:
-        return
-    if isinstance(value, str):
-        yield from string_keys(value, indexing=indexing)
-    elif isinstance(value, bool) or value is None:
-        return
-    elif isinstance(value, int | float):
-        key = _number_key(repr(value) if isinstance(value, float) else str(value))
-        if key:
-            yield key
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from value_keys(item, depth + 1, indexing=indexing)
-    elif isinstance(value, list | tuple):
-        for item in value:
-            yield from value_keys(item, depth + 1, indexing=indexing)
+    yield from _value_keys(value, indexing, None, depth)
 
 
 def source_label(tool: str, call_id: str, *, untrusted: bool) -> str:
@@ -153,13 +501,53 @@ def source_label(tool: str, call_id: str, *, untrusted: bool) -> str:
 
 
 def content_keys(items: Iterable[Any]) -> set[str]:
-    """The keys content entering a session contributes."""
-    return {key for item in items for key in value_keys(item)}
+    """The keys content entering a session contributes, within the per-content bounds (see the
+    module docstring: what is not read contributes nothing, so a cut fails toward refusal)."""
+    budget = _Budget(MAX_INDEXED_CHARS, MAX_INDEXED_TOKENS)
+    keys: set[str] = set()
+    for item in items:
+        keys.update(_value_keys(item, True, budget))
+    if budget.cut:
+        log.warning("provenance_index_cut", keys=len(keys), max_chars=MAX_INDEXED_CHARS, max_tokens=MAX_INDEXED_TOKENS)
+    return keys
 
 
 def argument_keys(args: dict[str, Any]) -> dict[str, set[str]]:
-    """The keys each top-level argument of a call is looked up by."""
-    return {name: set(value_keys(value, indexing=False)) for name, value in args.items()}
+    """The keys each top-level argument of a call is looked up by (every one of them: see the
+    module docstring for why arguments are never cut)."""
+    return {name: set(_value_keys(value, False, None)) for name, value in args.items()}
+
+
+def _is_small(values: Iterable[Any]) -> bool:
+    """Whether ``values`` hold fewer than `INLINE_CHARS` characters and nodes (walked no further)."""
+    left = INLINE_CHARS
+    stack = list(values)
+    while stack:
+        item = stack.pop()
+        left -= len(item) if isinstance(item, str) else 1
+        if left < 0:
+            return False
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return True
+
+
+async def content_keys_async(items: Iterable[Any]) -> set[str]:
+    """`content_keys`, in a worker thread when the content is large, so the event loop keeps
+    serving other calls while it is indexed."""
+    values = list(items)
+    if _is_small(values):
+        return content_keys(values)
+    return await asyncio.to_thread(content_keys, values)
+
+
+async def argument_keys_async(args: dict[str, Any]) -> dict[str, set[str]]:
+    """`argument_keys`, in a worker thread when the arguments are large."""
+    if _is_small(args.values()):
+        return argument_keys(args)
+    return await asyncio.to_thread(argument_keys, args)
 
 
 class ProvenanceIndex:

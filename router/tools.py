@@ -1,7 +1,13 @@
 """The tool registry: `ToolSpec` (what a framework registers) and argument validation.
 
 Arguments are checked against the tool's JSON Schema (Draft 2020-12, formats checked) before
-anything else happens; each problem is reported with the field's path (``args.to``).
+anything else happens; each problem is reported with the field's path (``args.to``). Before any
+of that (and before anything recursive sees them) their nesting is checked, without recursion,
+against `MAX_NESTING`: JSON's parser, the schema validator, the audit log and the policy engine
+all recurse, and a value a thousand levels deep would stop each of them with a RecursionError.
+
+Names are checked whole (``re.fullmatch``): ``$`` would also match before a final newline, and
+``"lookup\n"`` would pass for a plain name.
 """
 
 from __future__ import annotations
@@ -9,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
+from itertools import accumulate
 from typing import Annotated, Any, Literal
 
 from jsonschema import Draft202012Validator
@@ -18,15 +25,27 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from policy import ToolInfo
 from policy.base import CredentialRequest, EgressRequest
 from router.errors import DuplicateTool, FieldProblem, InvalidCall, InvalidToolSpec, ToolNotFound
+from router.text import check_text
 
 Capability = Literal[
     "reads_private", "reads_untrusted", "sends_external", "mutates_state", "financial", "executes_code"
 ]
 Risk = Literal["low", "medium", "high", "critical"]
 
-TOOL_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
-_PLACEHOLDER = re.compile(r"^\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+TOOL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")  # use with fullmatch
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")  # use with fullmatch
 _MAX_PROBLEMS = 10
+# Lists and objects inside one another in a call's arguments (the arguments object is level 1),
+# and in a tool's input_schema. Real tools stay far below it; the policy engine (serde_json,
+# 128 levels) and Python's recursion limit stay far above it with the envelope they add.
+MAX_NESTING = 64
+# JSON text: a string (escapes included; an unterminated one runs to the end), or a bracket.
+_JSON_STRING = re.compile(r'"(?:[^"\\]++|\\.)*+"?', re.DOTALL)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]++")
+_SQUARE = str.maketrans("{}", "[]")
+_BRACKET_STEP = {"[": 1, "]": -1}
+_PEEL_ROUNDS = 8  # cheap passes (str.replace) before the exact, slower one (a running sum)
+_MAX_SCHEMA_NODES = 1 << 20  # values in one input_schema: far past any real one
 
 
 def show(value: object, limit: int = 60) -> str:
@@ -127,16 +146,23 @@ class ToolSpec(_Frozen):
     @field_validator("name")
     @classmethod
     def _name_is_plain(cls, name: str) -> str:
-        if not TOOL_NAME.match(name):
+        if not TOOL_NAME.fullmatch(name):
             raise ValueError(
                 f"tool name {show(name)} must start with a letter and use only letters, digits, '_' or '-' "
-                "(at most 64; no '/', '.', spaces or other path characters)"
+                "(at most 64; no '/', '.', whitespace, line breaks, invisible or other path characters)"
             )
         return name
 
     @field_validator("input_schema")
     @classmethod
     def _schema_is_valid(cls, schema: dict[str, Any]) -> dict[str, Any]:
+        depth = nesting_depth(schema, MAX_NESTING, max_nodes=_MAX_SCHEMA_NODES)
+        if depth > MAX_NESTING:
+            raise ValueError(
+                f"input_schema is nested more than {MAX_NESTING} levels deep: flatten it (use $defs and $ref)"
+            )
+        if depth < 0:
+            raise ValueError(f"input_schema holds more than {_MAX_SCHEMA_NODES} values: describe the arguments briefly")
         try:
             Draft202012Validator.check_schema(schema)
         except SchemaError as exc:
@@ -164,7 +190,7 @@ class ToolSpec(_Frozen):
         if isinstance(self.executor, CommandExecutor):
             properties = self.input_schema.get("properties", {})
             for item in self.executor.argv:
-                match = _PLACEHOLDER.match(item)
+                match = _PLACEHOLDER.fullmatch(item)
                 if match and match.group(1) not in properties:
                     raise ValueError(f"argv placeholder {item} names no property of input_schema")
         return self
@@ -227,7 +253,7 @@ class ToolRegistry:
             InvalidCall: ``name`` is not a plain tool name (path characters, wrong type).
             ToolNotFound: no such tool.
         """
-        if not isinstance(name, str) or not TOOL_NAME.match(name):
+        if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
             raise InvalidCall(
                 f"tool name {show(name)} is not a valid tool name: use letters, digits, '_' or '-' only",
                 [FieldProblem("tool", "not a valid tool name")],
@@ -249,21 +275,42 @@ def parse_args(tool: str, raw: Mapping[str, Any] | str | bytes, max_bytes: int) 
     """Arguments as a JSON object, and their canonical JSON text.
 
     Raises:
-        InvalidCall: not JSON, not an object, not JSON-serialisable, or over ``max_bytes``.
+        InvalidCall: not JSON, not an object, not JSON-serialisable, over ``max_bytes``, or nested
+            deeper than `MAX_NESTING` (checked before anything recursive sees the value).
     """
     if isinstance(raw, str | bytes):
         if len(raw) > max_bytes:
             raise _too_big(tool, len(raw), max_bytes)
         try:
-            value = json.loads(raw)
+            # As json.loads reads bytes, so the depth is measured on the text it will parse.
+            text = raw.decode(json.detect_encoding(raw), "surrogatepass") if isinstance(raw, bytes) else raw
+            if json_too_deep(text):
+                raise _too_deep(tool)
+            value = json.loads(text)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             where = f" at line {exc.lineno} column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
             raise InvalidCall(
                 f'arguments for {tool!r} are not valid JSON{where}: send a JSON object such as {{"x": 1}}',
                 [FieldProblem("args", "not valid JSON")],
             ) from exc
+        except ValueError as exc:  # an integer over Python's 4300-digit limit, and the like
+            raise InvalidCall(
+                f"arguments for {tool!r} cannot be read ({exc}): send a JSON object of ordinary values",
+                [FieldProblem("args", "not readable JSON")],
+            ) from exc
     else:
         value = raw
+        # Each value costs at least a byte of the canonical text: more than max_bytes of them is
+        # too big, however they are shared (and the walk stops there).
+        depth = nesting_depth(value, MAX_NESTING, max_nodes=max_bytes)
+        if depth > MAX_NESTING:
+            raise _too_deep(tool)
+        if depth < 0:
+            raise InvalidCall(
+                f"arguments for {tool!r} hold more than {max_bytes} values, over the {max_bytes}-byte cap: "
+                "send less, or raise STOCKADE_MAX_ARGS_BYTES",
+                [FieldProblem("args", "over the cap")],
+            )
     if not isinstance(value, Mapping):
         raise InvalidCall(
             f"arguments for {tool!r} must be a JSON object, not {type(value).__name__}",
@@ -277,9 +324,80 @@ def parse_args(tool: str, raw: Mapping[str, Any] | str | bytes, max_bytes: int) 
             "null, lists and objects only",
             [FieldProblem("args", "not JSON-serialisable")],
         ) from exc
-    if len(canonical.encode()) > max_bytes:
-        raise _too_big(tool, len(canonical.encode()), max_bytes)
+    try:
+        size = len(canonical.encode())
+    except UnicodeEncodeError:
+        check_text(value, "args")  # names the field that holds the lone surrogate
+        raise
+    if size > max_bytes:
+        raise _too_big(tool, size, max_bytes)
     return dict(value), canonical
+
+
+def nesting_depth(value: object, limit: int, *, max_nodes: int | None = None) -> int:
+    """How many lists, tuples and dicts ``value`` holds inside one another (a scalar is 0, ``[]``
+    is 1), found without recursion; as soon as it passes ``limit``, ``limit + 1``. With
+    ``max_nodes``: -1 if the value has more values than that, counted as a tree (a shared or
+    cyclic part counts each time it is reached, as JSON would write it out)."""
+    if not isinstance(value, dict | list | tuple):
+        return 0
+    deepest, nodes = 0, 1
+    stack: list[tuple[dict[Any, Any] | list[Any] | tuple[Any, ...], int]] = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if level > limit:
+            return limit + 1
+        deepest = max(deepest, level)
+        children = item.values() if isinstance(item, dict) else item
+        nodes += len(children)
+        if max_nodes is not None and nodes > max_nodes:
+            return -1
+        stack.extend([(child, level + 1) for child in children if isinstance(child, dict | list | tuple)])
+    return deepest
+
+
+def json_too_deep(text: str, limit: int = MAX_NESTING) -> bool:
+    """Whether the lists and objects of JSON ``text`` nest deeper than ``limit``, read without
+    parsing it (so without recursion), in linear time. Brackets inside strings do not count; for
+    text that is not JSON the answer holds for as far as any parser reads before it fails."""
+    if text.count("[") + text.count("{") <= limit:  # the common case: too few to nest that deep
+        return False
+    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text)).translate(_SQUARE)
+    peeled = 0
+    while brackets.count("[") > limit - peeled:  # fewer opening brackets than that: not deeper
+        if "[" * (limit + 1 - peeled) in brackets:  # that many opened in a row: deeper
+            return True
+        if peeled == _PEEL_ROUNDS:
+            break
+        # Each pass drops the innermost lists (values are gone: they read "[]"), one level each.
+        shorter = brackets.replace("[]", "")
+        if len(shorter) == len(brackets):
+            break
+        brackets, peeled = shorter, peeled + 1
+    else:
+        return False
+    return peeled + max(accumulate(map(_BRACKET_STEP.__getitem__, brackets)), default=0) > limit
+
+
+def check_nesting(value: object, field: str, limit: int = MAX_NESTING) -> None:
+    """Refuse ``value`` (a call's ``field``: ``output``, say) if nested deeper than ``limit``.
+
+    Raises:
+        InvalidCall: naming ``field``, the limit and the fix.
+    """
+    if nesting_depth(value, limit) > limit:
+        raise InvalidCall(
+            f"{field} is nested more than {limit} levels deep (lists and objects inside one another): flatten it",
+            [FieldProblem(field, f"nested more than {limit} levels deep")],
+        )
+
+
+def _too_deep(tool: str) -> InvalidCall:
+    return InvalidCall(
+        f"arguments for {tool!r} are nested more than {MAX_NESTING} levels deep (lists and objects inside "
+        "one another): flatten them",
+        [FieldProblem("args", f"nested more than {MAX_NESTING} levels deep")],
+    )
 
 
 def _too_big(tool: str, size: int, max_bytes: int) -> InvalidCall:
@@ -322,7 +440,7 @@ def command_argv(executor: CommandExecutor, args: dict[str, Any]) -> tuple[str, 
     """
     argv: list[str] = []
     for item in executor.argv:
-        match = _PLACEHOLDER.match(item)
+        match = _PLACEHOLDER.fullmatch(item)
         if not match:
             argv.append(item)
             continue

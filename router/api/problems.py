@@ -41,6 +41,27 @@ def invalid_request(errors: Iterable[Mapping[str, Any]]) -> JSONResponse:
                    errors=found)  # fmt: skip
 
 
+def invalid_body(code: str, detail: str) -> JSONResponse:
+    """422 for a body that cannot be read as JSON at all (``request.invalid``) or nests deeper
+    than the API reads (``request.too_deep``)."""
+    title = "Nested too deep" if code == "request.too_deep" else "Invalid request"
+    return problem(422, code, title, detail, errors=[{"field": "body", "problem": detail}])
+
+
+# What the HTTP layer underneath answers by itself (no route, wrong method, an unreadable body).
+_HTTP_ERRORS = {
+    400: ("request.malformed", "Bad request"),
+    404: ("request.not_found", "Not found"),
+    405: ("request.method_not_allowed", "Method not allowed"),
+}
+
+
+def from_http_error(status: int, detail: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    """A problem for an error the HTTP framework raised (Starlette's ``HTTPException``)."""
+    code, title = _HTTP_ERRORS.get(status, ("request.refused" if status < 500 else "internal", "Request refused"))
+    return problem(status, code, title, detail, headers=dict(headers) if headers else None)
+
+
 def internal_error() -> JSONResponse:
     """500 for an exception nothing else answered (it is logged where it was caught)."""
     return problem(500, "internal", "Internal error", "the router failed unexpectedly; its log has the details "
