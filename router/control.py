@@ -52,12 +52,12 @@ from router.errors import (
     StockadeError,
     StoreError,
 )
-from router.provenance import argument_keys, content_keys, source_label
+from router.provenance import argument_keys_async, content_keys_async, source_label
 from router.results import Artifact, DecisionResult, RunUsage, ToolResult
 from router.sessions import UNTRUSTED_CONTENT, new_session
 from router.settings import Settings
 from router.store import MemoryStore, PendingExternal, SessionRecord, Store, make_store
-from router.text import escape_invalid_text, first_invalid_text
+from router.text import check_text, escape_invalid_text
 from router.tools import (
     CommandExecutor,
     ExternalExecutor,
@@ -65,6 +65,7 @@ from router.tools import (
     RegisteredTool,
     ToolRegistry,
     ToolSpec,
+    check_nesting,
     command_argv,
     parse_args,
     show,
@@ -228,9 +229,9 @@ class ControlPlane:
             InvalidCall: a bad agent or principal name, or trusted_context not a list of strings.
             StoreError: the store cannot be written.
         """
-        _check_text(trusted_context, "trusted_context")
+        check_text(trusted_context, "trusted_context")
         session = new_session(agent, principal, [] if trusted_context is None else trusted_context)
-        await self.store.create_session(session, content_keys(session.trusted_context))
+        await self.store.create_session(session, await content_keys_async(session.trusted_context))
         self._here.add(session.id)
         log.info("session_opened", session_id=session.id, agent=agent)
         self._start_background()
@@ -247,12 +248,18 @@ class ControlPlane:
         """Reload the policy when its files change; a broken policy keeps the old one in force."""
         while True:
             await asyncio.sleep(self.settings.policy.watch_interval_s)
-            now = await asyncio.to_thread(fingerprint, self.settings.policy.dir)
-            if now == self._policy_seen:
-                continue
-            self._policy_seen = now
-            with contextlib.suppress(PolicyError):  # audited and logged by reload_policy
+            try:
+                now = await asyncio.to_thread(fingerprint, self.settings.policy.dir)
+                if now == self._policy_seen:
+                    continue
+                self._policy_seen = now
                 await self.reload_policy(source="watcher")
+            except PolicyError:  # audited and logged by reload_policy; the old policy decides
+                pass
+            except Exception as exc:  # a file vanishing mid-read must not end the watcher for good
+                log.exception("policy_watch_failed")
+                self.policy_problem = f"the policy files could not be read: {type(exc).__name__}: {exc}"
+                self._policy_seen = ()  # look again next time
 
     async def expire_sessions(self) -> list[str]:
         """Destroy the sandboxes of sessions that expired (idle for longer than the TTL) or were
@@ -309,12 +316,13 @@ class ControlPlane:
                 permitted.append(spec)
         return permitted
 
-    async def record_refusal(self, who: str | None, what: str, reason: str) -> None:
-        """Audit a request refused at the door (unauthenticated, wrong role, another's session)."""
-        log.info("request_refused", who=who, what=what[:300], reason=reason)
+    async def record_refusal(self, who: str | None, what: str, reason: str, *, code: str = "auth.refused") -> None:
+        """Audit a request refused at the door (unauthenticated, wrong role, another's session; a
+        body or route the API would not take: ``code`` says which)."""
+        log.info("request_refused", who=who, what=what[:300], reason=reason, code=code)
         await self._record(AuditEvent(
             kind="error", decision_id=str(uuid.uuid4()), timestamp=_now(), agent=who, outcome="refused",
-            labels=self._labels, result={"code": "auth.refused", "request": what[:300], "message": reason},
+            labels=self._labels, result={"code": code, "request": what[:300], "message": reason},
         ))  # fmt: skip
 
     async def readiness(self) -> dict[str, bool]:
@@ -460,10 +468,11 @@ class ControlPlane:
             try:
                 return await self._steps(call)
             except _Refused as refusal:
+                # Shielded here and below: a cancellation must not cut the record of an exit short.
                 if refusal.event is not None:
-                    await self._record(refusal.event)
+                    await asyncio.shield(self._record(refusal.event))
                 if call.going_ahead and not call.closed:
-                    await self._close_trail(call, "refused", {"code": refusal.reasons[0]})
+                    await asyncio.shield(self._close_trail(call, "refused", {"code": refusal.reasons[0]}))
                 log.info("tool_call_refused", reasons=refusal.reasons, stage=call.stage)
                 return self._result(call, refusal.status, reasons=refusal.reasons)
             except asyncio.CancelledError:
@@ -472,16 +481,20 @@ class ControlPlane:
                     # Shielded: a second cancellation must not stop the record of the first.
                     await asyncio.shield(self._close_trail(call, "cancelled", {"code": "call.cancelled"}))
                 raise
-            except ApprovalError:
-                raise  # audited where it was raised; the caller learns why
+            except ApprovalError as exc:  # audited where it was raised; the caller learns why
+                if call.going_ahead and not call.closed:  # lost the race to redeem it
+                    await asyncio.shield(self._close_trail(call, "refused", {"code": exc.code}))
+                raise
             except Exception as exc:
                 log.exception("tool_call_failed", stage=call.stage)
                 detail = {"code": "router.error", "message": f"{type(exc).__name__}: {exc}"[:500]}
                 if call.going_ahead and not call.closed:
-                    await self._close_trail(call, "error", detail)
+                    await asyncio.shield(self._close_trail(call, "error", detail))
                 else:
-                    await self._record(self._event("error", call.decision_id, call.session, call.tool.spec.name,
-                                                   call.call_id, outcome="internal_error", result=detail))  # fmt: skip
+                    await asyncio.shield(self._record(self._event(
+                        "error", call.decision_id, call.session, call.tool.spec.name, call.call_id,
+                        outcome="internal_error", result=detail,
+                    )))  # fmt: skip
                 return self._result(call, "error" if call.going_ahead else "denied", reasons=["router.error"])
             finally:
                 if call.leases:  # every exit: success, refusal, error, timeout, cancellation
@@ -520,13 +533,15 @@ class ControlPlane:
                 and the call cannot be reported again: the framework must not show the output).
         """
         session = await self._load_session(session_id, agent)
-        _check_text(output, "output")
-        try:
+        check_nesting(output, "output")  # first: nothing recursive may see a value nested too deep
+        try:  # then a cycle or a non-JSON value, before anything else walks it
             encoded = json.dumps(output, sort_keys=True, allow_nan=False)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:
             raise InvalidCall(
-                f"reported output is not JSON-serialisable ({exc})", [FieldProblem("output", "not JSON")]
+                f"reported output is not JSON-serialisable ({type(exc).__name__}: {str(exc)[:200]})",
+                [FieldProblem("output", "not JSON")],
             ) from exc
+        check_text(output, "output")
         if len(encoded.encode()) > self.settings.max_report_bytes:
             raise InvalidCall(
                 f"reported output is {len(encoded.encode())} bytes, over the "
@@ -586,7 +601,6 @@ class ControlPlane:
             try:
                 tool = self.registry.get(tool_name)
                 args, canonical_args = parse_args(tool.spec.name, raw_args, self.settings.max_args_bytes)
-                _check_text(args, "args")
                 validate_args(tool, args)
                 checked_inputs = _check_inputs(inputs or {}, self.settings.max_input_bytes)
                 argv = command_argv(tool.spec.executor, args) if isinstance(tool.spec.executor, CommandExecutor) else ()
@@ -601,7 +615,7 @@ class ControlPlane:
             session = await self._load_session(session_id, agent)  # an unknown session is reported as such
             await self._audit_rejection(session, tool_name, exc)
             raise
-        name, keys = tool.spec.name, argument_keys(args)
+        name, keys = tool.spec.name, await argument_keys_async(args)
         context = await self._from_store(
             session_id, lambda sid: self.store.call_context(sid, name, keys, count=count_call, agent=agent)
         )
@@ -771,7 +785,6 @@ class ControlPlane:
         try:
             used = await self._store_step(call, self.approvals.redeem(call.approval.id))
         except ApprovalError as exc:  # redeemed by a concurrent call in the meantime
-            call.going_ahead = False
             await self._audit_rejection(call.session, call.tool.spec.name, exc)
             raise
         await self._audit(self.approvals.event(used, "redeemed"))
@@ -901,10 +914,11 @@ class ControlPlane:
                 },
                 metrics={"timer_run_ns": float(elapsed)},
             ))  # fmt: skip
-        finally:
-            # Recorded, or the audit log is down and nothing more can be: either way, this call's
-            # trail has no further event to write.
-            call.closed = True
+        except _Refused:
+            call.closed = True  # the audit log is down: there is nowhere to write more
+            raise
+        # Only now: an append cut short by a cancellation must still leave the trail to be closed.
+        call.closed = True
         # What the agent gets back enters its context: index it for the provenance of later calls.
         # If that fails, the output is withheld: unindexed, it could later pass for the user's.
         call.stage = "indexing"
@@ -967,7 +981,7 @@ class ControlPlane:
         untrusted content. Raises `StoreError`."""
         untrusted = "reads_untrusted" in spec.capabilities
         await self.store.record_output(
-            session.id, source_label(spec.name, call_id, untrusted=untrusted), content_keys(content),
+            session.id, source_label(spec.name, call_id, untrusted=untrusted), await content_keys_async(content),
             taint=UNTRUSTED_CONTENT if untrusted else None,
         )  # fmt: skip
 
@@ -1029,22 +1043,10 @@ def _policy_input(call: _Call) -> PolicyInput:
     )
 
 
-def _check_text(value: Any, field: str) -> None:
-    """Refuse text UTF-8 cannot hold (a lone surrogate, e.g. ``"\\ud800"`` in JSON): no tool, policy
-    or log could take it. Raises `InvalidCall` naming the field."""
-    where = first_invalid_text(value, field)
-    if where is not None:
-        raise InvalidCall(
-            f"{where} holds a lone surrogate, which is not Unicode text: send valid UTF-8 "
-            "(binary data as base64, or as an input file)",
-            [FieldProblem(where, "not valid Unicode text")],
-        )
-
-
 def _check_inputs(inputs: Mapping[str, bytes], max_bytes: int) -> tuple[runner_pkg.InputFile, ...]:
     files = []
     total = 0
-    _check_text(list(inputs), "inputs")
+    check_text(list(inputs), "inputs")
     for name, data in inputs.items():
         try:
             runner.files.check_input_name(name)

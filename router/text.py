@@ -7,9 +7,25 @@ from __future__ import annotations
 
 from typing import Any
 
+from router.errors import FieldProblem, InvalidCall
 from runner.files import shown
 
-__all__ = ["escape_invalid_text", "first_invalid_text", "shown"]
+__all__ = ["check_text", "escape_invalid_text", "first_invalid_text", "shown"]
+
+
+def check_text(value: Any, field: str) -> None:
+    """Refuse text UTF-8 cannot hold in what a caller sent (no tool, policy or log could take it).
+
+    Raises:
+        InvalidCall: naming the first field that holds such text, and the fix.
+    """
+    where = first_invalid_text(value, field)
+    if where is not None:
+        raise InvalidCall(
+            f"{where} holds a lone surrogate, which is not Unicode text: send valid UTF-8 "
+            "(binary data as base64, or as an input file)",
+            [FieldProblem(where, "not valid Unicode text")],
+        )
 
 
 def first_invalid_text(value: Any, path: str = "") -> str | None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from runner.base import FileRecord, InputFile, OutputCaps
 
-_SAFE_PART = re.compile(r"^[A-Za-z0-9._+@=-][A-Za-z0-9._+@= -]{0,254}$")
+_SAFE_PART = re.compile(r"[A-Za-z0-9._+@=-][A-Za-z0-9._+@= -]{0,254}")  # fullmatch: "$" would admit a final newline
 _MAX_DEPTH = 16
 
 
@@ -28,7 +28,7 @@ def check_input_name(name: str) -> str:
     Raises:
         ValueError: the name would escape ``/in`` or is not a plain file name.
     """
-    if not _SAFE_PART.match(name) or name in (".", ".."):
+    if not _SAFE_PART.fullmatch(name) or name in (".", ".."):
         raise ValueError(f"input file name {name[:80]!r} must be one plain path component (letters, digits, ._-+@=)")
     return name
 
@@ -49,7 +49,7 @@ def stage_inputs(directory: Path, inputs: Iterable[InputFile]) -> tuple[FileReco
 def safe_relative(path: str) -> Path | None:
     """``path`` as a relative path of checked components, or None if it is not one."""
     parts = path.split("/")
-    if not parts or len(parts) > _MAX_DEPTH or any(not _SAFE_PART.match(p) or p in (".", "..") for p in parts):
+    if not parts or len(parts) > _MAX_DEPTH or any(not _SAFE_PART.fullmatch(p) or p in (".", "..") for p in parts):
         return None
     return Path(*parts)
 
@@ -58,7 +58,7 @@ class Quarantine:
     """One call's quarantine directory: outputs are written here by the router, never by the tool."""
 
     def __init__(self, root: Path, call_id: str, caps: OutputCaps) -> None:
-        safe_id = call_id if _SAFE_PART.match(call_id or "") else "call"
+        safe_id = call_id if _SAFE_PART.fullmatch(call_id or "") else "call"
         self.directory = root / safe_id
         self._caps = caps
         self._bytes = 0

@@ -13,7 +13,14 @@ admin      everything an auditor may, register tools, reload the policy, close a
 
 Unknown or missing tokens get 401, a wrong role 403, another agent's session 404 (its existence
 is not revealed); every refusal is audited. Errors are RFC 9457 problems (`router.api.problems`).
-Bodies over ``api_max_body_bytes`` get 413; requests over ``api_request_timeout_s``, 504.
+Bodies over ``api_max_body_bytes`` get 413; requests over ``api_request_timeout_s``, 504. No
+recursive parser sees a body that nests too deep: on FastAPI's routes (whose parser, Python's
+json, recurses) the body is read at the door first, and one that is not JSON text or nests lists
+and objects deeper than `MAX_BODY_NESTING` gets a 422 problem; the per-call routes parse with
+pydantic, which does not recurse in Python and stops at about 200 levels, answered the same way.
+Each such refusal is audited, as is every body that does not match its schema. A call nested
+deeper than its arguments may be (`router.tools.MAX_NESTING`) but not that deep reaches the
+control plane, which refuses and audits it with its session.
 
 Services that receive stockade tokens use ``POST /v1/credentials/introspect`` (RFC 7662, with a
 token from ``STOCKADE_INTROSPECTION_TOKENS``) and ``GET /.well-known/jwks.json``.
@@ -24,8 +31,9 @@ import base64
 import binascii
 import hashlib
 import hmac
+import json
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Annotated, Any, Literal, get_type_hints
@@ -35,11 +43,13 @@ import structlog
 from fastapi import Depends, FastAPI, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router import metrics
-from router.api.problems import from_exception, internal_error, invalid_request, problem
+from router.api.problems import from_exception, from_http_error, internal_error, invalid_body, invalid_request, problem
 from router.approvals import Approval, ApprovalStatus
 from router.audit import AuditEvent, AuditFilter
 from router.control import VERSION, ControlPlane
@@ -47,12 +57,17 @@ from router.credentials import introspect, jwks
 from router.errors import FieldProblem, InvalidCall, StockadeError
 from router.results import DecisionResult, ToolResult
 from router.settings import ApiPrincipal
-from router.tools import ToolSpec
+from router.tools import MAX_NESTING, ToolSpec, json_too_deep, show
 
 log = structlog.get_logger("stockade.api")
 
 Role = Literal["agent", "approver", "auditor", "admin"]
 _MAX_FORM = 16 * 1024
+_UNAUTHENTICATED = "send Authorization: Bearer <token> of a configured principal"
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# Levels of lists and objects a body on FastAPI's routes may nest: twice what a call's arguments
+# may, and far below where Python's json (which recurses) would fail.
+MAX_BODY_NESTING = 2 * MAX_NESTING
 
 
 class _Body(BaseModel):
@@ -88,8 +103,11 @@ class ApprovalNote(_Body):
 
 
 class PolicyStatus(_Body):
-    revision: str
+    revision: str = Field(description="sha256 of the policy in force (the last one that loaded)")
     engine: str
+    files_problem: str | None = Field(
+        default=None, description="why the files on disk did not load at the last try (the revision above decides)"
+    )
 
 
 class Verified(_Body):
@@ -128,6 +146,30 @@ class Gate:
             problem(status, code, "Unauthorized" if status == 401 else "Forbidden", reason, headers=headers)
         )
 
+    async def turn_away(
+        self, request: Request, response: JSONResponse, reason: str, who: str | None = None
+    ) -> JSONResponse:
+        """Audit a request refused for what it sent (its body, its route) and answer ``response``.
+        ``who``: the caller, if known; else whoever its token names, if anyone."""
+        if who is None:
+            principal = self.lookup(presented(request))
+            who = principal.name if principal is not None else None
+        try:  # the problem's own code, so the record says what was refused, not only that it was
+            code = str(json.loads(bytes(response.body))["code"])
+        except (ValueError, KeyError, TypeError):
+            code = "request.refused"
+        await self._plane.record_refusal(who, f"{request.method} {request.url.path}", reason, code=code)
+        return response
+
+    async def check_body(self, request: Request) -> JSONResponse | None:
+        """None if the request's JSON body may be parsed (by FastAPI: Python's json, which
+        recurses), else its (audited) problem answer."""
+        found = body_problem(await request.body())
+        if found is None:
+            return None
+        code, detail = found
+        return await self.turn_away(request, invalid_body(code, detail), f"{code}: {detail}")
+
     def lookup(self, digest: bytes | None) -> ApiPrincipal | None:
         found = None
         for known, principal in self._principals:  # every entry compared: timing says nothing about which
@@ -141,13 +183,66 @@ class Gate:
         async def authenticate(request: Request) -> ApiPrincipal:
             principal = self.lookup(presented(request))
             if principal is None:
-                raise await self.refuse(request, 401, "send Authorization: Bearer <token> of a configured principal")
+                raise await self.refuse(request, 401, _UNAUTHENTICATED)
             if principal.role not in roles:
                 raise await self.refuse(request, 403, f"role {principal.role} may not do this (needs "
                                         f"{' or '.join(roles)})", principal.name)  # fmt: skip
             return principal
 
         return authenticate
+
+
+def body_problem(body: bytes) -> tuple[str, str] | None:
+    """What is wrong with a JSON body, as (problem code, detail), found before a recursive parser
+    sees it: not JSON text, nested deeper than `MAX_BODY_NESTING`, or not valid JSON."""
+    if not body:
+        return None  # no body: the schema says whether one was needed
+    try:
+        # What json.loads does with bytes, so the depth is measured on the text it would parse.
+        text = body.decode(json.detect_encoding(body), "surrogatepass")
+    except UnicodeDecodeError as exc:
+        return "request.invalid", f"the body is not JSON text: {exc.reason} at byte {exc.start}; send UTF-8"
+    if json_too_deep(text, MAX_BODY_NESTING):
+        return "request.too_deep", (
+            f"the body nests lists and objects more than {MAX_BODY_NESTING} levels deep: flatten it"
+        )
+    try:
+        json.loads(text)
+    except ValueError as exc:  # JSONDecodeError, an integer over Python's digit limit, ...
+        return "request.invalid", f"the body is not valid JSON: {exc}"
+    return None
+
+
+def _json_body(request: Request) -> bool:
+    """Whether FastAPI would parse the request's body as JSON (no content type counts)."""
+    kind = request.headers.get("content-type", "application/json").partition(";")[0].strip().lower()
+    return kind == "application/json" or kind.endswith("+json")
+
+
+def checked_route(gate: Gate) -> type[APIRoute]:
+    """FastAPI's route class, with the JSON body read at the door (`Gate.check_body`) before
+    FastAPI parses it: deep nesting and unreadable JSON get a problem document, not a 500 or a
+    plain 400. Every route with a body takes a principal: a caller without one is refused (401,
+    audited) before its body is read, so strangers cost no parsing."""
+
+    class CheckedRoute(APIRoute):
+        def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+            handler = super().get_route_handler()
+            if self.body_field is None:
+                return handler
+
+            async def checked(request: Request) -> Response:
+                if gate.lookup(presented(request)) is None:
+                    return (await gate.refuse(request, 401, _UNAUTHENTICATED)).response
+                if _json_body(request):
+                    refused = await gate.check_body(request)
+                    if refused is not None:
+                        return refused
+                return await handler(request)
+
+            return checked
+
+    return CheckedRoute
 
 
 def presented(request: Request) -> bytes | None:
@@ -202,8 +297,13 @@ class Limits:
                               "(STOCKADE_API_REQUEST_TIMEOUT_S)")(scope, receive, send)  # fmt: skip
 
     def _too_large(self) -> JSONResponse:
-        return problem(413, "request.too_large", "Payload too large",
-                       f"bodies are limited to {self._max_body} bytes (STOCKADE_API_MAX_BODY_BYTES)")  # fmt: skip
+        return too_large_problem(self._max_body)
+
+
+def too_large_problem(max_body: int) -> JSONResponse:
+    """413 for a body over ``max_body`` bytes, declared or sent."""
+    return problem(413, "request.too_large", "Payload too large",
+                   f"bodies are limited to {max_body} bytes (STOCKADE_API_MAX_BODY_BYTES)")  # fmt: skip
 
 
 class _TooLarge(Exception):
@@ -223,8 +323,9 @@ class PerCallRoutes:
     with the endpoint's own model, answers errors with the same problem documents, and calls the
     endpoint. Everything else goes on to FastAPI (``app``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, gate: Gate) -> None:
         self.app: ASGIApp | None = None
+        self._gate = gate
         self._routes: list[tuple[re.Pattern[str], Endpoint, type[BaseModel], Callable[[Request], Awaitable[Any]]]] = []
 
     def add(self, path: str, endpoint: Endpoint) -> None:
@@ -232,16 +333,27 @@ class PerCallRoutes:
         ``body`` is a pydantic model and whose ``principal`` is an ``Annotated[..., Depends(...)]``."""
         hints = get_type_hints(endpoint, include_extras=True)
         authenticate = hints["principal"].__metadata__[0].dependency
-        pattern = re.compile("^" + re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)", re.escape(path)) + "$")
+        # Matched whole (fullmatch): "$" would also match before a final newline ("/calls%0A").
+        pattern = re.compile(re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)", re.escape(path)))
         self._routes.append((pattern, endpoint, hints["body"], authenticate))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and _CONTROL.search(scope["path"]):
+            # A decoded %0A or %00 in the path: Starlette's routes would match "/x\n" as "/x"
+            # ("$" matches before a final newline), so such a path is refused before any route.
+            request = Request(scope, receive)
+            detail = f"the path {show(scope['path'])} holds control characters: no route has them"
+            refused = await self._gate.turn_away(request, from_http_error(400, detail), f"http.400: {detail}")
+            await refused(scope, receive, send)
+            return
         if scope["type"] == "http" and scope["method"] == "POST":
             for pattern, endpoint, model, authenticate in self._routes:
-                matched = pattern.match(scope["path"])
+                matched = pattern.fullmatch(scope["path"])
                 if matched is not None:
                     request = Request(scope, receive)
-                    response = await self._serve(request, endpoint, model, authenticate, matched.groupdict())
+                    response = await self._serve(
+                        request, endpoint, model, authenticate, matched.groupdict(), self._gate
+                    )
                     await response(scope, receive, send)
                     return
         if self.app is None:
@@ -251,17 +363,28 @@ class PerCallRoutes:
     @staticmethod
     async def _serve(
         request: Request, endpoint: Endpoint, model: type[BaseModel],
-        authenticate: Callable[[Request], Awaitable[Any]], path: dict[str, str],
+        authenticate: Callable[[Request], Awaitable[Any]], path: dict[str, str], gate: Gate,
     ) -> Response:  # fmt: skip
         try:
             principal = await authenticate(request)
             kind = request.headers.get("content-type", "application/json").partition(";")[0].strip().lower()
-            if kind != "application/json" and not kind.endswith("+json"):
-                return invalid_request([{"loc": ("body",), "msg": f"send the body as application/json, not {kind}"}])
+            if not _json_body(request):
+                message = f"send the body as application/json, not {kind}"
+                return await gate.turn_away(request, invalid_request([{"loc": ("body",), "msg": message}]),
+                                            f"request.invalid: {message}", principal.name)  # fmt: skip
             try:
+                # pydantic's parser does not recurse in Python; it stops, and says so, at ~250 levels.
                 body = model.model_validate_json(await request.body())
             except ValidationError as exc:
-                return invalid_request({**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False))
+                found = exc.errors(include_url=False)
+                errors = [{**e, "loc": ("body", *e["loc"])} for e in found]
+                if any(e["type"] == "json_invalid" and "recursion limit" in e["msg"] for e in found):
+                    detail = (f"the body nests lists and objects too deep to read: flatten it (a call's arguments "
+                              f"may nest {MAX_NESTING} levels)")  # fmt: skip
+                    return await gate.turn_away(request, invalid_body("request.too_deep", detail),
+                                                f"request.too_deep: {detail}", principal.name)  # fmt: skip
+                reason = "request.invalid: " + "; ".join(f"{e['loc']}: {e['msg']}" for e in errors[:5])
+                return await gate.turn_away(request, invalid_request(errors), reason[:300], principal.name)
             result = await endpoint(**path, body=body, principal=principal)
         except _Refused as exc:
             return exc.response
@@ -297,7 +420,8 @@ def create_app(plane: ControlPlane, *, close_plane: bool = False) -> FastAPI:
         if close_plane:
             await plane.aclose()
 
-    per_call = PerCallRoutes()
+    gate = Gate(plane)
+    per_call = PerCallRoutes(gate)
     app = _Api(
         title="stockade", version=VERSION, lifespan=lifespan, per_call=per_call,
         max_body=plane.settings.api_max_body_bytes, timeout_s=plane.settings.api_request_timeout_s,
@@ -305,8 +429,8 @@ def create_app(plane: ControlPlane, *, close_plane: bool = False) -> FastAPI:
         # reports through /metrics and its audit log instead.
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )  # fmt: skip
-    _errors(app, plane)
-    gate = Gate(plane)
+    app.router.route_class = checked_route(gate)
+    _errors(app, plane, gate)
     _sessions(app, plane, gate, per_call)
     _approvals(app, plane, gate)
     _audit(app, plane, gate)
@@ -314,7 +438,7 @@ def create_app(plane: ControlPlane, *, close_plane: bool = False) -> FastAPI:
     return app
 
 
-def _errors(app: FastAPI, plane: ControlPlane) -> None:
+def _errors(app: FastAPI, plane: ControlPlane, gate: Gate) -> None:
     @app.exception_handler(_Refused)
     async def refused(_: Request, exc: _Refused) -> JSONResponse:
         return exc.response
@@ -324,8 +448,24 @@ def _errors(app: FastAPI, plane: ControlPlane) -> None:
         return from_exception(exc)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid_body(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return invalid_request(exc.errors())
+    async def schema_mismatch(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = list(exc.errors())
+        reason = "request.invalid: " + "; ".join(f"{e['loc']}: {e['msg']}" for e in errors[:5])
+        return await gate.turn_away(request, invalid_request(errors), reason[:300])
+
+    @app.exception_handler(_TooLarge)
+    async def too_large(_: Request, __: _TooLarge) -> JSONResponse:
+        # A body streamed past the limit while a route read it: the 413 `Limits` answers (it
+        # reaches `Limits` only after FastAPI's stack has answered 500 otherwise).
+        return too_large_problem(plane.settings.api_max_body_bytes)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        # No route, a wrong method, or a body FastAPI could not read: a problem document too.
+        response = from_http_error(exc.status_code, str(exc.detail), exc.headers)
+        if exc.status_code >= 500:
+            return response
+        return await gate.turn_away(request, response, f"http.{exc.status_code}: {exc.detail}"[:300])
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, _: Exception) -> JSONResponse:
@@ -346,9 +486,12 @@ def _errors(app: FastAPI, plane: ControlPlane) -> None:
 
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
-        checks = await plane.readiness()
-        return JSONResponse({"ready": all(checks.values()), "checks": checks},
-                            status_code=200 if all(checks.values()) else 503)  # fmt: skip
+        problems = await plane.readiness_problems()
+        checks = {name: problems[name] is None for name in ("policy", "store", "audit")}
+        ready = all(checks.values())
+        found = {name: why for name, why in problems.items() if why is not None}
+        return JSONResponse({"ready": ready, "checks": checks, "problems": found},
+                            status_code=200 if ready else 503)  # fmt: skip
 
 
 def _sessions(app: FastAPI, plane: ControlPlane, gate: Gate, per_call: PerCallRoutes) -> None:
@@ -456,11 +599,15 @@ def _audit(app: FastAPI, plane: ControlPlane, gate: Gate) -> None:
 
     @app.get("/v1/policy")
     async def policy_status(_: Auditor) -> PolicyStatus:
-        return PolicyStatus(revision=plane.policy.revision, engine=settings.policy.engine)
+        return PolicyStatus(
+            revision=plane.policy.revision, engine=settings.policy.engine, files_problem=plane.policy_problem
+        )
 
     @app.post("/v1/policy/reload")
-    async def policy_reload(_: Admin) -> PolicyStatus:
-        return PolicyStatus(revision=await plane.reload_policy(), engine=settings.policy.engine)
+    async def policy_reload(principal: Admin, source: Literal["api", "cli"] = "api") -> PolicyStatus:
+        """Reload the policy directory now; audited (``kind: policy``) whether it loads or not."""
+        revision = await plane.reload_policy(source=source, by=principal.name)
+        return PolicyStatus(revision=revision, engine=settings.policy.engine)
 
 
 def _credentials(app: FastAPI, plane: ControlPlane) -> None:

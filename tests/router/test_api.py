@@ -194,7 +194,7 @@ async def test_health_readiness_policy_status_and_openapi(api: tuple[httpx.Async
     ready = await client.get("/readyz")
     assert (ready.status_code, ready.json()["checks"]) == (200, {"policy": True, "store": True, "audit": True})
     status = (await client.get("/v1/policy", headers=auth("audit"))).json()
-    assert status == {"revision": plane.policy.revision, "engine": "embedded"}
+    assert status == {"revision": plane.policy.revision, "engine": "embedded", "files_problem": None}
     schema = (await client.get("/openapi.json")).json()
     assert schema["openapi"].startswith("3.1")
     assert "/v1/sessions/{session_id}/calls" in schema["paths"]
