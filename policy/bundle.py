@@ -72,14 +72,20 @@ def load_bundle(root: Path, *, max_bytes: int = 1 << 20) -> PolicyBundle:
     """
     if not root.is_dir():
         raise PolicyBundleError(f"policy directory {root} does not exist; set STOCKADE_POLICY__DIR")
-    files = sorted(p for p in root.rglob("*") if p.is_file() and (p.suffix == ".rego" or p.name == "data.json"))
+    try:
+        files = sorted(p for p in root.rglob("*") if p.is_file() and (p.suffix == ".rego" or p.name == "data.json"))
+    except OSError as exc:
+        raise PolicyBundleError(f"policy directory {root} cannot be listed: {exc.strerror}") from exc
     digest = hashlib.sha256()
     modules: list[tuple[str, str]] = []
     data: dict[str, Any] = {}
     total = 0
     for path in files:
         rel = path.relative_to(root).as_posix()
-        raw = path.read_bytes()
+        try:
+            raw = path.read_bytes()
+        except OSError as exc:  # removed or replaced between the listing and the read (an editor, a checkout)
+            raise PolicyBundleError(f"{rel}: cannot be read ({exc.strerror}); try again once it is in place") from exc
         total += len(raw)
         if total > max_bytes:
             raise PolicyBundleError(

@@ -19,6 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
+import httpx
 import typer
 from rich.console import Console
 
@@ -291,6 +292,38 @@ def policy_check(ctx: typer.Context, directory: PolicyDir = None) -> None:
     if not problems:
         out.print(f"[green]OK[/green] {root}: parses, compiles, and uses only builtins regorus provides")
     raise typer.Exit(1 if problems else 0)
+
+
+@policy_app.command("reload")
+def policy_reload(
+    token: Annotated[
+        str,
+        typer.Option(
+            envvar="STOCKADE_API_TOKEN", show_default=False, help="An admin's bearer token (or STOCKADE_API_TOKEN)."
+        ),
+    ],
+    url: Annotated[str, typer.Option(help="The running router's base URL.")] = "http://127.0.0.1:8080",
+    as_json: JsonFlag = False,
+) -> None:
+    """Make a running router reload its policy directory now (audited, with source "cli").
+    Exit 1 if the router refused (files that do not load: the old policy stays; a token that is not
+    an admin's), 2 if it cannot be reached."""
+    try:
+        response = httpx.post(f"{url.rstrip('/')}/v1/policy/reload", params={"source": "cli"},
+                              headers={"Authorization": f"Bearer {token}"}, timeout=30)  # fmt: skip
+    except httpx.HTTPError as exc:
+        raise _fail(f"cannot reach the router at {url}: {exc}") from exc
+    try:
+        body: dict[str, Any] = response.json()
+    except ValueError:
+        body = {"detail": response.text[:500]}
+    if as_json:
+        _emit_json({"status": response.status_code, **body})
+    elif response.is_success:
+        out.print(f"[green]reloaded[/green] revision {body.get('revision', '?')}", markup=True)
+    else:
+        err.print(f"[red]refused ({response.status_code}):[/red] {body.get('detail', '')}", markup=True)
+    raise typer.Exit(0 if response.is_success else 1)
 
 
 @policy_app.command("replay")

@@ -48,18 +48,24 @@ HEAD = f"{keys.PREFIX}audit:head"
 _MAX_RETRIES = 64
 
 # KEYS: stream, head. ARGV: expected seq, expected hash, the event's canonical JSON (chained to them),
-# the genesis hash, the highest seq this router appended before. Appends and moves the head if the
-# head is still the expected one; returns {1}, or {0, seq, hash} if another router moved it, or
-# {2, seq, hash} if the head is behind what this router appended (the stream went backwards).
+# the genesis hash, then the last event this router appended: its seq, stream entry id and hash
+# ("0", "", "" if none). Appends and moves the head if the head is still the expected one; returns
+# {1, entry id}, or {0, seq, hash} if another router moved it, or {2, seq, hash} if the stream no
+# longer holds what this router appended (its head is behind it, or that entry is gone or
+# different: Redis lost data, even if other routers have since appended past it).
 _APPEND = """
 local head = redis.call('HMGET', KEYS[2], 'seq', 'hash')
 local seq, hash = head[1] or '0', head[2] or ARGV[4]
 if tonumber(seq) < tonumber(ARGV[5]) then return {2, seq, hash} end
+if ARGV[6] ~= '' then
+  local mine = redis.call('XRANGE', KEYS[1], ARGV[6], ARGV[6])
+  if #mine == 0 or not string.find(mine[1][2][2], ARGV[7], 1, true) then return {2, seq, hash} end
+end
 if seq ~= ARGV[1] or hash ~= ARGV[2] then return {0, seq, hash} end
 local document = cjson.decode(ARGV[3])
-redis.call('XADD', KEYS[1], '*', 'event', ARGV[3])
+local id = redis.call('XADD', KEYS[1], '*', 'event', ARGV[3])
 redis.call('HSET', KEYS[2], 'seq', tostring(document['seq']), 'hash', document['hash'])
-return {1}
+return {1, id}
 """
 
 
@@ -83,7 +89,8 @@ class RedisAuditLog:
         self._spool = JsonlAuditLog(spool) if spool is not None else None
         self._pending = spool is not None and spool.exists() and spool.stat().st_size > 0
         self._memory = spool.with_name(spool.name + ".redis-head") if spool is not None else None
-        self._appended = _read_memory(self._memory)  # the highest seq this router (ever) appended
+        # The last event this router (ever) appended: seq, stream entry id, hash.
+        self._appended, self._appended_id, self._appended_hash = _read_memory(self._memory)
         self._memory_fd: int | None = None
         self.regressed: str | None = None  # why the stream is refused, once it went backwards
 
@@ -111,17 +118,19 @@ class RedisAuditLog:
                 chain: dict[str, Any] = {"seq": self._seq + 1, "prev_hash": self._head}
                 chain["hash"], text = unsealed.seal(self._seq + 1, self._head)
                 answer = await self._append(
-                    [STREAM, HEAD], [str(self._seq), self._head, text, GENESIS_HASH, str(self._appended)]
-                )
+                    [STREAM, HEAD],
+                    [str(self._seq), self._head, text, GENESIS_HASH, str(self._appended), self._appended_id,
+                     self._appended_hash],
+                )  # fmt: skip
                 if int(answer[0]) == 1:
                     self._seq, self._head = chain["seq"], chain["hash"]
-                    self._remember(self._seq)
+                    self._remember(self._seq, str(answer[1]), self._head)
                     return event.model_copy(update=chain)
                 seq, head = int(answer[1]), str(answer[2])  # another router appended first
                 if int(answer[0]) == 2:
                     self.regressed = (
-                        f"the audit stream went backwards: its head is seq {seq}, but this router "
-                        f"appended seq {self._appended} (Redis lost data?). Appends are refused and "
+                        f"the audit stream went backwards: its head is seq {seq}, and it no longer holds "
+                        f"seq {self._appended} as this router appended it (Redis lost data?). Appends are refused and "
                         f"spooled; to accept the new head, delete {self._memory} and restart"
                     )
                     raise AuditError(self.regressed)
@@ -146,22 +155,26 @@ class RedisAuditLog:
         if self._spool is None or not self._pending:
             return
         done = self._drained()
-        for document in await asyncio.to_thread(self._spooled):
-            if document["seq"] <= done:
-                continue  # chained before a crash cut this drain short
-            labels = {**document.get("labels", {}), "spool": f"{self._spool.path.name}#{document['seq']}"}
-            body = {k: v for k, v in document.items() if k not in ("seq", "prev_hash", "hash")}
-            spooled = AuditEvent.model_validate({**body, "labels": labels})
-            await self._put(spooled, as_written(spooled)[1])
-            self._progress(document["seq"])
+        # Read one event at a time: while Redis is down, the first put fails at once, so an
+        # append costs the same whether the spool holds ten events or a day's outage.
+        with self._spool.path.open("rb") as handle:
+            for line in handle:
+                if not line.strip():
+                    continue
+                document = json.loads(line)
+                if document["seq"] <= done:
+                    continue  # chained before a crash cut this drain short
+                labels = {**document.get("labels", {}), "spool": f"{self._spool.path.name}#{document['seq']}"}
+                body = {k: v for k, v in document.items() if k not in ("seq", "prev_hash", "hash")}
+                spooled = AuditEvent.model_validate({**body, "labels": labels})
+                await self._put(spooled, as_written(spooled)[1])
+                self._progress(document["seq"])
+        path = self._spool.path
         await self._spool.aclose()
         await asyncio.to_thread(self._clear_spool)
+        # A fresh writer: the old one's notion of what is synced belongs to the truncated file.
+        self._spool = JsonlAuditLog(path)
         self._pending = False
-
-    def _spooled(self) -> list[dict[str, Any]]:
-        assert self._spool is not None  # noqa: S101  (the caller checks)
-        with self._spool.path.open("rb") as handle:
-            return [json.loads(line) for line in handle if line.strip()]
 
     def _progress_path(self) -> Path:
         assert self._spool is not None  # noqa: S101  (the caller checks)
@@ -178,14 +191,14 @@ class RedisAuditLog:
 
     def _clear_spool(self) -> None:
         assert self._spool is not None  # noqa: S101  (the caller checks)
-        # The spool's events are in the stream now; a fresh spool starts a fresh chain.
-        os.truncate(self._spool.path, 0)
+        # The spool's events are in the stream now; a fresh spool starts a fresh chain. Progress
+        # goes first: a crash between the two chains the old spool again (duplicates, labelled
+        # with their spool seq) rather than skipping the new spool's first events.
         self._progress_path().unlink(missing_ok=True)
+        os.truncate(self._spool.path, 0)
 
-    def _remember(self, seq: int) -> None:
-        if seq <= self._appended:
-            return
-        self._appended = seq
+    def _remember(self, seq: int, entry_id: str, digest: str) -> None:
+        self._appended, self._appended_id, self._appended_hash = seq, entry_id, digest
         if self._memory is None:
             return
         # One pwrite of a fixed-width record per append, no fsync: a crashed process's page cache
@@ -194,7 +207,7 @@ class RedisAuditLog:
             if self._memory_fd is None:
                 self._memory.parent.mkdir(parents=True, exist_ok=True)
                 self._memory_fd = os.open(self._memory, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o640)
-            os.pwrite(self._memory_fd, f"{seq:020d}\n".encode(), 0)
+            os.pwrite(self._memory_fd, f"{seq:020d} {entry_id:>41} {digest}\n".encode(), 0)
         except OSError as exc:  # memory in this process still holds; a restart may forget it
             log.warning("audit_head_memory_unwritable", path=str(self._memory), error=str(exc))
 
@@ -276,11 +289,12 @@ def _claim_spool(directory: Path, instance: str) -> tuple[int, Path]:
     raise AuditError(f"no free audit spool in {directory}: 1,024 routers hold one")
 
 
-def _read_memory(path: Path | None) -> int:
-    """The highest seq a router recorded in ``path`` (0 if none)."""
+def _read_memory(path: Path | None) -> tuple[int, str, str]:
+    """The last event a router recorded in ``path``: seq, stream entry id, hash (0, "", "" if none)."""
     if path is None:
-        return 0
+        return 0, "", ""
     try:
-        return int(path.read_text().strip() or 0)
+        seq, entry_id, digest = path.read_text().split()
+        return int(seq), entry_id, digest
     except (OSError, ValueError):
-        return 0
+        return 0, "", ""

@@ -19,6 +19,7 @@ from tests.faults.conftest import RedisServer
 
 
 def _settings(tmp_path: Path, url: str, instance: str = "router-a") -> Settings:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     policies = tmp_path / "policies"
     if not policies.exists():  # rate limits out of the way: the load here is the test's, not abuse
         copy_policies(tmp_path)
@@ -147,3 +148,28 @@ async def test_two_routers_on_one_host_keep_spools_of_their_own(tmp_path: Path, 
         assert (await one.audit.verify()).events == 2
     locks = sorted(p.name for p in (tmp_path / "spool").glob("*.lock"))
     assert locks == ["router-a.1.jsonl.lock", "router-a.jsonl.lock"]
+
+
+async def test_a_loss_hidden_by_other_routers_appending_past_it_is_still_seen(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Redis restarts empty; a fresh router (no memory of the old chain) appends past the seq the
+    first router had reached. The first router still refuses: its last event is not in the stream."""
+    async with ControlPlane.from_settings(_settings(tmp_path / "a", redis_server.url)) as first:
+        await first.register(external_tool("lookup"))
+        session = await first.open_session("agent-1", "alice@example.com")
+        for _ in range(3):
+            assert (await first.call(session, "lookup", {})).status == "awaiting_report"
+
+        redis_server.kill()
+        redis_server.start()
+        await _until_the_store_answers(first)
+        async with ControlPlane.from_settings(_settings(tmp_path / "b", redis_server.url, "router-b")) as fresh:
+            await fresh.register(external_tool("lookup"))
+            other = await fresh.open_session("agent-2", "bob@example.com")
+            for _ in range(10):  # 20 events: the head is now far past the first router's seq 6
+                assert (await fresh.call(other, "lookup", {})).status == "awaiting_report"
+
+        session = await first.open_session("agent-1", "alice@example.com")
+        assert (await first.call(session, "lookup", {})).reasons == ["audit.unavailable"]
+        assert "went backwards" in ((await first.readiness_problems())["audit"] or "")

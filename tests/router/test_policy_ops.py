@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import httpx
 
 from policy import PolicySettings
 from router import ControlPlane, Settings
 from router.audit import AuditFilter
 from router.settings import AuditSettings
-from tests.conftest import ECHO, copy_policies, edit_catalog, python_tool
+from tests.conftest import ECHO, copy_policies, edit_catalog, python_tool, stockade_server
 
 STOCKADE = str(Path(sys.executable).parent / "stockade")
 
@@ -104,3 +108,76 @@ def test_cli_explain_and_check(tmp_path: Path) -> None:
                              check=False)  # fmt: skip
     assert checked.returncode == 1
     assert "crypto.x509.parse_certificates is not provided by regorus" in checked.stderr
+
+
+async def test_the_watcher_survives_a_file_it_cannot_read_and_reports_it(tmp_path: Path) -> None:
+    """A file that vanishes or cannot be read mid-reload (an editor's swap, a checkout) is an audited
+    refusal that readiness reports, never the end of the watcher."""
+    root = copy_policies(tmp_path)
+    settings = Settings(
+        audit=AuditSettings(path=tmp_path / "a.jsonl"), policy=PolicySettings(dir=root, watch_interval_s=0.05)
+    )
+    async with ControlPlane.from_settings(settings) as plane:
+        await plane.register(python_tool("echo", ECHO))
+        session = await plane.open_session("agent-1", "alice@example.com")
+        before = plane.policy.revision
+        (root / "stockade" / "unreadable.rego").symlink_to("/proc/self/mem")  # reading it fails (EIO)
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if "policy_files" in await plane.readiness_problems():
+                break
+        assert "unreadable.rego" in ((await plane.readiness_problems())["policy_files"] or "")
+        [refused] = await plane.audit.query(AuditFilter(kind="policy", outcome="reload_refused"))
+        assert "cannot be read" in (refused.result or {})["message"]
+        assert plane.policy.revision == before
+
+        (root / "stockade" / "unreadable.rego").unlink()
+        edit_catalog(root, auto_allow_risks=[])
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if plane.policy.revision != before:
+                break
+        assert (await plane.decide(session, "echo", {})).reasons == ["policy.default_deny"]  # still watching
+        assert "policy_files" not in await plane.readiness_problems()
+
+
+def test_reloads_over_http_and_from_the_cli_are_audited_and_reported(tmp_path: Path) -> None:
+    """A running `stockade serve`: a refused reload (files that do not load) is an audited 503 problem;
+    GET /v1/policy and /readyz say the files on disk are broken while the old policy serves; the CLI
+    reload is audited as such, with its caller."""
+    root = copy_policies(tmp_path)
+    token = "tok-admin"
+    principals = [{"name": "root", "role": "admin", "token_sha256": hashlib.sha256(token.encode()).hexdigest()}]
+    env = {"STOCKADE_AUDIT__PATH": str(tmp_path / "audit.jsonl"), "STOCKADE_POLICY__DIR": str(root),
+           "STOCKADE_POLICY__WATCH_INTERVAL_S": "0", "STOCKADE_API_PRINCIPALS": json.dumps(principals),
+           "STOCKADE_LOG_LEVEL": "error"}  # fmt: skip
+    headers = {"Authorization": f"Bearer {token}"}
+    with stockade_server(["serve"], env, tmp_path / "serve.log", "/healthz") as url:
+        before = httpx.get(f"{url}/v1/policy", headers=headers).json()["revision"]
+        (root / "stockade" / "broken.rego").write_text("package stockade\n\nthis is not rego\n")
+        refused = httpx.post(f"{url}/v1/policy/reload", headers=headers)
+        assert refused.status_code == 503
+        assert refused.headers["content-type"].startswith("application/problem+json")
+        status = httpx.get(f"{url}/v1/policy", headers=headers).json()
+        assert status["revision"] == before
+        assert "broken.rego" in status["files_problem"]
+        ready = httpx.get(f"{url}/readyz")
+        assert ready.status_code == 200  # the last good policy serves
+        assert "broken.rego" in ready.json()["problems"]["policy_files"]
+
+        (root / "stockade" / "broken.rego").unlink()
+        edit_catalog(root, auto_allow_risks=[])
+        cli = subprocess.run([STOCKADE, "policy", "reload", "--url", url, "--json"], capture_output=True,
+                             text=True, env={**os.environ, "STOCKADE_API_TOKEN": token}, check=False)  # fmt: skip
+        assert cli.returncode == 0, cli.stderr
+        after = json.loads(cli.stdout)["revision"]
+        assert after != before
+        assert httpx.get(f"{url}/v1/policy", headers=headers).json()["files_problem"] is None
+        wrong = subprocess.run([STOCKADE, "policy", "reload", "--url", url], capture_output=True, text=True,
+                               env={**os.environ, "STOCKADE_API_TOKEN": "not-a-token"}, check=False)  # fmt: skip
+        assert wrong.returncode == 1
+    events = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    reloads = [(e["outcome"], e["result"]["source"], e["agent"]) for e in events if e["kind"] == "policy"]
+    assert reloads == [("reload_refused", "api", "root"), ("reloaded", "cli", "root")]
+    [refusal] = [e for e in events if e["kind"] == "policy" and e["outcome"] == "reload_refused"]
+    assert refusal["result"]["kept_revision"] == before
