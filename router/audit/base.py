@@ -9,6 +9,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from router.audit.chain import Unsealed
 from router.errors import AuditError
 from router.redact import REDACTOR
 from router.text import escape_invalid_text
@@ -126,10 +127,11 @@ def matches(document: dict[str, Any], where: AuditFilter) -> bool:
     return True
 
 
-def as_written(event: AuditEvent) -> tuple[AuditEvent, dict[str, Any]]:
-    """``event`` as an audit log writes it, with its JSON document: every secret the process has
-    registered redacted, and every string that UTF-8 cannot hold escaped (both here, where each log
-    serialises the event, so no path to the log skips them).
+def as_written(event: AuditEvent) -> tuple[AuditEvent, Unsealed]:
+    """``event`` as an audit log writes it, serialised but for its chain fields: every secret the
+    process has registered redacted, and every string that UTF-8 cannot hold escaped (both here,
+    where each log serialises the event, so no path to the log skips them). Escaping costs a walk of
+    the document, so it is done only when the serialised text shows it is needed.
 
     Raises:
         AuditError: the event cannot be serialised at all (never for any value the pipeline builds).
@@ -142,14 +144,16 @@ def as_written(event: AuditEvent) -> tuple[AuditEvent, dict[str, Any]]:
             event = AuditEvent.model_validate(escape_invalid_text(event.model_dump(), "", paths))
             document = event.model_dump(mode="json")
             document["escaped"] = sorted(set(paths))
-        redacted = REDACTOR.deep(document)
-        escaped_paths: list[str] = []
-        written = escape_invalid_text(redacted, "", escaped_paths)
-        if escaped_paths:
+        written = REDACTOR.deep(document)
+        unsealed = Unsealed(written)
+        if not unsealed.encodable:
+            escaped_paths: list[str] = []
+            written = escape_invalid_text(written, "", escaped_paths)
             written["escaped"] = sorted(set(escaped_paths) | set(written.get("escaped") or ()))
-        if written is document:  # nothing redacted or escaped
-            return event, document
-        return AuditEvent.model_validate(written), written
+            unsealed = Unsealed(written)
+        if written is not document:  # redacted or escaped: the event says what was written
+            event = AuditEvent.model_validate(written)
+        return event, unsealed
     except AuditError:
         raise
     except Exception as exc:  # whatever broke, the caller must see an audit failure

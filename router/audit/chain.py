@@ -30,7 +30,7 @@ class Unsealed:
     there, only a few strings are joined and hashed (canonical JSON sorts keys, so the fields
     between the chain fields serialise apart, once, and join in order)."""
 
-    __slots__ = ("_parts",)
+    __slots__ = ("_parts", "encodable")
 
     def __init__(self, document: dict[str, Any]) -> None:
         segments: list[dict[str, Any]] = [{}, {}, {}, {}]
@@ -38,6 +38,8 @@ class Unsealed:
             if key not in _CHAIN:
                 segments[bisect.bisect(_CHAIN, key)][key] = value
         self._parts = [canonical(segment) if segment else "{}" for segment in segments]
+        # Whether UTF-8 can hold the text (a lone surrogate cannot): checked in C, part by part.
+        self.encodable = all(part.isascii() or _utf8(part) for part in self._parts)
 
     def seal(self, seq: int, prev_hash: str) -> tuple[str, str]:
         """The event's hash and its canonical JSON, chained as ``seq`` after ``prev_hash``."""
@@ -58,6 +60,14 @@ _DIGEST = re.compile(r"[0-9a-f]{64}")
 def seal(document: dict[str, Any]) -> tuple[str, str]:
     """The hash of ``document`` (every field but ``hash``) and its canonical JSON with ``hash`` in place."""
     return Unsealed(document).seal(document["seq"], document["prev_hash"])
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _join(*objects: str) -> str:

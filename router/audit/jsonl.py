@@ -127,14 +127,13 @@ class JsonlAuditLog:
 
     def _write(self, event: AuditEvent) -> AuditEvent:
         fd = self._open()
-        event, document = as_written(event)
-        unsealed = Unsealed(document)  # serialised before the lock: other processes wait on it
+        event, unsealed = as_written(event)  # serialised before the lock: other processes wait on it
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 torn = self._reload_head(fd)
                 if torn is not None:
-                    self._write_locked(fd, Unsealed(as_written(torn)[1]))
+                    self._write_locked(fd, as_written(torn)[1])
                 chain = self._write_locked(fd, unsealed)
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)

@@ -95,13 +95,13 @@ class RedisAuditLog:
         self.regressed: str | None = None  # why the stream is refused, once it went backwards
 
     async def append(self, event: AuditEvent) -> AuditEvent:
-        event, document = as_written(event)
+        event, unsealed = as_written(event)
         async with self._lock:
             try:
                 if self.regressed is not None:
                     raise AuditError(self.regressed)
                 await self._drain()
-                return await self._put(event, document)
+                return await self._put(event, unsealed)
             except AuditError as exc:
                 await self._to_spool(event, exc)
                 raise
@@ -110,9 +110,8 @@ class RedisAuditLog:
                 await self._to_spool(event, error)
                 raise error from exc
 
-    async def _put(self, event: AuditEvent, document: dict[str, Any]) -> AuditEvent:
-        """Chain ``document`` onto the stream's head (retrying if another router moved it)."""
-        unsealed = Unsealed(document)
+    async def _put(self, event: AuditEvent, unsealed: Unsealed) -> AuditEvent:
+        """Chain ``event`` onto the stream's head (retrying if another router moved it)."""
         try:
             for _ in range(_MAX_RETRIES):
                 chain: dict[str, Any] = {"seq": self._seq + 1, "prev_hash": self._head}
@@ -167,7 +166,7 @@ class RedisAuditLog:
                 labels = {**document.get("labels", {}), "spool": f"{self._spool.path.name}#{document['seq']}"}
                 body = {k: v for k, v in document.items() if k not in ("seq", "prev_hash", "hash")}
                 spooled = AuditEvent.model_validate({**body, "labels": labels})
-                await self._put(spooled, as_written(spooled)[1])
+                await self._put(*as_written(spooled))
                 self._progress(document["seq"])
         path = self._spool.path
         await self._spool.aclose()
