@@ -1,10 +1,14 @@
 """The ``bwrap`` tier: bubblewrap, no daemon, started as an unprivileged host uid.
 
 Each run gets new user, pid, net, ipc, uts and cgroup namespaces, read-only binds of only the
-system paths in settings, a private size-capped tmpfs, an empty environment (bwrap itself is
-started under ``env={}``: its own pid 1 would otherwise keep the caller's environment where
-the tool can read it), rlimits, a wall-clock timeout that kills the whole tree, and output
-read with a byte cap while it streams.
+system paths in settings, a private tmpfs capped in size and files, an empty environment (bwrap
+itself is started under ``env={}``: its own pid 1 would otherwise keep the caller's environment
+where the tool can read it), its own cgroup capping the memory, processes and CPU of all its
+processes together (`runner.cgroup`), rlimits, a wall-clock timeout that kills the whole tree,
+and output read with a byte cap while it streams.
+
+As root, everything bound into the sandbox (``/tmp``, ``/in``, ``/run/stockade``, ``/out``) comes
+from tmpfs mounts made for the run, so ``/proc/self/mountinfo`` inside names no host path.
 
 The child is driven from the event loop without threads: pipes and a pidfd are watched with
 ``add_reader``, and the exit is reaped with ``os.wait4`` so CPU time and max RSS come from the
@@ -17,6 +21,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import re
 import resource
 import shutil
 import signal
@@ -29,6 +34,7 @@ from pathlib import Path
 import structlog
 
 from runner.base import ResourceLimits, RunResult, SandboxSpec, Usage, Verdict
+from runner.cgroup import CgroupOutcome, Cgroups, SandboxCgroup, pid_alive
 from runner.config import RunnerSettings
 from runner.egress import EgressProxy
 from runner.egress.intercept import with_interception
@@ -44,6 +50,16 @@ _DRAIN_AFTER_EXIT_S = 0.5
 _MEMORY_MARKERS = (b"MemoryError", b"Cannot allocate memory", b"std::bad_alloc", b"out of memory")
 _MERGED_USR = ("bin", "lib", "lib32", "lib64", "libx32", "sbin")
 _PROXY = "http://127.0.0.1:3128"
+# The sandbox's first process (still root, before setpriv; single-threaded) puts itself into each
+# of its cgroup's hierarchies, then execs the rest: nothing runs outside the group.
+_ENTER_CGROUP = (
+    'while [ "$1" != -- ]; do { echo 0 >"$1"; } 2>/dev/null || '
+    '{ echo "stockade: could not enter the sandbox cgroup $1" >&2; exit 125; }; shift; done; shift; exec "$@"'
+)
+_ENTER_FAILED = 125
+# Inodes of a staging tmpfs besides the inputs and the tool's files in /tmp: its root, tmp/, in/,
+# run/, out/ and the egress socket, with room to spare.
+_STAGING_INODES = 16
 # Inside the sandbox: bridge 127.0.0.1:3128 to the proxy's socket, wait until it listens
 # (0C38 is 3128 in /proc/net/tcp, 0A is LISTEN), then become the tool.
 _BRIDGE = (
@@ -71,17 +87,19 @@ class UidPool:
                 self._free.append(uid)
 
 
-def _limit_args(limits: ResourceLimits, settings: RunnerSettings) -> list[str]:
-    """prlimit options: each sandbox gets its own CPU, memory, file, fd and process limits.
+def _limit_args(limits: ResourceLimits, settings: RunnerSettings, *, cgroup: bool) -> list[str]:
+    """prlimit options: each process gets memory, file and fd limits; without a cgroup, CPU time
+    and process count (per uid) too. With one, its CPU quota over the wall-clock timeout bounds CPU
+    time and its pids limit the processes, for the whole sandbox.
 
     The tool is pid 1 of its namespace, where SIGXCPU is ignored: the hard limit's SIGKILL ends it.
     """
+    per_sandbox = [] if cgroup else [f"--cpu={limits.cpu_seconds}", f"--nproc={limits.pids}"]
     return [
-        f"--cpu={limits.cpu_seconds}",
+        *per_sandbox,
         f"--as={limits.memory_mb << 20}",
         f"--fsize={settings.file_size_mb << 20}",
         f"--nofile={settings.open_files}",
-        f"--nproc={limits.pids}",
         "--core=0",
     ]
 
@@ -103,6 +121,15 @@ class BwrapSandbox:
         self._fs_args = self._filesystem_args()
         self._seccomp = bpf_program()
         self._children: set[int] = set()
+        _sweep_staging(settings.state_dir / "bwrap")
+        self._cgroups: Cgroups | None = None
+        self._cgroup_problem: str | None = None
+        try:
+            self._cgroups = Cgroups.detect(settings.cgroup_parent)
+        except SandboxUnavailable as exc:
+            self._cgroup_problem = str(exc)
+            if not settings.cgroup_required:
+                log.warning("bwrap_runs_without_cgroup", reason=self._cgroup_problem)
 
     def check(self) -> str | None:
         if self._bwrap is None:
@@ -111,6 +138,11 @@ class BwrapSandbox:
             return "setpriv or prlimit not found: install util-linux"
         if not Path(self._settings.python).exists():
             return f"{self._settings.python} not found: install python3 or set STOCKADE_RUNNER__PYTHON"
+        if self._cgroups is None and self._settings.cgroup_required:
+            return (
+                f"{self._cgroup_problem}; or set STOCKADE_RUNNER__CGROUP_REQUIRED=false to accept per-process "
+                "limits only"
+            )
         return None
 
     def _filesystem_args(self) -> list[str]:
@@ -125,13 +157,30 @@ class BwrapSandbox:
             args += ["--ro-bind-try", path, path]
         return args
 
-    def _argv(self, spec: SandboxSpec, bwrap: str, uid: int, seccomp_fd: int, staging: Path | None = None) -> list[str]:
+    def _tmp_args(self, staging: Path | None) -> list[str]:
+        """/tmp: as root, the staging tmpfs's ``tmp/`` (capped in size and files); unprivileged,
+        bwrap's own tmpfs, capped in size only (a cgroup, if any, charges its files' memory)."""
+        if self._is_root and staging is not None:
+            return ["--bind", str(staging / "tmp"), "/tmp"]
+        return ["--size", str(self._settings.tmpfs_mb << 20), "--tmpfs", "/tmp"]
+
+    def _argv(
+        self,
+        spec: SandboxSpec,
+        bwrap: str,
+        uid: int,
+        seccomp_fd: int,
+        staging: Path | None = None,
+        cgroup: SandboxCgroup | None = None,
+    ) -> list[str]:
         argv: list[str] = []
+        if cgroup is not None:
+            argv += ["/bin/sh", "-c", _ENTER_CGROUP, "sh", *cgroup.join, "--"]
         if self._is_root and self._setpriv:
             # As root, bwrap runs as the leased uid: as root RLIMIT_NPROC is not enforced and the
             # user namespace would map to real root. Unprivileged, it runs as the caller.
             argv += [self._setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
-        argv += [self._prlimit or "prlimit", *_limit_args(spec.limits, self._settings), "--"]
+        argv += [self._prlimit or "prlimit", *_limit_args(spec.limits, self._settings, cgroup=cgroup is not None), "--"]
         argv += [
             bwrap,
             "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
@@ -143,7 +192,7 @@ class BwrapSandbox:
             "--uid", _SANDBOX_ID, "--gid", _SANDBOX_ID, "--hostname", "sandbox",
             *self._fs_args,
             "--proc", "/proc", "--dev", "/dev",
-            "--size", str(self._settings.tmpfs_mb << 20), "--tmpfs", "/tmp",
+            *self._tmp_args(staging),
             "--chdir", "/tmp", "--cap-drop", "ALL", "--clearenv", "--seccomp", str(seccomp_fd),
             "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin",
             "--setenv", "HOME", "/tmp", "--setenv", "TMPDIR", "/tmp", "--setenv", "LANG", "C.UTF-8",
@@ -173,27 +222,36 @@ class BwrapSandbox:
         if problem is not None or self._bwrap is None:
             raise SandboxUnavailable(f"bwrap tier unavailable: {problem}")
         async with self._uids.lease() as uid:
-            if not (spec.inputs or spec.outputs or spec.egress):
+            if not (self._is_root or spec.inputs or spec.outputs or spec.egress):
                 return await self._run_as(spec, uid, self._bwrap)
             return await self._run_staged(spec, uid, self._bwrap)
 
     async def _run_staged(self, spec: SandboxSpec, uid: int, bwrap: str) -> RunResult:
-        """A run with inputs, outputs or egress: a staging directory, and a proxy for the call."""
+        """A run from a staging directory (every run as root; else those with inputs, outputs or
+        egress), and a proxy for the call.
+
+        As root the staging directory is a tmpfs of its own: its ``tmp/`` is the sandbox's /tmp,
+        capped in size and files (the inputs' pages and files come on top), and what is bound from
+        it shows in the sandbox's mountinfo as ``/tmp``, ``/in`` and ``/run``, not as a host path.
+        """
         spec, ca = with_interception(spec)
         root = self._settings.state_dir / "bwrap"
         root.mkdir(parents=True, exist_ok=True, mode=0o711)
-        staging = Path(tempfile.mkdtemp(prefix="b-", dir=root))
+        staging = Path(tempfile.mkdtemp(prefix=f"b-{_pid_namespace()}-{os.getpid():x}-", dir=root))
         os.chmod(staging, 0o755)  # noqa: S103  (the sandbox's uid must traverse it; nothing secret in it)
-        mounted = False
+        owner = uid if self._is_root else os.getuid()
+        on_tmpfs = mounted = False
         proxy: EgressProxy | None = None
         try:
-            (staging / "in").mkdir(mode=0o755)
-            (staging / "run").mkdir(mode=0o755)
+            on_tmpfs = self._mount_staging(staging, spec, owner)
+            if spec.inputs:
+                (staging / "in").mkdir(mode=0o755)
+            if spec.egress:
+                (staging / "run").mkdir(mode=0o755)
             inputs = stage_inputs(staging / "in", spec.inputs)
             if spec.outputs is not None:
                 out = staging / "out"
                 out.mkdir(mode=0o700)
-                owner = uid if self._is_root else os.getuid()
                 mounted = mount_tmpfs(out, size_mb=self._settings.out_mb, inodes=1024, uid=owner)
                 if not mounted:
                     out.chmod(0o777)
@@ -212,13 +270,38 @@ class BwrapSandbox:
                 quarantine=str(quarantine.directory) if quarantine.records else None,
             )  # fmt: skip
         finally:
-            if proxy is not None:
-                await proxy.aclose()
-            if mounted:
-                unmount(staging / "out")
-            remove_tree(staging)
+            try:
+                if proxy is not None:
+                    await proxy.aclose()
+            finally:  # even if cancelled again while the proxy closes
+                _remove_staging(staging, out_mounted=mounted, on_tmpfs=on_tmpfs)
+
+    def _mount_staging(self, staging: Path, spec: SandboxSpec, owner: int) -> bool:
+        """Mount the staging tmpfs (root only; False otherwise) and make its ``tmp/`` for ``owner``."""
+        pages = sum((len(item.data) + 4095) & ~4095 for item in spec.inputs)
+        size_mb = self._settings.tmpfs_mb + -(-pages // (1 << 20))
+        inodes = self._settings.tmpfs_inodes + len(spec.inputs) + _STAGING_INODES
+        if not mount_tmpfs(staging, size_mb=size_mb, inodes=inodes, uid=owner):
+            return False
+        os.chown(staging, 0, 0)  # the sandbox's uid only traverses it
+        os.chmod(staging, 0o755)  # noqa: S103
+        (staging / "tmp").mkdir(mode=0o700)
+        os.chown(staging / "tmp", owner, owner)
+        return True
 
     async def _run_as(self, spec: SandboxSpec, uid: int, bwrap: str, staging: Path | None = None) -> RunResult:
+        """One sandbox, in a cgroup of its own (where this host has one) removed with it."""
+        cgroup = self._cgroups.create(spec.limits) if self._cgroups is not None else None
+        try:
+            return await self._spawn(spec, uid, bwrap, staging, cgroup)
+        finally:
+            if cgroup is not None:
+                # Shielded: cancelled again, the removal still finishes.
+                await asyncio.shield(cgroup.remove())
+
+    async def _spawn(
+        self, spec: SandboxSpec, uid: int, bwrap: str, staging: Path | None, cgroup: SandboxCgroup | None
+    ) -> RunResult:
         stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
         stdout_r, stdout_w = os.pipe2(os.O_CLOEXEC)
         stderr_r, stderr_w = os.pipe2(os.O_CLOEXEC)
@@ -231,7 +314,7 @@ class BwrapSandbox:
             # Popen, not asyncio's subprocess: the loop watches our pipes and a pidfd, and we reap
             # with wait4 for the kernel's usage figures. The fork+exec itself is ~1 ms.
             proc = subprocess.Popen(  # noqa: ASYNC220
-                self._argv(spec, bwrap, uid, seccomp_r, staging),
+                self._argv(spec, bwrap, uid, seccomp_r, staging, cgroup),
                 stdin=stdin_r, stdout=stdout_w, stderr=stderr_w,
                 env={}, close_fds=True, pass_fds=(seccomp_r,), start_new_session=True,
             )  # fmt: skip
@@ -254,13 +337,14 @@ class BwrapSandbox:
                 child.kill()
             status, rusage = await child.exited
             await child.drain(_DRAIN_AFTER_EXIT_S)
+            outcome = cgroup.outcome() if cgroup is not None else None
         finally:
             # Cancellation or any error: the whole tree goes, and the child is reaped.
             child.close()
             self._children.discard(proc.pid)
         wall = time.monotonic() - started
         usage = Usage(wall_s=wall, cpu_s=rusage.ru_utime + rusage.ru_stime, max_rss_kb=rusage.ru_maxrss)
-        return _result(status, child, timed_out, usage, spec.limits)
+        return _result(status, child, timed_out, usage, spec.limits, outcome)
 
     async def close_session(self, session: str) -> None:
         """bwrap keeps no per-session sandbox: every run starts fresh."""
@@ -271,7 +355,37 @@ class BwrapSandbox:
                 os.killpg(pid, signal.SIGKILL)
 
 
-def _result(status: int, child: _Child, timed_out: bool, usage: Usage, limits: ResourceLimits) -> RunResult:
+def _pid_namespace() -> str:
+    # Staging directories are named for the process that made them and its pid namespace
+    # ("b-<namespace>-<pid>-..."), so what a killed process left can be told from what a live one uses.
+    return f"{os.stat('/proc/self/ns/pid').st_ino:x}"
+
+
+def _remove_staging(staging: Path, *, out_mounted: bool, on_tmpfs: bool) -> None:
+    if out_mounted:
+        unmount(staging / "out")
+    if on_tmpfs:
+        unmount(staging)
+    try:
+        os.rmdir(staging)  # empty once its tmpfs is gone
+    except OSError:
+        remove_tree(staging)
+
+
+def _sweep_staging(root: Path) -> None:
+    """Remove the staging directories (and their mounts) left under ``root`` by processes of this
+    pid namespace that no longer exist: killed mid-run, their ``finally`` never ran."""
+    made_here = re.compile(rf"b-{_pid_namespace()}-([0-9a-f]+)-.*")
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(root):
+            maker = made_here.fullmatch(entry.name)
+            if maker and not pid_alive(int(maker[1], 16)):
+                _remove_staging(Path(entry.path), out_mounted=True, on_tmpfs=True)  # unmounting nothing is a no-op
+
+
+def _result(
+    status: int, child: _Child, timed_out: bool, usage: Usage, limits: ResourceLimits, cgroup: CgroupOutcome | None
+) -> RunResult:
     code = os.waitstatus_to_exitcode(status)
     stdout, stderr = bytes(child.stdout), bytes(child.stderr)
 
@@ -282,14 +396,24 @@ def _result(status: int, child: _Child, timed_out: bool, usage: Usage, limits: R
         return verdict(Verdict.OUTPUT_LIMIT, f"output exceeded {limits.output_bytes} bytes")
     if timed_out:
         return verdict(Verdict.TIMEOUT, f"wall clock exceeded {limits.timeout_s:g}s")
+    if cgroup is not None and cgroup.oom_kills:
+        # Whatever the exit code: the kernel killed part of the tool, its work may be incomplete.
+        peak = f" (peak {cgroup.peak_bytes / (1 << 20):.1f} MiB)" if cgroup.peak_bytes is not None else ""
+        return verdict(
+            Verdict.MEMORY_LIMIT,
+            f"the sandbox's processes together reached the {limits.memory_mb} MiB memory limit{peak}; "
+            f"the kernel killed {cgroup.oom_kills} of its processes",
+        )
     # bwrap reports a signalled tool as 128+signo; the kernel's CPU-limit kill lands at the limit,
-    # give or take a scheduler tick.
-    if code == 128 + signal.SIGKILL and usage.cpu_s >= limits.cpu_seconds - 0.1:
+    # give or take a scheduler tick. (With a cgroup there is no CPU-time rlimit: its quota throttles.)
+    if cgroup is None and code == 128 + signal.SIGKILL and usage.cpu_s >= limits.cpu_seconds - 0.1:
         return verdict(Verdict.TIMEOUT, f"CPU time exceeded {limits.cpu_seconds}s")
     if code == 0:
         return verdict(Verdict.OK)
-    if (code == 1 and stderr.startswith(b"bwrap: ")) or (
-        code in (126, 127) and stderr.startswith((b"prlimit: ", b"setpriv: "))
+    if (
+        (code == 1 and stderr.startswith(b"bwrap: "))
+        or (code in (126, 127) and stderr.startswith((b"prlimit: ", b"setpriv: ")))
+        or (code == _ENTER_FAILED and stderr.startswith(b"stockade: could not enter the sandbox cgroup"))
     ):
         # The sandbox itself failed to set up (before the tool ran): not a verdict about the tool.
         raise SandboxError(f"could not start bwrap: {stderr.decode(errors='replace').strip()[:300]}")

@@ -20,6 +20,7 @@ from runner import (
     Verdict,
     python_job,
 )
+from runner.bwrap import _ENTER_CGROUP
 from runner.python import parse_result
 
 SETTINGS = RunnerSettings()
@@ -180,11 +181,32 @@ async def test_cancelling_a_run_kills_the_sandbox(sandbox: BwrapSandbox) -> None
     assert await wait_until_gone() == set()
 
 
-async def test_cpu_time_limit_is_a_timeout(sandbox: BwrapSandbox) -> None:
+async def test_cpu_share_holds_a_spinning_tool_until_the_wall_clock(sandbox: BwrapSandbox) -> None:
+    """With a cgroup, ``cpus`` is a share (its CPU quota), not a budget of CPU seconds: a spinning
+    tool is throttled, and the wall clock ends it."""
+    result = await sandbox.run(py("while True: pass", timeout_s=2, cpus=0.25))
+    assert result.verdict is Verdict.TIMEOUT
+    assert "wall clock" in result.detail
+    assert result.usage.wall_s < 4
+
+
+async def test_without_a_cgroup_the_cpu_time_limit_is_a_timeout() -> None:
+    """Where no cgroup is usable and settings accept that, per-process rlimits still apply."""
+    sandbox = BwrapSandbox(RunnerSettings(cgroup_parent="cgroup.procs", cgroup_required=False))
     result = await sandbox.run(py("while True: pass", timeout_s=10, cpus=0.1))
     assert result.verdict is Verdict.TIMEOUT
     assert "CPU" in result.detail
     assert 0.9 <= result.usage.cpu_s < 3
+
+
+async def test_without_a_usable_cgroup_the_tier_is_unavailable() -> None:
+    """Fail closed: no cgroup (here, a parent that cannot be a directory) means no sandbox."""
+    sandbox = BwrapSandbox(RunnerSettings(cgroup_parent="cgroup.procs"))
+    problem = sandbox.check() or ""
+    assert "cgroup" in problem
+    assert "STOCKADE_RUNNER__CGROUP_REQUIRED" in problem
+    with pytest.raises(SandboxUnavailable):
+        await sandbox.run(SandboxSpec(argv=("/bin/true",)))
 
 
 async def test_output_is_capped_while_streaming(sandbox: BwrapSandbox) -> None:
@@ -259,6 +281,19 @@ async def test_nested_user_namespaces_are_refused(sandbox: BwrapSandbox) -> None
     rc, errno = result.stdout.split()
     assert rc == b"-1"
     assert int(errno) != 0
+
+
+async def test_nothing_runs_when_the_move_into_the_cgroup_fails(tmp_path: Path) -> None:
+    """The sandbox's first process execs the rest only once it is in every hierarchy of its group."""
+    marker = tmp_path / "ran"
+    mover = await asyncio.create_subprocess_exec(
+        "/bin/sh", "-c", _ENTER_CGROUP, "sh", str(tmp_path / "no-such-group" / "cgroup.procs"), "--",
+        "/usr/bin/touch", str(marker), stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, stderr = await mover.communicate()
+    assert mover.returncode == 125
+    assert stderr.startswith(b"stockade: could not enter the sandbox cgroup")
+    assert not marker.exists()
 
 
 async def test_missing_bwrap_is_unavailable_not_a_crash() -> None:
