@@ -10,7 +10,7 @@ from typing import Any
 from router.errors import FieldProblem, InvalidCall
 from runner.files import shown
 
-__all__ = ["check_text", "escape_invalid_text", "first_invalid_text", "shown"]
+__all__ = ["check_text", "encodable", "escape_invalid_text", "first_invalid_text", "shown"]
 
 
 def check_text(value: Any, field: str) -> None:
@@ -35,11 +35,11 @@ def first_invalid_text(value: Any, path: str = "") -> str | None:
     while stack:
         item, where = stack.pop()
         if isinstance(item, str):
-            if not item.isascii() and not _encodable(item):
+            if not item.isascii() and not encodable(item):
                 return where or "$"
         elif isinstance(item, dict):
             for key, child in item.items():
-                if isinstance(key, str) and not key.isascii() and not _encodable(key):
+                if isinstance(key, str) and not key.isascii() and not encodable(key):
                     return f"{where}.{key!r}" if where else repr(key)
                 stack.append((child, f"{where}.{key}" if where else str(key)))
         elif isinstance(item, (list, tuple)):
@@ -47,7 +47,8 @@ def first_invalid_text(value: Any, path: str = "") -> str | None:
     return None
 
 
-def _encodable(text: str) -> bool:
+def encodable(text: str) -> bool:
+    """Whether UTF-8 can hold ``text`` (it holds no lone surrogate)."""
     try:
         text.encode()
     except UnicodeEncodeError:

@@ -13,6 +13,8 @@ import json
 import re
 from typing import Any
 
+from router.text import encodable
+
 
 def canonical(value: Any) -> str:
     """The one serialisation that is hashed and written."""
@@ -39,7 +41,7 @@ class Unsealed:
                 segments[bisect.bisect(_CHAIN, key)][key] = value
         self._parts = [canonical(segment) if segment else "{}" for segment in segments]
         # Whether UTF-8 can hold the text (a lone surrogate cannot): checked in C, part by part.
-        self.encodable = all(part.isascii() or _utf8(part) for part in self._parts)
+        self.encodable = all(part.isascii() or encodable(part) for part in self._parts)
 
     def seal(self, seq: int, prev_hash: str) -> tuple[str, str]:
         """The event's hash and its canonical JSON, chained as ``seq`` after ``prev_hash``."""
@@ -60,14 +62,6 @@ _DIGEST = re.compile(r"[0-9a-f]{64}")
 def seal(document: dict[str, Any]) -> tuple[str, str]:
     """The hash of ``document`` (every field but ``hash``) and its canonical JSON with ``hash`` in place."""
     return Unsealed(document).seal(document["seq"], document["prev_hash"])
-
-
-def _utf8(text: str) -> bool:
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _join(*objects: str) -> str:
