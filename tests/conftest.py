@@ -234,3 +234,26 @@ def upstream() -> Iterator[Upstream]:
     yield Upstream(server.server_address[1], ca.cert_pem.bytes())
     server.shutdown()
     server.server_close()
+
+
+@contextlib.contextmanager
+def https_and_http(
+    handler: type[http.server.BaseHTTPRequestHandler], ca: trustme.CA, host: str
+) -> Iterator[tuple[int, int]]:
+    """``handler`` served on two loopback ports, HTTPS (a certificate for ``host`` from ``ca``) and
+    plain HTTP; yields (https port, http port) and stops both afterwards."""
+    servers = []
+    for secure in (True, False):
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        if secure:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ca.issue_cert(host).configure_cert(context)
+            server.socket = context.wrap_socket(server.socket, server_side=True)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+    try:
+        yield servers[0].server_address[1], servers[1].server_address[1]
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()

@@ -9,8 +9,6 @@ import hashlib
 import http.server
 import io
 import json
-import ssl
-import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +31,7 @@ from router.credentials.tokens import TokenIssuer
 from router.logging import configure_logging
 from router.settings import AuditSettings, StoreSettings
 from runner import RunnerSettings
-from tests.conftest import copy_policies, edit_catalog, python_tool
+from tests.conftest import copy_policies, edit_catalog, https_and_http, python_tool
 
 HOST = "api.allowed.test"
 LOOKALIKE = "api.allowed.test.evil.test"
@@ -82,22 +80,8 @@ def echo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Echo]:
         def log_message(self, *args: object) -> None:
             pass
 
-    servers = []
-    for secure in (True, False):
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        if secure:
-            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            ca.issue_cert(HOST).configure_cert(context)
-            server.socket = context.wrap_socket(server.socket, server_side=True)
-            state.https_port = server.server_address[1]
-        else:
-            state.http_port = server.server_address[1]
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-    yield state
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+    with https_and_http(Handler, ca, HOST) as (state.https_port, state.http_port):
+        yield state
 
 
 @pytest.fixture

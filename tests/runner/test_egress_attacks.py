@@ -9,8 +9,6 @@ import base64
 import gzip
 import http.server
 import json
-import ssl
-import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +22,7 @@ from runner import EgressRecord, EgressRule, RunnerSettings, Sandbox, SandboxSpe
 from runner.base import Injection, InputFile, ResourceLimits
 from runner.egress import EgressProxy
 from runner.egress.intercept import InterceptCA
+from tests.conftest import https_and_http
 from tests.runner.test_egress import HOST, https_via, parse, send
 
 LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
@@ -125,22 +124,8 @@ def reflector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Reflector]:
         def log_message(self, *args: object) -> None:
             pass
 
-    servers = []
-    for secure in (True, False):
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        if secure:
-            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            ca.issue_cert(HOST).configure_cert(context)
-            server.socket = context.wrap_socket(server.socket, server_side=True)
-            state.https_port = server.server_address[1]
-        else:
-            state.http_port = server.server_address[1]
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-    yield state
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+    with https_and_http(Handler, ca, HOST) as (state.https_port, state.http_port):
+        yield state
 
 
 @dataclass
