@@ -133,14 +133,15 @@ class EmbeddedEngine:
             raw = self._execute(loaded, input_json)
         except _EvaluationFailed as exc:
             return deny(POLICY_ERROR, str(exc), revision=revision)
-        decision = _to_decision(raw, revision)
+        value = _value(raw)  # parsed once: the decision and the comparison both use it
+        decision = to_decision(value, revision)
         if decision.outcome is Outcome.DENY:
             return decision
         try:
             confirmed = self._confirm(loaded, input_json)
         except _EvaluationFailed as exc:
             return deny(POLICY_ERROR, str(exc), revision=revision)
-        if confirmed != _value(raw):
+        if confirmed != value:
             log.error("policy_engines_disagree", revision=revision, rvm=decision.outcome.value,
                       interpreter=str(confirmed)[:300])  # fmt: skip
             return deny(POLICY_ERROR, "the compiled and the interpreted policy disagree on this input: "
@@ -230,10 +231,6 @@ def _value(raw: str | None) -> Any:
     except json.JSONDecodeError:
         return None
     return None if value == _UNDEFINED else value
-
-
-def _to_decision(raw: str | None, revision: str) -> Decision:
-    return to_decision(_value(raw), revision)
 
 
 _LOCATION = re.compile(r"-->\s*(\S+:\d+:\d+)")
