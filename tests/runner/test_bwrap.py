@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import os
+import resource
 import socket
 import textwrap
 import time
@@ -20,7 +22,7 @@ from runner import (
     Verdict,
     python_job,
 )
-from runner.bwrap import _ENTER_CGROUP
+from runner.bwrap import _PREPARE
 from runner.python import parse_result
 
 SETTINGS = RunnerSettings()
@@ -287,7 +289,8 @@ async def test_nothing_runs_when_the_move_into_the_cgroup_fails(tmp_path: Path) 
     """The sandbox's first process execs the rest only once it is in every hierarchy of its group."""
     marker = tmp_path / "ran"
     mover = await asyncio.create_subprocess_exec(
-        "/bin/sh", "-c", _ENTER_CGROUP, "sh", str(tmp_path / "no-such-group" / "cgroup.procs"), "--",
+        "/bin/sh", "-c", _PREPARE, "sh", "65536", "2048", "64", "-", "-",
+        str(tmp_path / "no-such-group" / "cgroup.procs"), "--",
         "/usr/bin/touch", str(marker), stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     _, stderr = await mover.communicate()
@@ -301,3 +304,43 @@ async def test_missing_bwrap_is_unavailable_not_a_crash() -> None:
     assert "apt-get install bubblewrap" in (sandbox.check() or "")
     with pytest.raises(SandboxUnavailable):
         await sandbox.run(SandboxSpec(argv=("/bin/true",)))
+
+
+READ_LIMITS = """
+import resource
+names = ("AS", "FSIZE", "NOFILE", "CORE", "CPU", "NPROC")
+print({n: resource.getrlimit(getattr(resource, "RLIMIT_" + n)) for n in names})
+"""
+
+
+@pytest.mark.parametrize("cgroup", [True, False], ids=["with-cgroup", "rlimits-only"])
+async def test_the_tool_runs_under_exactly_the_rlimits_it_was_given(cgroup: bool) -> None:
+    """Soft and hard rlimits both, so the tool cannot raise them; CPU and process count only
+    where no cgroup bounds the sandbox as a whole."""
+    settings = SETTINGS if cgroup else RunnerSettings(cgroup_parent="cgroup.procs", cgroup_required=False)
+    sandbox = BwrapSandbox(settings)
+    result = await sandbox.run(py(READ_LIMITS, memory_mb=300, timeout_s=7, pids=40))
+    assert result.verdict is Verdict.OK, result
+    seen = ast.literal_eval(result.stdout.decode())
+    unlimited = resource.RLIM_INFINITY
+    assert seen["AS"] == (300 << 20, 300 << 20)
+    assert seen["FSIZE"] == (settings.file_size_mb << 20,) * 2
+    assert seen["NOFILE"] == (settings.open_files,) * 2
+    assert seen["CORE"] == (0, 0)
+    if cgroup:
+        assert seen["CPU"] == (unlimited, unlimited)  # the cgroup's quota and the timeout bound it
+    else:
+        assert seen["CPU"] == (7, 7)
+        assert seen["NPROC"] == (40, 40)
+
+
+async def test_nothing_runs_when_an_rlimit_cannot_be_set(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    mover = await asyncio.create_subprocess_exec(
+        "/bin/sh", "-c", _PREPARE, "sh", "not-a-number", "2048", "64", "-", "-", "--",
+        "/usr/bin/touch", str(marker), stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, stderr = await mover.communicate()
+    assert mover.returncode == 125
+    assert b"stockade: could not set the sandbox rlimits" in stderr
+    assert not marker.exists()
