@@ -1,38 +1,110 @@
-"""Run the Rego unit tests (``test_*`` rules in ``*_test.rego``) on the regorus interpreter.
+"""Run the Rego unit tests (``test_*`` rules in ``*_test.rego``), and decide every input they feed
+the decision on the compiled path too.
 
-The compiled path rejects ``with``, which tests need, so tests run on ``regorus.Engine``;
-`tests/policy` checks the two paths agree on the same inputs.
+Tests need ``with``, which the compiled path (``regorus.Program`` + ``regorus.Rvm``, what decides
+in production) rejects, so each test runs on the interpreter ``regorus.Engine`` and its verdict
+comes from there. A policy bug that exists only on the RVM would pass every such test, so every
+input a test feeds with ``with input as <expr>`` is also decided on both engines and compared:
+
+1. Each test module is copied with every ``with`` modifier of a literal that sets the input
+   made to record its value (found in the module's AST): ``with input as <expr>`` becomes
+   ``with input as [v | v := <expr>; __stockade_replay(json.marshal(v), <site>, ...)][0]``, the
+   same value, written down as JSON by the engine itself (numbers beyond 64 bits included). The
+   copy runs each test once more on the interpreter, so the recorded values are exactly what the
+   test fed, whatever ``<expr>`` is: a literal, a helper call, a variable bound earlier in the
+   body, one per iteration of ``every`` or a comprehension.
+2. Each distinct input (with the bundle's data, patched by the literal's ``with data.<path>``
+   modifiers) is decided on an RVM compiled from the non-test modules for the entrypoint, and on
+   the interpreter as production confirms decisions (``set_input_json`` + ``eval_rule_as_json``).
+   Different values, or an error on one engine only, fail the test; both raising agrees (either
+   way production denies with ``policy.error``).
+
+What cannot be replayed (a literal that also mocks a function or replaces a rule with ``with``,
+an input holding a set, a test module whose copy could not be made) is listed in
+``RegoTestResult.not_replayed``, never passed silently. The entrypoint is decided on every
+recorded input, even where the test itself looks at a helper rule: those inputs reach the same
+rules in production.
 """
 
 from __future__ import annotations
 
+import copy
+import json
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import regorus
 
-from policy.bundle import load_bundle
+from policy.bundle import PolicyBundle, load_bundle
 from policy.errors import PolicyBundleError
 
 _PACKAGE = re.compile(r"^package\s+([A-Za-z0-9_.\[\]\"-]+)", re.MULTILINE)
 _TEST_RULE = re.compile(r"^(test_[A-Za-z0-9_]+)\b", re.MULTILINE)
 
+_ENTRYPOINT = "data.stockade.decision"
+_UNDEFINED = "<undefined>"  # what both engines return (JSON-encoded) for an undefined rule
+# The extension the instrumented copy of a test module calls: (json.marshal(value), site, whether
+# the value survives JSON, json.marshal([input]) or "" ); returns true.
+_RECORD = "__stockade_replay"
+_VAR = "__stockade_v"  # + site: the comprehension variable that holds a modifier's value
+# From the end of a modifier's target to its value: ` as `.
+_AS = re.compile(rb"\s+as\b\s*")
+
+
+@dataclass(frozen=True, slots=True)
+class RvmDisagreement:
+    """An input a test fed the decision on which the compiled path and the interpreter differ.
+
+    ``rvm`` and ``interpreter`` are the decisions (None: undefined); ``*_error`` is set instead
+    when that engine raised.
+    """
+
+    where: str
+    input: Any
+    rvm: Any
+    interpreter: Any
+    rvm_error: str | None = None
+    interpreter_error: str | None = None
+
+    def describe(self) -> str:
+        """One line: where, both decisions and, when both are values, where they differ."""
+        rvm, interpreter = _shown(self.rvm, self.rvm_error), _shown(self.interpreter, self.interpreter_error)
+        where = ""
+        if self.rvm_error is None and self.interpreter_error is None:
+            paths = list(_differences(self.rvm, self.interpreter))
+            where = f" (differs at {', '.join(paths[:3])}{', ...' if len(paths) > 3 else ''})"
+        return f"{self.where}: RVM decided {rvm}; interpreter decided {interpreter}{where}"
+
 
 @dataclass(frozen=True, slots=True)
 class RegoTestResult:
-    """One Rego test: ``passed`` is true only when the rule evaluated to ``true``."""
+    """One Rego test.
+
+    ``passed`` is true only when the rule evaluated to ``true`` on the interpreter
+    (``interpreter_passed``; None: not recorded, read ``passed``) and every input it fed the
+    decision was decided the same on the RVM. ``error`` is the interpreter's error; ``replayed``
+    counts the distinct inputs decided on both engines, ``disagreements`` those on which they
+    differ, ``not_replayed`` says (``file:line: why``) what could not be replayed.
+    """
 
     file: str
     name: str
     passed: bool
     duration_ms: float
     error: str | None = None
+    replayed: int = 0
+    disagreements: tuple[RvmDisagreement, ...] = ()
+    not_replayed: tuple[str, ...] = ()
+    interpreter_passed: bool | None = None
 
 
-def run_rego_tests(root: Path, *, max_bytes: int = 1 << 20) -> list[RegoTestResult]:
-    """Run every ``test_*`` rule of every ``*_test.rego`` under ``root``.
+def run_rego_tests(root: Path, *, max_bytes: int = 1 << 20, entrypoint: str = _ENTRYPOINT) -> list[RegoTestResult]:
+    """Run every ``test_*`` rule of every ``*_test.rego`` under ``root`` on the interpreter and
+    decide every input each one feeds through ``with input as`` on the RVM too (module docstring).
 
     Raises:
         PolicyBundleError: the directory cannot be loaded or parsed.
@@ -45,20 +117,529 @@ def run_rego_tests(root: Path, *, max_bytes: int = 1 << 20) -> list[RegoTestResu
         engine.add_data_json(bundle.data_json)
     except RuntimeError as exc:
         raise PolicyBundleError(f"policy in {root} does not parse: {str(exc).strip()}") from exc
+    tests = _test_rules(bundle)
+    recorder = _Recorder()
+    instrumented = _instrument(bundle, engine, recorder)
+    replayer = _Replayer(bundle, engine, entrypoint)
     results: list[RegoTestResult] = []
+    for path, name, rule in tests:
+        started = time.perf_counter()
+        error: str | None = None
+        try:
+            value = engine.eval_rule(rule)
+        except RuntimeError as exc:
+            value, error = None, str(exc).strip()
+        elapsed = (time.perf_counter() - started) * 1000
+        replayed, disagreements, not_replayed = _replay(instrumented, recorder, replayer, path, rule, error is not None)
+        results.append(
+            RegoTestResult(
+                file=path,
+                name=name,
+                passed=value is True and not disagreements,
+                duration_ms=elapsed,
+                error=error,
+                replayed=replayed,
+                disagreements=tuple(disagreements),
+                not_replayed=tuple(not_replayed),
+                interpreter_passed=value is True,
+            )
+        )
+    return results
+
+
+def _test_rules(bundle: PolicyBundle) -> list[tuple[str, str, str]]:
+    """(file, test name, rule path) of every test, in file order."""
+    found: list[tuple[str, str, str]] = []
     for path, text in bundle.modules:
         if not path.endswith("_test.rego"):
             continue
         package = _PACKAGE.search(text)
         if package is None:
             raise PolicyBundleError(f"{path}: no package declaration")
-        for name in dict.fromkeys(_TEST_RULE.findall(text)):
-            started = time.perf_counter()
-            error: str | None = None
+        found.extend(
+            (path, name, f"data.{package.group(1)}.{name}") for name in dict.fromkeys(_TEST_RULE.findall(text))
+        )
+    return found
+
+
+# -- instrumenting the test modules -------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Site:
+    """A ``with input...`` or ``with data...`` modifier the instrumented copy records."""
+
+    literal: int
+    target: tuple[str, ...]  # ("input", ...) or ("data", ...)
+
+
+@dataclass(frozen=True, slots=True)
+class _Literal:
+    """A literal that sets the input with ``with``: where it is, its recorded modifiers in order
+    and, if the RVM cannot replay it, why."""
+
+    where: str
+    sites: tuple[int, ...]
+    unreplayable: str | None
+
+
+@dataclass(slots=True)
+class _Instrumented:
+    """The interpreter running instrumented copies of the test modules, what each site is, and
+    for each test module that could not be instrumented, why."""
+
+    engine: Any
+    sites: list[_Site]
+    literals: list[_Literal]
+    failed: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class _Record:
+    """One modifier value as the test fed it: JSON text, whether JSON holds it exactly (not if it
+    has a set or a non-string key) and, for ``with input.<path>``, the input it patches (JSON of
+    ``[input]``, ``[]`` if none)."""
+
+    site: int
+    value: str
+    exact: bool
+    ambient: str
+
+
+class _Recorder:
+    """The extension's Python side: every record in call order."""
+
+    def __init__(self) -> None:
+        self.records: list[_Record] = []
+
+    def __call__(self, value: Any, site: Any, exact: Any, ambient: Any) -> bool:
+        self.records.append(_Record(int(site), str(value), exact is True, str(ambient)))
+        return True
+
+
+def _instrument(bundle: PolicyBundle, engine: Any, recorder: _Recorder) -> _Instrumented:
+    """An interpreter with the decision modules as they are and each test module instrumented
+    (module docstring); a test module that cannot be is left as it is and listed in ``failed``."""
+    asts = {item["source"]["file"]: item["ast"] for item in json.loads(engine.get_ast_as_json())}
+    virtual = [path for tree in asts.values() for path in _rule_paths(tree)]
+    result = _Instrumented(engine=None, sites=[], literals=[], failed={})
+    modules: list[tuple[str, str]] = []
+    for path, text in bundle.modules:
+        if not path.endswith("_test.rego") or path not in asts:
+            modules.append((path, text))
+            continue
+        first_site, first_literal = len(result.sites), len(result.literals)
+        try:
+            rewritten = _rewrite(path, text, asts[path], virtual, result)
+            _check_rewrite(path, asts[path], rewritten, list(range(first_site, len(result.sites))))
+        except _CannotInstrument as exc:
+            del result.sites[first_site:], result.literals[first_literal:]
+            result.failed[path] = str(exc)
+            rewritten = text
+        modules.append((path, rewritten))
+    instrumented = regorus.Engine()
+    instrumented.add_extension(_RECORD, 4, recorder)
+    for path, text in modules:
+        try:
+            instrumented.add_policy(path, text)
+        except RuntimeError as exc:  # parsed alone (_check_rewrite) but not with the others: leave it be
+            result.failed[path] = f"{path}: the instrumented copy does not load: {_message(exc)}"
+            instrumented.add_policy(path, dict(bundle.modules)[path])
+    instrumented.add_data_json(bundle.data_json)
+    result.engine = instrumented
+    return result
+
+
+class _CannotInstrument(Exception):
+    """A test module's ``with`` modifiers could not be wrapped; its inputs are not replayed."""
+
+
+def _rewrite(path: str, text: str, tree: Any, virtual: list[tuple[str, ...]], into: _Instrumented) -> str:
+    """``text`` with each ``with input...``/``with data...`` modifier of every literal that sets the
+    input wrapped in a recording call; the sites and literals are appended to ``into``."""
+    source = text.encode()
+    inserts: list[tuple[int, int, bytes]] = []  # (offset, order for equal offsets, bytes)
+    for statement in _with_statements(tree):
+        modifiers = statement["with_mods"]
+        targets = [_ref_path(modifier["refr"]) for modifier in modifiers]
+        if not any(target and target[0] == "input" for target in targets):
+            continue  # the decision sees the input the enclosing code set (none, in a test)
+        literal = len(into.literals)
+        sites: list[int] = []
+        unreplayable: str | None = None
+        where = ""
+        for modifier, target in zip(modifiers, targets, strict=True):
+            span = modifier["span"]
+            if target and target[0] == "input":
+                where = where or f"{path}:{span['line']}"
+            if target is None or target[0] not in {"input", "data"}:
+                shown = ".".join(target) if target else "a computed path"
+                unreplayable = unreplayable or f"`with {shown}` replaces a function, which the RVM cannot"
+                continue
+            if target[0] == "data" and any(_overlaps(target, rule) for rule in virtual):
+                unreplayable = unreplayable or f"`with {'.'.join(target)}` replaces a rule, which the RVM cannot"
+                continue
+            ref_end = _span(modifier["refr"])["end"]
+            found = _AS.match(source, ref_end)
+            if found is None or found.end() >= span["end"]:
+                raise _CannotInstrument(f"{path}:{span['line']}: cannot find the value of this `with`")
+            site = len(into.sites)
+            into.sites.append(_Site(literal, target))
+            sites.append(site)
+            var = f"{_VAR}{site}"
+            patches_input = target[0] == "input" and len(target) > 1
+            ambient = f"json.marshal([{var}_in | {var}_in := input])" if patches_input else '""'
+            exact = f"json.unmarshal(json.marshal({var})) == {var}"
+            opening = f"[{var} | {var} := "
+            closing = f"; {_RECORD}(json.marshal({var}), {site}, {exact}, {ambient})][0]"
+            inserts.append((found.end(), 1, opening.encode()))
+            inserts.append((span["end"], 0, closing.encode()))
+        into.literals.append(_Literal(where, tuple(sites), unreplayable))
+    for offset, _, piece in sorted(inserts, reverse=True):
+        source = source[:offset] + piece + source[offset:]
+    return source.decode()
+
+
+def _check_rewrite(path: str, original: Any, text: str, sites: list[int]) -> None:
+    """The rewritten module parses and each recording comprehension holds exactly the value the
+    modifier had (same syntax tree), so the copy feeds what the test as written feeds."""
+    probe = regorus.Engine()
+    probe.add_extension(_RECORD, 4, lambda *_: True)
+    try:
+        probe.add_policy(path, text)
+        tree = json.loads(probe.get_ast_as_json())[0]["ast"]
+    except RuntimeError as exc:
+        raise _CannotInstrument(f"{path}: the instrumented copy does not parse: {_message(exc)}") from exc
+    before = [modifier for statement in _with_statements(original) for modifier in statement["with_mods"]]
+    after = [modifier for statement in _with_statements(tree) for modifier in statement["with_mods"]]
+    wrapped = [(old, _unwrapped(new["as"])) for old, new in zip(before, after, strict=False)]
+    found = [(site, _shape(old["as"]) == _shape(value)) for old, (site, value) in wrapped if site is not None]
+    if len(before) != len(after) or [site for site, _ in found] != sites or not all(same for _, same in found):
+        raise _CannotInstrument(f"{path}: instrumenting its `with` modifiers changed what they feed")
+
+
+def _unwrapped(node: dict[str, Any]) -> tuple[int | None, Any]:
+    """(site, value expression) of a recording comprehension; (None, None) for anything else."""
+    try:
+        query = node["RefBrack"]["refr"]["ArrayCompr"]["query"]["stmts"]
+        assign = query[0]["literal"]["Expr"]["expr"]["AssignExpr"]
+        call = query[1]["literal"]["Expr"]["expr"]["Call"]
+        site = call["params"][1]["Number"]["value"]
+    except (KeyError, IndexError, TypeError):
+        return None, None
+    if _call_name({"Call": call}) != _RECORD or assign["lhs"]["Var"]["value"] != f"{_VAR}{site}" or len(query) != 2:
+        return None, None
+    return int(site), assign["rhs"]
+
+
+def _shape(node: Any) -> Any:
+    """A syntax tree without positions and indices, to compare two trees' meaning."""
+    if isinstance(node, dict):
+        return {key: _shape(value) for key, value in node.items() if key not in {"span", "eidx", "sidx", "qidx"}}
+    if isinstance(node, list):
+        return [_shape(value) for value in node if not (isinstance(value, dict) and set(value) == _POSITION)]
+    return node
+
+
+_POSITION = {"line", "col", "start", "end"}
+
+
+def _with_statements(tree: Any) -> Iterator[dict[str, Any]]:
+    """Every statement with ``with`` modifiers, nested ones (comprehensions, ``every``) included,
+    in source order."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if "with_mods" in node:
+                yield node
+            stack.extend(value for value in reversed(node.values()) if isinstance(value, dict | list))
+        elif isinstance(node, list):
+            stack.extend(value for value in reversed(node) if isinstance(value, dict | list))
+
+
+def _span(node: dict[str, Any]) -> dict[str, int]:
+    body: dict[str, Any] = next(iter(node.values()))
+    span: dict[str, int] = body["span"]
+    return span
+
+
+def _call_name(node: dict[str, Any]) -> str | None:
+    call = node.get("Call")
+    if call is None:
+        return None
+    path = _ref_path(call["fcn"])
+    return ".".join(path) if path else None
+
+
+def _ref_path(node: dict[str, Any]) -> tuple[str, ...] | None:
+    """``input.a["b"]`` as ("input", "a", "b"); None for anything but a static path."""
+    kind, body = next(iter(node.items()))
+    if kind == "Var":
+        return (str(body["value"]),)
+    if kind == "RefDot":
+        base = _ref_path(body["refr"])
+        return None if base is None else (*base, str(body["field"][1]))
+    if kind == "RefBrack":
+        base = _ref_path(body["refr"])
+        index = body["index"]
+        if base is None or "String" not in index:
+            return None
+        return (*base, str(index["String"]["value"]))
+    return None
+
+
+def _rule_paths(tree: dict[str, Any]) -> Iterator[tuple[str, ...]]:
+    """The ``data`` path of every rule a module defines (as far as it is static)."""
+    package = _ref_path(tree["package"]["refr"]) or ()
+    for rule in tree.get("rules", []):
+        kind, body = next(iter(rule.items()))
+        if kind == "Default":
+            head = body.get("refr")
+        else:
+            heads: dict[str, dict[str, Any]] = body.get("head") or {}
+            head = next(iter(heads.values()), {}).get("refr")
+        if head is not None:
+            yield ("data", *package, *_static_prefix(head))
+
+
+def _static_prefix(node: dict[str, Any]) -> tuple[str, ...]:
+    kind, body = next(iter(node.items()))
+    if kind == "Var":
+        return (str(body["value"]),)
+    if kind == "RefDot":
+        return (*_static_prefix(body["refr"]), str(body["field"][1]))
+    if kind == "RefBrack":
+        base = _static_prefix(body["refr"])
+        index = body["index"]
+        return (*base, str(index["String"]["value"])) if "String" in index else base
+    return ()
+
+
+def _overlaps(target: tuple[str, ...], rule: tuple[str, ...]) -> bool:
+    shorter = min(len(target), len(rule))
+    return target[:shorter] == rule[:shorter]
+
+
+# -- replaying the recorded inputs --------------------------------------------------------
+
+
+class _NotReplayable(Exception):
+    """A recorded input cannot be decided on the RVM; the message says why."""
+
+
+def _replay(
+    instrumented: _Instrumented, recorder: _Recorder, replayer: _Replayer, path: str, rule: str, errored: bool
+) -> tuple[int, list[RvmDisagreement], list[str]]:
+    """Run one test on the instrumented copy and decide what it fed the decision on both engines:
+    (inputs decided, disagreements, what was not replayed and why). ``errored``: the test as
+    written raised (then so may the copy: what it recorded before counts)."""
+    not_replayed: list[str] = []
+    if path in instrumented.failed:
+        not_replayed.append(instrumented.failed[path])
+    recorder.records.clear()
+    try:
+        instrumented.engine.eval_rule(rule)
+    except RuntimeError as exc:
+        if not errored:
+            not_replayed.append(f"{path}: the instrumented copy of the test raised ({_message(exc)}); "
+                                "what it feeds after that is not replayed")  # fmt: skip
+    feeds: dict[tuple[str, str | None], str] = {}
+    for literal, group in _groups(recorder.records, instrumented):
+        where = instrumented.literals[literal].where
+        reason = instrumented.literals[literal].unreplayable
+        try:
+            if reason is not None:
+                raise _NotReplayable(reason)
+            feeds.setdefault(_feed(group, instrumented, replayer.bundle), where)
+        except _NotReplayable as exc:
+            line = f"{where}: {exc}"
+            if line not in not_replayed:
+                not_replayed.append(line)
+    disagreements = [
+        disagreement
+        for (input_json, data_json), where in feeds.items()
+        if (disagreement := replayer.compare(where, input_json, data_json)) is not None
+    ]
+    return len(feeds), disagreements, not_replayed
+
+
+def _groups(records: list[_Record], instrumented: _Instrumented) -> Iterator[tuple[int, dict[int, _Record]]]:
+    """The records of each evaluation of a literal: all its recorded modifiers, in order. A literal
+    whose later modifier was undefined was not evaluated: its partial group is dropped."""
+    pending: dict[int, dict[int, _Record]] = {}
+    for record in records:
+        literal = instrumented.sites[record.site].literal
+        group = pending.setdefault(literal, {})
+        if record.site in group:
+            group = pending[literal] = {}
+        group[record.site] = record
+        if len(group) == len(instrumented.literals[literal].sites):
+            del pending[literal]
+            yield literal, group
+
+
+def _feed(group: dict[int, _Record], instrumented: _Instrumented, bundle: PolicyBundle) -> tuple[str, str | None]:
+    """The input (JSON) one evaluation of a literal fed the decision, and the data (JSON) it saw
+    if its ``with data`` modifiers changed it (None: the bundle's)."""
+    unset = object()
+    policy_input: Any = unset
+    data: Any = None
+    for site, record in group.items():
+        target = instrumented.sites[site].target
+        if not record.exact:
+            raise _NotReplayable(
+                f"`with {'.'.join(target)}` is given a set or an object with non-string keys, which JSON "
+                "(and so no production call) cannot carry"
+            )
+        value = json.loads(record.value)
+        if target[0] == "input":
+            if len(target) == 1:
+                policy_input = value
+                continue
+            if policy_input is unset:  # patches the input the enclosing code set, if any
+                ambient = json.loads(record.ambient)
+                policy_input = ambient[0] if ambient else {}
+            policy_input = _patched(policy_input, target[1:], value, "input")
+        else:
+            data = _patched(bundle.data if data is None else data, target[1:], value, "data")
+    return _json(policy_input), None if data is None else _json(data)
+
+
+def _patched(base: Any, path: tuple[str, ...], value: Any, name: str) -> Any:
+    """A copy of ``base`` with ``value`` at ``path``, making objects on the way."""
+    if not isinstance(base, dict):
+        raise _NotReplayable(f"`with {name}.{'.'.join(path)}` patches a {type(base).__name__}, not an object")
+    result = copy.deepcopy(base)
+    node = result
+    for i, key in enumerate(path[:-1]):
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise _NotReplayable(f"`with {name}.{'.'.join(path)}`: {name}.{'.'.join(path[: i + 1])} is not an object")
+        node = child
+    node[path[-1]] = value
+    return result
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+class _Replayer:
+    """Decides inputs on the RVM and on the interpreter as the embedded engine does in production."""
+
+    def __init__(self, bundle: PolicyBundle, engine: Any, entrypoint: str) -> None:
+        self.bundle = bundle
+        self._engine = engine  # every module and the data: what production's interpreter holds
+        self._entrypoint = entrypoint
+        self._program: Any = None
+        self._compile_error: str | None = None
+        self._vm: Any = None
+        self._vm_data: str | None = None
+        self._interpreter: Any = None
+        self._interpreter_data: str | None = None
+
+    def compare(self, where: str, input_json: str, data_json: str | None) -> RvmDisagreement | None:
+        data = data_json or self.bundle.data_json
+        rvm, rvm_error = self._on_rvm(input_json, data)
+        interpreter, interpreter_error = self._on_interpreter(input_json, data)
+        if rvm_error is not None and interpreter_error is not None:
+            return None  # both fail: production denies with policy.error either way
+        if rvm_error is None and interpreter_error is None and rvm == interpreter:
+            return None
+        return RvmDisagreement(where, json.loads(input_json), rvm, interpreter, rvm_error, interpreter_error)
+
+    def _on_rvm(self, input_json: str, data_json: str) -> tuple[Any, str | None]:
+        if self._program is None and self._compile_error is None:
             try:
-                value = engine.eval_rule(f"data.{package.group(1)}.{name}")
-            except RuntimeError as exc:
-                value, error = None, str(exc).strip()
-            elapsed = (time.perf_counter() - started) * 1000
-            results.append(RegoTestResult(path, name, value is True, elapsed, error))
-    return results
+                self._program = regorus.Program.compile_from_modules(
+                    self.bundle.data_json, self.bundle.decision_modules, [self._entrypoint]
+                )
+            except BaseException as exc:
+                if not (isinstance(exc, Exception) or _is_panic(exc)):
+                    raise
+                self._compile_error = f"the policy does not compile for {self._entrypoint}: {_message(exc)}"
+        if self._compile_error is not None:
+            return None, self._compile_error
+        try:
+            if self._vm is None:
+                self._vm = regorus.Rvm()
+                self._vm.load_program(self._program)
+                self._vm_data = None
+            if self._vm_data != data_json:
+                self._vm.set_data_json(data_json)
+                self._vm_data = data_json
+            self._vm.set_input_json(input_json)
+            raw = self._vm.execute()
+        except BaseException as exc:
+            if not (isinstance(exc, Exception) or _is_panic(exc)):
+                raise
+            self._vm = None  # as in production: a VM that failed mid-run is not used again
+            return None, _message(exc)
+        return _decoded(raw), None
+
+    def _on_interpreter(self, input_json: str, data_json: str) -> tuple[Any, str | None]:
+        try:
+            if self._interpreter is None:
+                self._interpreter = self._engine.clone()
+                self._interpreter_data = self.bundle.data_json
+            if self._interpreter_data != data_json:
+                self._interpreter.clear_data()
+                self._interpreter.add_data_json(data_json)
+                self._interpreter_data = data_json
+            self._interpreter.set_input_json(input_json)
+            raw = self._interpreter.eval_rule_as_json(self._entrypoint)
+        except BaseException as exc:
+            if not (isinstance(exc, Exception) or _is_panic(exc)):
+                raise
+            self._interpreter = None
+            return None, _message(exc)
+        return _decoded(raw), None
+
+
+def _decoded(raw: str | None) -> Any:
+    """An engine's JSON text as a value; None for undefined."""
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        return None
+    return None if value == _UNDEFINED else value
+
+
+def _is_panic(exc: BaseException) -> bool:
+    # pyo3_runtime.PanicException derives from BaseException and is not importable by name.
+    return type(exc).__name__ == "PanicException"
+
+
+def _message(exc: BaseException) -> str:
+    """A regorus error's message (``error: ...`` line, else its first line), without the source
+    snippet and backtrace."""
+    lines = [line.strip() for line in str(exc).split("Stack backtrace:", 1)[0].splitlines() if line.strip()]
+    for line in lines:
+        if line.startswith("error:"):
+            return line.removeprefix("error:").strip()
+    return lines[0] if lines else type(exc).__name__
+
+
+def _shown(value: Any, error: str | None) -> str:
+    if error is not None:
+        return f"an error ({error})"
+    if value is None:
+        return "undefined"
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+def _differences(a: Any, b: Any, path: str = "") -> Iterator[str]:
+    """The paths (``obligations.limits``) at which two JSON values differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(a.keys() | b.keys()):
+            if a.get(key, _UNDEFINED) != b.get(key, _UNDEFINED):
+                yield from _differences(a.get(key), b.get(key), f"{path}.{key}" if path else str(key))
+    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            if x != y:
+                yield from _differences(x, y, f"{path}[{i}]")
+    elif a != b:
+        yield path or "the top level"

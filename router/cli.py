@@ -8,6 +8,7 @@ could not be read (a policy that does not load, an unreadable log, an unreachabl
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import getpass
 import hashlib
@@ -24,7 +25,7 @@ import typer
 from rich.console import Console
 
 import runner as runner_pkg
-from policy import EmbeddedEngine, PolicyBundleError, PolicyInput, PolicySettings, run_rego_tests
+from policy import EmbeddedEngine, PolicyBundleError, PolicyInput, PolicySettings, RegoTestResult, run_rego_tests
 from policy.tooling import check, coverage, explain
 from router.approvals import Approval, ApprovalBook, ApprovalError, ApprovalStatus
 from router.audit import AuditFilter, JsonlAuditLog
@@ -215,19 +216,18 @@ def policy_test(
     with_coverage: Annotated[bool, typer.Option("--coverage", help="Also report line coverage per file.")] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Run every test_* rule in *_test.rego under the policy directory; exit 1 if any fails."""
+    """Run every test_* rule in *_test.rego under the policy directory and decide every input a
+    test feeds with `with input as` on the compiled RVM path too; exit 1 if any test fails or
+    the two engines decide an input differently."""
     settings = _policy_settings(ctx, directory)
     try:
-        results = run_rego_tests(settings.dir, max_bytes=settings.max_policy_bytes)
+        results = run_rego_tests(settings.dir, max_bytes=settings.max_policy_bytes, entrypoint=settings.entrypoint)
         covered = coverage(settings.dir) if with_coverage else []
     except PolicyBundleError as exc:
         raise _fail(str(exc)) from exc
     failed = [r for r in results if not r.passed]
     if as_json:
-        document: dict[str, Any] = {"tests": [
-            {"file": r.file, "test": r.name, "passed": r.passed, "ms": r.duration_ms, "error": r.error}
-            for r in results
-        ]}  # fmt: skip
+        document: dict[str, Any] = {"tests": [_test_json(r) for r in results]}
         if with_coverage:
             document["coverage"] = [{"file": c.file, "percent": round(c.percent, 1), "not_covered": c.not_covered}
                                     for c in covered]  # fmt: skip
@@ -235,16 +235,51 @@ def policy_test(
     else:
         for r in results:
             mark = "[green]PASS[/green]" if r.passed else "[red]FAIL[/red]"
-            out.print(f"{mark} {r.file}::{r.name} ({r.duration_ms:.2f} ms)")
+            out.print(f"{mark} {r.file}::{r.name} ({r.duration_ms:.2f} ms{_rvm_summary(r)})")
             if r.error:
                 out.print(f"     {r.error.splitlines()[-1] if r.error.splitlines() else r.error}", markup=False)
+            elif r.disagreements and r.interpreter_passed:
+                out.print("     passes on the interpreter, but the RVM decides differently:")
+            for d in r.disagreements:
+                out.print(f"     RVM disagrees at {d.describe()}", markup=False)
+            for reason in r.not_replayed:
+                out.print(f"     not replayed on the RVM: {reason}", markup=False)
         for c in covered:
             missing = f" (not covered: lines {', '.join(map(str, c.not_covered))})" if c.not_covered else ""
             out.print(f"coverage {c.file}: {c.percent:.1f}%{missing}")
-        out.print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
+        replayed = [r for r in results if r.replayed]
+        disagreeing = [r for r in results if r.disagreements]
+        not_replayed = [r for r in results if r.not_replayed]
+        no_input = [r for r in results if not (r.replayed or r.disagreements or r.not_replayed)]
+        out.print(
+            f"{len(results) - len(failed)} passed, {len(failed)} failed; "
+            f"{len(replayed)} replayed on the RVM ({sum(r.replayed for r in results)} inputs), "
+            f"{len(disagreeing)} disagree, {len(not_replayed)} not (fully) replayed, {len(no_input)} fed no input"
+        )
     if not results:
         raise _fail(f"no test_* rules found in *_test.rego under {settings.dir}", 1)
     raise typer.Exit(1 if failed else 0)
+
+
+def _rvm_summary(result: RegoTestResult) -> str:
+    if result.disagreements:
+        return f"; RVM disagrees on {len(result.disagreements)} of {result.replayed} inputs"
+    if result.replayed:
+        return f"; RVM agrees on {result.replayed} input{'s' if result.replayed > 1 else ''}"
+    return "; not replayed on the RVM" if result.not_replayed else ""
+
+
+def _test_json(result: RegoTestResult) -> dict[str, Any]:
+    """A test for `policy test --json`; "rvm" only for a test that fed the decision an input."""
+    entry: dict[str, Any] = {"file": result.file, "test": result.name, "passed": result.passed,
+                             "ms": result.duration_ms, "error": result.error}  # fmt: skip
+    if result.replayed or result.disagreements or result.not_replayed:
+        entry["rvm"] = {
+            "replayed": result.replayed,
+            "disagreements": [dataclasses.asdict(d) for d in result.disagreements],
+            "not_replayed": list(result.not_replayed),
+        }
+    return entry
 
 
 @policy_app.command("eval")
