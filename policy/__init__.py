@@ -23,6 +23,7 @@ from policy.base import (
     SessionInfo,
     SubjectInfo,
     ToolInfo,
+    ValueSources,
     deny,
 )
 from policy.bundle import PolicyBundle, load_bundle
@@ -64,6 +65,7 @@ __all__ = [
     "SessionInfo",
     "SubjectInfo",
     "ToolInfo",
+    "ValueSources",
     "deny",
     "load_bundle",
     "make_engine",

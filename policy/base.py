@@ -28,6 +28,9 @@ class SessionInfo(_Frozen):
     taint: list[str] = Field(default_factory=list)
     call_count: int = 0
     trusted_context: list[str] = Field(default_factory=list)
+    # Sources (``untrusted:<tool>:<call_id>``, ...) a human endorsed for this session: their values
+    # may be used as destinations, amounts and sensitive values (see docs/policy.md).
+    endorsed: list[str] = Field(default_factory=list)
 
 
 class EgressRequest(_Frozen):
@@ -58,6 +61,19 @@ class ToolInfo(_Frozen):
     credentials: list[CredentialRequest] = Field(default_factory=list)
     destination_args: list[str] = Field(default_factory=list)
     amount_args: list[str] = Field(default_factory=list)
+    content_args: list[str] = Field(default_factory=list)
+    sensitive_args: list[str] = Field(default_factory=list)
+
+
+class ValueSources(_Frozen):
+    """One value inside a checked argument, and every source it was seen in.
+
+    ``path``: where it is in the arguments (``to``, ``cc[1]``, ``payee.iban``); ``key``: for a
+    content argument, the identifier found in its text (``u:https://...``, ``e:bob@...``)."""
+
+    path: str
+    key: str | None = None
+    sources: list[str] = Field(default_factory=list)
 
 
 class PolicyInput(_Frozen):
@@ -68,6 +84,9 @@ class PolicyInput(_Frozen):
     tool: ToolInfo
     args: dict[str, Any]
     provenance: dict[str, list[str]] = Field(default_factory=dict)
+    # Per value of each destination, amount, sensitive and content argument (a list's elements
+    # one by one; a content argument's identifiers one by one): where each was seen.
+    values: dict[str, list[ValueSources]] = Field(default_factory=dict)
     rate: dict[str, int] = Field(default_factory=dict)
     approval: dict[str, Any] | None = None
     now: str

@@ -23,7 +23,7 @@ import json
 import secrets
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -34,7 +34,7 @@ import policy as policy_pkg
 import runner as runner_pkg
 import runner.base
 import runner.files
-from policy import Decision, Outcome, PolicyEngine, PolicyInput, SessionInfo, SubjectInfo
+from policy import Decision, Outcome, PolicyEngine, PolicyInput, SessionInfo, SubjectInfo, ValueSources
 from policy.bundle import fingerprint
 from router import metrics
 from router.approvals import Approval, ApprovalBook, ApprovalError, ApprovalStatus
@@ -51,8 +51,9 @@ from router.errors import (
     SessionNotFound,
     StockadeError,
     StoreError,
+    ToolRefused,
 )
-from router.provenance import argument_keys_async, content_keys_async, source_label
+from router.provenance import call_keys_async, content_keys_async, source_label, trusted_context_keys_async
 from router.results import Artifact, DecisionResult, RunUsage, ToolResult
 from router.sessions import UNTRUSTED_CONTENT, new_session
 from router.settings import Settings
@@ -74,6 +75,8 @@ from router.tools import (
 
 log = structlog.get_logger(__name__)
 _T = TypeVar("_T")
+_TOOL_REASONS = ("capability.", "risk.", "egress.", "credential.")  # deny reasons about the tool, not the call
+_ITEM = "\x00"  # prefixes the store lookup names of checked values (no argument name may start so)
 
 VERSION = "0.1.0"
 
@@ -105,6 +108,7 @@ class _Call:
         "stage",
         "tier",
         "tool",
+        "values",
     )
 
     def __init__(self, session: SessionRecord, tool: RegisteredTool, args: dict[str, Any], canonical_args: str) -> None:
@@ -116,6 +120,7 @@ class _Call:
         self.inputs: tuple[runner_pkg.InputFile, ...] = ()
         self.approval: Approval | None = None
         self.provenance: dict[str, list[str]] = {}
+        self.values: dict[str, list[ValueSources]] = {}
         self.rates: dict[str, int] = {}
         self.tier: str | None = None  # the sandbox tier, once the call runs
         self.leases: list[Lease] = []  # minted credentials: revoked on every exit
@@ -215,11 +220,42 @@ class ControlPlane:
     # -- registration and sessions -------------------------------------------------------
 
     async def register(self, spec: ToolSpec | Mapping[str, Any]) -> ToolSpec:
-        """Register a tool. Raises `InvalidToolSpec` or `DuplicateTool`."""
-        registered = self.registry.register(spec)
+        """Register a tool, unless policy would refuse every call to it.
+
+        Policy decides a probe call first: a fresh, untainted session and no arguments, the most
+        a tool is ever allowed. A deny there whose every reason is about the tool itself
+        (``capability.*``, ``risk.*``, ``egress.*``, ``credential.*``: a dangerous capability set, an
+        unknown risk, egress or credentials outside the catalog) holds for every call: the tool is
+        refused with policy's reasons, and the refusal audited (``kind: policy``). Any other deny
+        (an error, a rule about arguments the probe lacks) is left to each call.
+
+        Raises:
+            InvalidToolSpec: malformed. DuplicateTool: the name is taken. ToolRefused: see above.
+        """
+        tool = self.registry.prepare(spec)
+        probe = PolicyInput(
+            subject=SubjectInfo(agent="register-probe", principal="register-probe"),
+            session=SessionInfo(id="register-probe"), tool=tool.policy_view, args={}, now=_now(),
+        )  # fmt: skip
+        decision = await self.policy.decide(probe)
+        if decision.outcome is Outcome.DENY and all(r.code.startswith(_TOOL_REASONS) for r in decision.reasons):
+            codes = [r.code for r in decision.reasons]
+            await self._record(AuditEvent(
+                kind="policy", decision_id=str(uuid.uuid4()), timestamp=_now(), tool=tool.spec.name,
+                outcome="tool_refused", labels=self._labels,
+                bundles={"policies": {"revision": decision.policy_revision}},
+                result={"reasons": [r.model_dump() for r in decision.reasons]},
+            ))  # fmt: skip
+            raise ToolRefused(
+                f"tool {tool.spec.name!r} is not registered: policy would refuse every call to it ("
+                + "; ".join(f"{r.code}: {r.message}" for r in decision.reasons)
+                + ")",
+                codes,
+            )
+        self.registry.add(tool)
         self._start_background()
-        log.info("tool_registered", tool=registered.name, risk=registered.risk, executor=registered.executor.kind)
-        return registered
+        log.info("tool_registered", tool=tool.spec.name, risk=tool.spec.risk, executor=tool.spec.executor.kind)
+        return tool.spec
 
     async def open_session(self, agent: str, principal: str, trusted_context: list[str] | None = None) -> str:
         """Open a session for one agent task; returns its id. ``trusted_context``: what the user
@@ -231,7 +267,7 @@ class ControlPlane:
         """
         check_text(trusted_context, "trusted_context")
         session = new_session(agent, principal, [] if trusted_context is None else trusted_context)
-        await self.store.create_session(session, await content_keys_async(session.trusted_context))
+        await self.store.create_session(session, await trusted_context_keys_async(list(session.trusted_context)))
         self._here.add(session.id)
         log.info("session_opened", session_id=session.id, agent=agent)
         self._start_background()
@@ -369,6 +405,46 @@ class ControlPlane:
     async def deny_approval(self, approval_id: str, approver: str, note: str = "") -> Approval:
         """Refuse a pending approval; the call it was for cannot run with it."""
         return await self.approvals.decide(approval_id, approver=approver, approve=False, note=note)
+
+    async def endorse(self, session_id: str, call_id: str, *, by: str, note: str = "") -> str:
+        """Endorse, for this session only, the output of its earlier call ``call_id``: its values
+        then count as trusted where policy checks destinations, amounts and sensitive values (the
+        user's "pay the bill in this file"). For a human (the user, an approver), never the agent:
+        over HTTP it takes the approver role. Audited (``kind: endorsement``) before it takes
+        effect; ends with the session. Returns the endorsed source label.
+
+        Raises:
+            SessionNotFound: the session is not open. InvalidCall: the call left no output in it.
+            AuditError: the endorsement could not be recorded (it does not take effect).
+            StoreError: the store failed (recorded; whether it took effect is then unknown).
+        """
+        session = await self._load_session(session_id)
+        check_text([call_id, by, note], "endorsement")
+
+        def event(outcome: str, **result: Any) -> AuditEvent:
+            return AuditEvent(
+                kind="endorsement", decision_id=str(uuid.uuid4()), timestamp=_now(), session_id=session.id,
+                agent=session.agent, call_id=call_id, outcome=outcome, labels=self._labels,
+                result={"by": by, "note": note[:2000], **result},
+            )  # fmt: skip
+
+        if not await self._record(event("requested")):
+            raise AuditError("the endorsement could not be recorded: it was not made")
+        try:
+            source = await self.store.endorse(session.id, call_id)
+        except StoreError as exc:
+            await self._record(event("failed", error=str(exc)[:500]))
+            raise
+        if source is None:
+            await self._record(event("refused", code="endorsement.unknown_output"))
+            raise InvalidCall(
+                f"call {call_id!r} left no output in session {session.id}: endorse the call_id of a call whose "
+                "output the agent received",
+                [FieldProblem("call_id", "no output of this call in this session")],
+            )
+        await self._record(event("endorsed", source=source))
+        log.info("source_endorsed", session_id=session.id, source=source, by=by)
+        return source
 
     async def reload_policy(self, *, source: str = "api", by: str | None = None) -> str:
         """Reload the policy directory; the old policy stays on any error. Every attempt is audited
@@ -604,6 +680,11 @@ class ControlPlane:
                 validate_args(tool, args)
                 checked_inputs = _check_inputs(inputs or {}, self.settings.max_input_bytes)
                 argv = command_argv(tool.spec.executor, args) if isinstance(tool.spec.executor, CommandExecutor) else ()
+                if any(name.startswith(_ITEM) for name in args):
+                    raise InvalidCall(
+                        "an argument name starts with a NUL character: rename it",
+                        [FieldProblem("args", "no argument name may start with NUL")],
+                    )
             except StockadeError:
                 raise
             except Exception as exc:  # a validator that breaks on hostile input: still a refusal, audited
@@ -615,14 +696,26 @@ class ControlPlane:
             session = await self._load_session(session_id, agent)  # an unknown session is reported as such
             await self._audit_rejection(session, tool_name, exc)
             raise
-        name, keys = tool.spec.name, await argument_keys_async(args)
+        spec = tool.spec
+        keys, checked = await call_keys_async(
+            args, [*spec.destination_args, *spec.amount_args, *spec.sensitive_args], spec.content_args, spec.amount_args
+        )
+        # Each checked value is looked up in the same store step, under a name no argument has.
+        lookup: dict[str, Collection[str]] = {**keys, **{f"{_ITEM}{i}": v.keys for i, v in enumerate(checked)}}
         context = await self._from_store(
-            session_id, lambda sid: self.store.call_context(sid, name, keys, count=count_call, agent=agent)
+            session_id, lambda sid: self.store.call_context(sid, spec.name, lookup, count=count_call, agent=agent)
         )
         await self._check_owner(context.session, agent)
         call = _Call(context.session, tool, args, canonical_args)
         call.inputs, call.argv = checked_inputs, argv
-        call.provenance, call.rates = context.provenance, context.rates
+        provenance = dict(context.provenance)
+        for arg in (*spec.destination_args, *spec.amount_args, *spec.sensitive_args, *spec.content_args):
+            if arg in args:  # present, even with nothing in it to check (policy holds an arg it has no entry for)
+                call.values.setdefault(arg, [])
+        for i, value in enumerate(checked):
+            sources = provenance.pop(f"{_ITEM}{i}", [])
+            call.values.setdefault(value.arg, []).append(ValueSources(path=value.path, key=value.key, sources=sources))
+        call.provenance, call.rates = provenance, context.rates
         return call
 
     async def _load_session(self, session_id: object, agent: str | None = None) -> SessionRecord:
@@ -1026,6 +1119,7 @@ def _policy_input(call: _Call) -> PolicyInput:
             taint=sorted(call.session.taint),
             call_count=call.session.call_count,
             trusted_context=list(call.session.trusted_context),
+            endorsed=sorted(call.session.endorsed),
         ),
         tool=call.tool.policy_view,
         args=call.args,
@@ -1038,6 +1132,7 @@ def _policy_input(call: _Call) -> PolicyInput:
             "reasons": [r["code"] for r in call.approval.reasons],
         },
         provenance=call.provenance,
+        values=call.values,
         rate=call.rates,
         now=_now(),
     )

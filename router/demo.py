@@ -14,7 +14,7 @@ from rich.panel import Panel
 
 from router.audit import AuditFilter
 from router.control import ControlPlane
-from router.errors import InvalidCall
+from router.errors import InvalidCall, ToolRefused
 from router.render import audit_table
 from router.settings import Settings
 
@@ -72,7 +72,7 @@ TOOLS: list[dict[str, Any]] = [
             "properties": {"folder": {"type": "string"}},
             "required": ["folder"],
         },
-        "capabilities": ["reads_untrusted"],
+        "capabilities": ["reads_private", "reads_untrusted"],
         "risk": "low",
         "executor": {"kind": "python", "source": READ_INBOX},
     },
@@ -88,14 +88,6 @@ TOOLS: list[dict[str, Any]] = [
         "risk": "medium",
         "executor": {"kind": "external"},
         "destination_args": ["to"],
-    },
-    {
-        "name": "export_contacts",
-        "description": "Upload the address book somewhere.",
-        "input_schema": _EMPTY,
-        "capabilities": ["reads_private", "sends_external"],
-        "risk": "low",
-        "executor": {"kind": "external"},
     },
     {
         "name": "archive_mailbox",
@@ -114,6 +106,18 @@ TOOLS: list[dict[str, Any]] = [
         "sandbox": {"limits": {"timeout_s": 1.0}},
     },
 ]
+
+
+# Reads the user's mail, reads strangers' content and sends it out, all inside one call: no
+# argument check can tell its honest use from an exfiltration, so policy refuses the tool itself.
+FORWARDER = {
+    "name": "forward_everything",
+    "description": "Read the mailbox and forward it to an address found in it.",
+    "input_schema": _EMPTY,
+    "capabilities": ["reads_private", "reads_untrusted", "sends_external"],
+    "risk": "low",
+    "executor": {"kind": "external"},
+}
 
 
 async def run_demo(settings: Settings, out: Console, audit_path: Path | None) -> int:
@@ -162,12 +166,16 @@ async def run_demo(settings: Settings, out: Console, audit_path: Path | None) ->
             out.print(f"  → InvalidCall: {exc}", markup=False)
             expect("rejected, naming args.text", "args.text" in str(exc))
 
-        out.print("\n[bold]4. A denied call never reaches the sandbox[/bold]  export_contacts()")
-        r = await plane.call(session, "export_contacts", {})
-        out.print(f"  → {r.status}: {', '.join(r.reasons)}")
+        out.print("\n[bold]4. A tool policy would refuse every call to is not registered[/bold]  forward_everything")
+        try:
+            await plane.register(FORWARDER)
+            refused: list[str] = []
+        except ToolRefused as exc:
+            refused = exc.reasons
+            out.print(f"  → ToolRefused: {exc}", markup=False)
         expect(
-            "denied: reads_private + sends_external is not an allowed capability set",
-            r.status == "denied" and "capability.combination_denied" in r.reasons,
+            "refused at register(): reads private mail, reads untrusted content and sends, in one tool",
+            "capability.combination_denied" in refused,
         )
 
         out.print("\n[bold]5. A prompt injection is stopped by where the values came from[/bold]")
@@ -207,7 +215,8 @@ async def run_demo(settings: Settings, out: Console, audit_path: Path | None) ->
             f"\n[bold]9. Verify the chain[/bold]: {report.events} events, "
             f"{'intact' if report.ok else 'BROKEN at seq ' + str(report.broken_seq)}"
         )
-        expect("hash chain verifies", report.ok and report.events == len(events))
+        # Every event is chained: the session's, and the tool refused at register() (no session).
+        expect("hash chain verifies", report.ok and report.events == len(events) + 1)
 
     out.print(f"\nQuery it yourself: .venv/bin/stockade audit query --path {path} --json")
     if failures:

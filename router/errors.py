@@ -71,6 +71,18 @@ class InvalidToolSpec(StockadeError):
     http_status = 422
 
 
+class ToolRefused(InvalidToolSpec):
+    """Policy would refuse every call to this tool (its capabilities, risk, egress or credentials),
+    so it is not registered; ``reasons`` are the policy's reason codes."""
+
+    code = "tool.refused_by_policy"
+    http_status = 422
+
+    def __init__(self, message: str, reasons: list[str]) -> None:
+        super().__init__(message)
+        self.reasons = reasons
+
+
 class DuplicateTool(InvalidToolSpec):
     """A tool of that name is already registered."""
 

@@ -69,6 +69,7 @@ import asyncio
 import re
 import string
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -246,6 +247,19 @@ def _number_key(text: str, digits: int | None = None) -> str | None:
     return "n:" + canonical
 
 
+def _iban_in(country: str, digit: str, rest: str) -> str | None:
+    """The IBAN an ``_IBAN`` match holds, if any. A spaced IBAN's last groups may have run into
+    the next word ("... 7034 BEFORE"): the longest run of whole groups whose check digits are
+    right is the IBAN."""
+    groups = rest.split(" ")
+    while groups:
+        iban = country + digit + "".join(groups)
+        if len(iban) >= 15 and _iban_checksum_ok(iban):
+            return iban
+        groups.pop()
+    return None
+
+
 def _iban_checksum_ok(iban: str) -> bool:
     """ISO 13616: move the first four characters to the end, letters to numbers, mod 97 == 1."""
     if not 15 <= len(iban) <= 34:
@@ -403,8 +417,7 @@ def _string_keys(text: str, indexing: bool, budget: _Budget | None) -> list[str]
     lines = "\n".join(dict.fromkeys(text.split("\n"))) if ibans or accounts else ""
     if ibans and _left(budget):
         for country, digit, rest in _distinct(_IBAN[ascii_].findall(lines.upper()), budget, _SKIPPED3):
-            iban = (country + digit + rest).replace(" ", "")
-            if _iban_checksum_ok(iban):
+            if iban := _iban_in(country, digit, rest):
                 keys.append("i:" + iban)
     if accounts and _left(budget):
         for digit, rest, after in _distinct(_ACCOUNT_RUN[ascii_].findall(lines), budget, _SKIPPED3):
@@ -518,6 +531,143 @@ def argument_keys(args: dict[str, Any]) -> dict[str, set[str]]:
     return {name: set(_value_keys(value, False, None)) for name, value in args.items()}
 
 
+@dataclass(frozen=True, slots=True)
+class CheckedValue:
+    """One value policy checks by itself: a leaf of a destination, amount or sensitive argument
+    (``key`` None: every key of the leaf counts), or one identifier in a content argument's text."""
+
+    arg: str
+    path: str
+    key: str | None
+    keys: frozenset[str]
+
+
+# Identifiers in free text that say where it points or pays: e-mails, URLs, hosts, IBANs and
+# account numbers. (Whole strings and bare numbers in a message body say nothing of the kind.)
+_IDENTIFIER_PREFIXES = ("e:", "u:", "h:", "i:", "a:")
+
+
+def checked_values(
+    args: Mapping[str, Any], watched: Iterable[str], content: Iterable[str], amounts: Iterable[str] = ()
+) -> list[CheckedValue]:
+    """The values of ``args`` policy checks one by one: each leaf of every ``watched`` argument
+    (a list of recipients is as many values, each needing its own trusted source), and each
+    identifier in the text of every ``content`` argument. Arguments absent from ``args`` give none.
+    A leaf of an ``amounts`` argument is also keyed as an amount of any size (``4.0``, ``"0.01"``),
+    which the user's own words are indexed by (`trusted_context_keys`)."""
+    found: list[CheckedValue] = []
+    money = set(amounts)
+    for arg in dict.fromkeys(watched):
+        if arg in args:
+            for path, leaf in _leaves(arg, args[arg]):
+                keys = _identity_keys(leaf)
+                if arg in money and (amount := _amount_key(leaf)):
+                    keys.add(amount)
+                found.append(CheckedValue(arg, path, None, frozenset(keys)))
+    for arg in dict.fromkeys(content):
+        if arg in args:
+            for path, leaf in _leaves(arg, args[arg]):
+                if isinstance(leaf, str):
+                    for key in dict.fromkeys(_string_keys(leaf, True, None)):
+                        if key.startswith(_IDENTIFIER_PREFIXES):
+                            found.append(CheckedValue(arg, path, key, frozenset((key,))))
+    return found
+
+
+_MAX_PHRASE_WORDS = 4
+_NAME = "m:"  # a name as the user may write it: case-folded, without a leading '#' or '@'
+
+
+def _name(text: str) -> str:
+    return " ".join(text.split()).casefold().lstrip("#@")
+
+
+_PHRASE_EDGES = ".,;:!?\"'()[]{}<>\u201c\u201d\u2018\u2019\u00ab\u00bb"  # punctuation around a word, not part of a name
+_AMOUNT = re.compile(r"(?<![\w.])-?\d{1,15}(?:\.\d{1,8})?(?![\w]|\.\d)", re.ASCII)
+
+
+def _amount_key(value: Any) -> str | None:
+    """An amount's key whatever its size (a JSON number, or a string holding only one), in the
+    canonical form of number keys: ``4``, ``4.0`` and ``"4.00"`` match."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return None
+    text = (repr(value) if isinstance(value, float) else str(value)).strip()
+    if not _AMOUNT.fullmatch(text):
+        return None
+    return "n:" + format(Decimal(text).normalize(), "f")
+
+
+def trusted_context_keys(texts: Iterable[str]) -> set[str]:
+    """The keys of what the user gave: as any content's, plus every amount in it whatever its
+    size. Small numbers are too common to index in tool output, but in the user's own request
+    "pay 4 EUR" is exactly what a payment of 4 must be traced to."""
+    values = list(texts)
+    keys = content_keys(values)
+    phrases = 0
+    for text in values:
+        for token in _AMOUNT.findall(text[:MAX_INDEXED_CHARS]):
+            if key := _amount_key(token):
+                keys.add(key)
+        # The names the user writes in a sentence ("post it in #general", "DM Bob", "book the
+        # Hotel Adlon"): every run of one to four words, as a whole-string key, so an argument
+        # that is exactly such a name traces to the user. Only the user's own words: in tool
+        # output every phrase would be far too many keys, and too weak a sign.
+        for line in text[:MAX_INDEXED_CHARS].splitlines():
+            words = [w.strip(_PHRASE_EDGES) for w in line.split()]
+            words = [w for w in words if w]
+            for start in range(len(words)):
+                for end in range(start + 1, min(start + _MAX_PHRASE_WORDS, len(words)) + 1):
+                    phrase = " ".join(words[start:end])
+                    keys.add("s:" + phrase)
+                    keys.add(_NAME + _name(phrase))
+                    phrases += 1
+                    if phrases >= MAX_INDEXED_TOKENS * _MAX_PHRASE_WORDS:
+                        return keys
+    return keys
+
+
+def _identity_keys(leaf: Any) -> set[str]:
+    """The keys that say what a destination-like value *is*: the whole string, and an identifier
+    only if the value is that identifier (``bob@x.example``, ``https://x.example/p``, an IBAN
+    spaced or not, an account or a number). A piece of a larger value proves nothing about it: a
+    password ``Nw-Sec!2024`` is not the user's because the user wrote "2024"."""
+    if not isinstance(leaf, str):
+        return set(_value_keys(leaf, False, None))
+    keys = set(_string_keys(leaf, False, None))
+    text = leaf.strip()
+    compact = "".join(text.split()).upper()
+    digits = text.replace(" ", "").replace("-", "")
+    kept = {key for key in keys if key.startswith("s:")}
+    if len(text) <= _MAX_WHOLE and text:
+        kept.add(_NAME + _name(text))  # "bob" or "#general" is the "Bob" or "general" the user wrote
+    for key in keys:
+        kind, value = key[:2], key[2:]
+        if (
+            (kind == "e:" and value == text.lower())
+            or (kind == "u:" and len(text.split()) == 1 and text.lower().startswith(("http://", "https://")))
+            or (kind == "h:" and value == text.lower().rstrip("."))
+            or (kind == "i:" and value == compact)
+            or (kind == "a:" and value == digits)
+            or (kind == "n:" and _AMOUNT.fullmatch(text) is not None)
+        ):
+            kept.add(key)
+    return kept
+
+
+def _leaves(path: str, value: Any) -> Iterator[tuple[str, Any]]:
+    """``(path, leaf)`` for each non-container value under ``value`` (``to[1]``, ``payee.iban``),
+    walked without recursion; an empty container has none."""
+    stack: list[tuple[str, Any, int]] = [(path, value, 0)]
+    while stack:
+        where, item, level = stack.pop()
+        if isinstance(item, dict) and level <= MAX_DEPTH:
+            stack.extend((f"{where}.{k}", v, level + 1) for k, v in reversed(list(item.items())))
+        elif isinstance(item, list | tuple) and level <= MAX_DEPTH:
+            stack.extend((f"{where}[{i}]", v, level + 1) for i, v in reversed(list(enumerate(item))))
+        elif not isinstance(item, dict | list | tuple):
+            yield where, item
+
+
 def _is_small(values: Iterable[Any]) -> bool:
     """Whether ``values`` hold fewer than `INLINE_CHARS` characters and nodes (walked no further)."""
     left = INLINE_CHARS
@@ -548,6 +698,29 @@ async def argument_keys_async(args: dict[str, Any]) -> dict[str, set[str]]:
     if _is_small(args.values()):
         return argument_keys(args)
     return await asyncio.to_thread(argument_keys, args)
+
+
+def call_keys(
+    args: dict[str, Any], watched: list[str], content: list[str], amounts: list[str]
+) -> tuple[dict[str, set[str]], list[CheckedValue]]:
+    """`argument_keys` and `checked_values` of one call, in one pass of the caller's thread."""
+    return argument_keys(args), checked_values(args, watched, content, amounts)
+
+
+async def call_keys_async(
+    args: dict[str, Any], watched: list[str], content: list[str], amounts: list[str]
+) -> tuple[dict[str, set[str]], list[CheckedValue]]:
+    """`call_keys`, in a worker thread when the arguments are large."""
+    if _is_small(args.values()):
+        return call_keys(args, watched, content, amounts)
+    return await asyncio.to_thread(call_keys, args, watched, content, amounts)
+
+
+async def trusted_context_keys_async(texts: list[str]) -> set[str]:
+    """`trusted_context_keys`, in a worker thread when the context is large."""
+    if _is_small(texts):
+        return trusted_context_keys(texts)
+    return await asyncio.to_thread(trusted_context_keys, texts)
 
 
 class ProvenanceIndex:

@@ -142,6 +142,12 @@ class ToolSpec(_Frozen):
     # moves: policy checks where their values came from, so it needs no per-tool code.
     destination_args: list[str] = Field(default_factory=list)
     amount_args: list[str] = Field(default_factory=list)
+    # Free text the call sends or stores (a message body, an event title): each URL, host, e-mail,
+    # IBAN or account inside is checked by where it came from.
+    content_args: list[str] = Field(default_factory=list)
+    # Security-relevant values (a new password, a forwarding address, an API key's scope): checked
+    # by value as destinations are.
+    sensitive_args: list[str] = Field(default_factory=list)
 
     @field_validator("name")
     @classmethod
@@ -180,9 +186,13 @@ class ToolSpec(_Frozen):
     @model_validator(mode="after")
     def _watched_args_are_arguments(self) -> ToolSpec:
         properties = self.input_schema.get("properties", {})
-        for name in [*self.destination_args, *self.amount_args]:
-            if name not in properties:
-                raise ValueError(f"destination/amount argument {name!r} is not a property of input_schema")
+        for kind in ("destination_args", "amount_args", "content_args", "sensitive_args"):
+            for name in getattr(self, kind):
+                if name not in properties:
+                    raise ValueError(
+                        f"{kind} names {name!r}, which is not a property of input_schema: add it under "
+                        "input_schema.properties, or drop it from the list"
+                    )
         return self
 
     @model_validator(mode="after")
@@ -211,6 +221,7 @@ class RegisteredTool:
             egress=[EgressRequest.model_validate(e.model_dump()) for e in spec.sandbox.egress],
             credentials=[CredentialRequest.model_validate(c.model_dump()) for c in spec.credentials],
             destination_args=spec.destination_args, amount_args=spec.amount_args,
+            content_args=spec.content_args, sensitive_args=spec.sensitive_args,
         )  # fmt: skip
 
 
@@ -227,6 +238,13 @@ class ToolRegistry:
             InvalidToolSpec: the spec is malformed (the message lists each field).
             DuplicateTool: a tool of that name is already registered.
         """
+        tool = self.prepare(spec)
+        self.add(tool)
+        return tool.spec
+
+    def prepare(self, spec: ToolSpec | Mapping[str, Any]) -> RegisteredTool:
+        """A tool validated and compiled, not yet added (so policy can look at it first). Raises as
+        `register`."""
         if not isinstance(spec, ToolSpec):
             try:
                 spec = ToolSpec.model_validate(spec)
@@ -236,10 +254,17 @@ class ToolRegistry:
                     for e in exc.errors()[:_MAX_PROBLEMS]
                 ]
                 raise InvalidToolSpec("invalid tool spec: " + "; ".join(problems)) from exc
-        if spec.name in self._tools:
-            raise DuplicateTool(f"tool {spec.name!r} is already registered; pick another name or unregister it first")
-        self._tools[spec.name] = RegisteredTool(spec)
-        return spec
+        self._check_free(spec.name)
+        return RegisteredTool(spec)
+
+    def add(self, tool: RegisteredTool) -> None:
+        """Add a `prepare`d tool. Raises `DuplicateTool`."""
+        self._check_free(tool.spec.name)
+        self._tools[tool.spec.name] = tool
+
+    def _check_free(self, name: str) -> None:
+        if name in self._tools:
+            raise DuplicateTool(f"tool {name!r} is already registered; pick another name or unregister it first")
 
     def unregister(self, name: str) -> None:
         """Remove a tool; unknown names raise `ToolNotFound`."""

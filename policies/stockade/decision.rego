@@ -2,9 +2,10 @@
 # title: stockade decision
 # description: >-
 #   The entrypoint the router evaluates for every tool call. Default deny. Low and medium
-#   risk tools with a known capability set are allowed; high and critical risk, financial
-#   tools, and sending externally after the session read untrusted content need a human.
-#   Reason codes are stable and documented in docs/policy.md.
+#   risk tools are allowed unless a dangerous capability set, or the provenance of a value they
+#   send, pay or set, says otherwise; high and critical risk, values with no trusted source
+#   after untrusted content (or in any payment) need a human. Reason codes are stable and
+#   documented in docs/policy.md.
 package stockade
 
 # The catalog is data (policies/stockade/data.json): security teams edit it, not this file.
@@ -61,11 +62,6 @@ sorted_reasons(reasons) := [r | some r in reasons]
 
 is_auto_allowed if input.tool.risk in catalog.auto_allow_risks
 
-is_known_capability_set if {
-	some allowed in catalog.capability_sets
-	{c | some c in allowed} == tool_capabilities
-}
-
 has_read_untrusted if "untrusted_content" in input.session.taint
 
 # METADATA
@@ -75,18 +71,28 @@ deny_reasons contains {"code": "capability.unknown", "message": sprintf("unknown
 	not c in catalog.capabilities
 }
 
-deny_reasons contains {"code": "risk.unknown", "message": sprintf("unknown risk level %q", [input.tool.risk])} if {
+# The message is built from values that are always defined: an undefined one would drop the
+# reason on the interpreter but not on the RVM.
+deny_reasons contains {
+	"code": "risk.unknown",
+	"message": sprintf("unknown risk level %v", [object.get(object.get(input, "tool", {}), "risk", null)]),
+} if {
 	not input.tool.risk in catalog.risks
 }
 
+# METADATA
+# description: >-
+#   A tool that holds, by itself, every capability of a set the catalog names dangerous (the
+#   lethal trifecta in one tool: argument checks cannot split what one call does inside). Honest
+#   descriptions are otherwise accepted: any other combination is decided call by call.
 deny_reasons contains {
 	"code": "capability.combination_denied",
-	"message": sprintf("capability set %v is not in the catalog", [sort(tool_capabilities)]),
+	"message": sprintf("a tool with all of %v is refused: split it into tools that each do one of them", [sort(denied)]),
 } if {
-	every c in tool_capabilities {
-		c in catalog.capabilities
+	some denied in catalog.denied_capability_sets
+	every c in denied {
+		c in tool_capabilities
 	}
-	not is_known_capability_set
 }
 
 # METADATA
@@ -95,8 +101,12 @@ approval_reasons contains {"code": "approval.high_risk", "message": sprintf("too
 	input.tool.risk in catalog.approval_risks
 }
 
-approval_reasons contains {"code": "approval.financial", "message": "financial tools need a human"} if {
+approval_reasons contains {
+	"code": "approval.financial",
+	"message": "a financial tool with no destination or amount argument to check needs a human",
+} if {
 	"financial" in tool_capabilities
+	count(watched_args) == 0
 }
 
 approval_reasons contains {
@@ -119,28 +129,61 @@ deny_reasons contains {
 
 # METADATA
 # description: >-
-#   The lethal trifecta: after untrusted content, a consequential call whose destination or
-#   amount came from that content. Values the user gave, or trusted tools returned, pass.
+#   The lethal trifecta, value by value: a destination, amount or sensitive value of a
+#   consequential call (every sensitive value, whatever the tool) that was seen only in untrusted
+#   content is denied; each element of a list is its own value. Values the user gave, trusted
+#   tools returned, or a human endorsed pass.
 deny_reasons contains {
 	"code": "provenance.untrusted_destination",
-	"message": sprintf("argument %q came only from untrusted content: %v", [arg, arg_sources(arg)]),
+	"message": sprintf("argument %q (%s) came only from untrusted content: %v", [arg, item.path, item.sources]),
+} if {
+	some arg in checked_args
+	some item in arg_values(arg)
+	is_untrusted_only(item)
+}
+
+# METADATA
+# description: >-
+#   A link, address or account inside the text a consequential call sends (a phishing URL in a
+#   message body) that was seen only in untrusted content.
+deny_reasons contains {
+	"code": "provenance.untrusted_content",
+	"message": sprintf("argument %q carries %s, seen only in untrusted content: %v", [arg, item.key, item.sources]),
 } if {
 	is_consequential
-	some arg in watched_args
-	is_untrusted_only(arg)
+	some arg in object.get(input.tool, "content_args", [])
+	some item in arg_values(arg)
+	is_untrusted_only(item)
+}
+
+# METADATA
+# description: >-
+#   A value with no trusted source, where one is needed: after untrusted content, or for any
+#   payment (money moves only to what the user gave, a trusted tool returned, or a human endorsed).
+approval_reasons contains {
+	"code": "approval.unverified_destination",
+	"message": sprintf("argument %q (%s) has no trusted source", [arg, item.path]),
+} if {
+	needs_verified_values
+	some arg in checked_args
+	some item in arg_values(arg)
+	not has_trusted_source(item)
+	not is_untrusted_only(item)
 }
 
 approval_reasons contains {
 	"code": "approval.unverified_destination",
-	"message": sprintf("after untrusted content, argument %q has no trusted source", [arg]),
+	"message": sprintf("argument %q was not traced (no value entry for it in input.values)", [arg]),
 } if {
-	is_consequential
-	has_read_untrusted
-	some arg in watched_args
+	needs_verified_values
+	some arg in checked_args
 	arg in object.keys(input.args)
-	not has_trusted_source(arg)
-	not is_untrusted_only(arg)
+	not arg in object.keys(object.get(input, "values", {}))
 }
+
+needs_verified_values if has_read_untrusted
+
+needs_verified_values if "financial" in tool_capabilities
 
 is_consequential if {
 	some c in tool_capabilities
@@ -151,10 +194,19 @@ watched_args contains arg if some arg in object.get(input.tool, "destination_arg
 
 watched_args contains arg if some arg in object.get(input.tool, "amount_args", [])
 
-arg_sources(arg) := object.get(object.get(input, "provenance", {}), arg, [])
+watched_args contains arg if some arg in object.get(input.tool, "sensitive_args", [])
 
-has_trusted_source(arg) if {
-	some source in arg_sources(arg)
+checked_args contains arg if {
+	is_consequential
+	some arg in watched_args
+}
+
+checked_args contains arg if some arg in object.get(input.tool, "sensitive_args", [])
+
+arg_values(arg) := object.get(object.get(input, "values", {}), arg, [])
+
+has_trusted_source(item) if {
+	some source in item.sources
 	is_trusted_source(source)
 }
 
@@ -162,10 +214,12 @@ is_trusted_source(source) if source == "user"
 
 is_trusted_source(source) if startswith(source, "tool:")
 
-is_untrusted_only(arg) if {
-	some source in arg_sources(arg)
+is_trusted_source(source) if source in object.get(input.session, "endorsed", [])
+
+is_untrusted_only(item) if {
+	some source in item.sources
 	startswith(source, "untrusted:")
-	not has_trusted_source(arg)
+	not has_trusted_source(item)
 }
 
 deny_reasons contains {

@@ -102,6 +102,17 @@ class ApprovalNote(_Body):
     note: str = Field(default="", max_length=2000)
 
 
+class EndorsementRequest(_Body):
+    call_id: str = Field(min_length=1, max_length=200, description="the earlier call whose output to endorse")
+    note: str = Field(default="", max_length=2000, description="why (the user's words), for the audit log")
+
+
+class Endorsement(_Body):
+    session_id: str
+    call_id: str
+    source: str = Field(description="the endorsed source label, as policy sees it in input.session.endorsed")
+
+
 class PolicyStatus(_Body):
     revision: str = Field(description="sha256 of the policy in force (the last one that loaded)")
     engine: str
@@ -567,6 +578,12 @@ def _approvals(app: FastAPI, plane: ControlPlane, gate: Gate) -> None:
     @app.post("/v1/approvals/{approval_id}/deny")
     async def deny(approval_id: str, body: ApprovalNote, principal: Approver) -> Approval:
         return await plane.deny_approval(approval_id, principal.name, body.note)
+
+    @app.post("/v1/sessions/{session_id}/endorsements", status_code=201)
+    async def endorse(session_id: str, body: EndorsementRequest, principal: Approver) -> Endorsement:
+        """A human endorses the output of an earlier call of the session (see ControlPlane.endorse)."""
+        source = await plane.endorse(session_id, body.call_id, by=principal.name, note=body.note)
+        return Endorsement(session_id=session_id, call_id=body.call_id, source=source)
 
 
 def _audit(app: FastAPI, plane: ControlPlane, gate: Gate) -> None:

@@ -14,7 +14,7 @@ from router.errors import AuditError
 from router.redact import REDACTOR
 from router.text import escape_invalid_text
 
-EventKind = Literal["decision", "approval", "credential", "execution", "egress", "error", "policy"]
+EventKind = Literal["decision", "approval", "credential", "execution", "egress", "error", "policy", "endorsement"]
 GENESIS_HASH = "0" * 64
 
 

@@ -28,6 +28,7 @@ class SessionRecord:
     opened_at: str
     taint: frozenset[str] = field(default_factory=frozenset)
     call_count: int = 0
+    endorsed: frozenset[str] = field(default_factory=frozenset)  # source labels a human endorsed
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +79,11 @@ class Store(Protocol):
         self, session_id: str, source: str, provenance_keys: Collection[str], *, taint: str | None
     ) -> None:
         """Index content the agent is about to see, and add ``taint`` to the session, atomically."""
+        ...
+
+    async def endorse(self, session_id: str, call_id: str) -> str | None:
+        """Endorse for the session the output call ``call_id`` put into it: returns its source
+        label, or None if the session is not open or no output of that call was recorded in it."""
         ...
 
     async def call_context(

@@ -27,6 +27,7 @@ class _Session:
     last_used: float
     index: ProvenanceIndex = field(default_factory=ProvenanceIndex)
     pending: dict[str, PendingExternal] = field(default_factory=dict)
+    outputs: dict[str, str] = field(default_factory=dict)  # call id -> source label of its output
 
 
 class MemoryStore:
@@ -74,8 +75,16 @@ class MemoryStore:
         if session is None:  # closed meanwhile: nothing more can be called in it
             return
         session.index.add_keys(source, provenance_keys)
+        session.outputs[source.rsplit(":", 1)[-1]] = source
         if taint is not None and taint not in session.record.taint:
             session.record = dataclasses.replace(session.record, taint=session.record.taint | {taint})
+
+    async def endorse(self, session_id: str, call_id: str) -> str | None:
+        session = self._live(session_id, time.monotonic())
+        source = None if session is None else session.outputs.get(call_id)
+        if session is not None and source is not None:
+            session.record = dataclasses.replace(session.record, endorsed=session.record.endorsed | {source})
+        return source
 
     async def call_context(
         self, session_id: str, tool: str, keys_by_arg: Mapping[str, Collection[str]], *, count: bool,

@@ -42,6 +42,8 @@ _RECORD_OUTPUT = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'taint:' .. ARGV[4], '1') end
 local source, limit = ARGV[2], tonumber(ARGV[3])
+-- Which source each call's output is ('o:' is no key's prefix), for endorsement.
+redis.call('HSET', KEYS[2], 'o:' .. string.match(source, '[^:]*$'), source)
 local needle = '\\n' .. source .. '\\n'
 for i = 5, #ARGV do
   local current = redis.call('HGET', KEYS[2], ARGV[i])
@@ -54,6 +56,16 @@ for i = 5, #ARGV do
 end
 redis.call('PEXPIRE', KEYS[2], ARGV[1])
 return 1
+"""
+
+# KEYS: session, provenance. ARGV: call_id. Marks the source of the call's output endorsed in the
+# session; returns that source, or false if the session is closed or the call left no output.
+_ENDORSE = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+local source = redis.call('HGET', KEYS[2], 'o:' .. ARGV[1])
+if not source then return false end
+redis.call('HSET', KEYS[1], 'endorsed:' .. source, '1')
+return source
 """
 
 # KEYS: pending. ARGV: call_id. Removes and returns the pending call's JSON, or nil.
@@ -158,6 +170,7 @@ class RedisStore:
         self._context = self._redis.register_script(_CALL_CONTEXT)
         self._revoke = self._redis.register_script(_REVOKE_LEASE)
         self._publish = self._redis.register_script(_PUBLISH_KEY)
+        self._endorse = self._redis.register_script(_ENDORSE)
         self._agents: dict[str, str] = {}
 
     async def _do(self, what: str, operation: Awaitable[T]) -> T:
@@ -194,6 +207,7 @@ class RedisStore:
                 id=session_id, agent=fields["agent"], principal=fields["principal"], opened_at=fields["opened_at"],
                 trusted_context=tuple(json.loads(fields["trusted_context"])), call_count=int(fields["call_count"]),
                 taint=frozenset(k.removeprefix("taint:") for k in fields if k.startswith("taint:")),
+                endorsed=frozenset(k.removeprefix("endorsed:") for k in fields if k.startswith("endorsed:")),
             )  # fmt: skip
         except (KeyError, ValueError, TypeError) as exc:
             raise StoreError(f"session {session_id} in {self._where} is malformed ({exc}); close it") from exc
@@ -264,6 +278,12 @@ class RedisStore:
     ) -> None:
         args: list[Any] = [self._session_ttl_ms, source, MAX_SOURCES, taint or "", *provenance_keys]
         await self._do("index an output", self._record([keys.session(session_id), keys.provenance(session_id)], args))
+
+    async def endorse(self, session_id: str, call_id: str) -> str | None:
+        found = await self._do(
+            "endorse a source", self._endorse([keys.session(session_id), keys.provenance(session_id)], [call_id])
+        )
+        return found if isinstance(found, str) else None
 
     async def expect_report(self, pending: PendingExternal) -> None:
         async def run() -> None:

@@ -118,7 +118,8 @@ async def test_an_absent_optional_destination_is_decided_alike_on_both_engines(t
         "session": {"id": "s-1", "taint": ["untrusted_content"]},
         "tool": {"name": "send", "capabilities": ["sends_external"], "risk": "medium",
                  "destination_args": ["to", "cc"]},
-        "args": {"to": "bob@example.com"}, "provenance": {"to": ["user"]}, "now": "2026-11-22T10:00:00Z",
+        "args": {"to": "bob@example.com"}, "provenance": {"to": ["user"]},
+        "values": {"to": [{"path": "to", "sources": ["user"]}]}, "now": "2026-11-22T10:00:00Z",
     })  # fmt: skip
     decision = await engine.decide(policy_input)
     assert decision.outcome is Outcome.ALLOW, decision.reasons

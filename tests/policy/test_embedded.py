@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from policy import EmbeddedEngine, Outcome, PolicyBundleError, PolicyInput, PolicySettings, run_rego_tests
-from policy.base import CredentialRequest
+from policy.base import CredentialRequest, ValueSources
 from tests.conftest import REPO
 
 
@@ -35,9 +35,10 @@ def trifecta_input(sources: list[str], taint: list[str]) -> PolicyInput:
     base = make_input(["sends_external"], "medium", taint)
     tool = base.tool.model_copy(update={"destination_args": ["to"], "amount_args": ["amount"]})
     provenance = {"to": sources} if sources else {}
-    return base.model_copy(
-        update={"tool": tool, "args": {"to": "x@y.example", "amount": 500}, "provenance": provenance}
-    )
+    values = {"to": [ValueSources(path="to", sources=sources)], "amount": [ValueSources(path="amount")]}
+    return base.model_copy(update={
+        "tool": tool, "args": {"to": "x@y.example", "amount": 500}, "provenance": provenance, "values": values,
+    })  # fmt: skip
 
 
 @pytest.fixture
@@ -74,7 +75,13 @@ async def test_low_risk_tool_is_allowed_with_capped_limits(engine: EmbeddedEngin
             Outcome.REQUIRE_APPROVAL,
             "approval.external_after_untrusted",
         ),
-        (["reads_private", "sends_external"], "low", [], Outcome.DENY, "capability.combination_denied"),
+        (
+            ["reads_private", "reads_untrusted", "sends_external"],
+            "low",
+            [],
+            Outcome.DENY,
+            "capability.combination_denied",
+        ),
         (["mind_control"], "low", [], Outcome.DENY, "capability.unknown"),
         ([], "apocalyptic", [], Outcome.DENY, "risk.unknown"),
     ],

@@ -113,7 +113,7 @@ async def test_an_approval_never_overrides_a_deny(tmp_path: Path, store_url: str
         await plane.approve(approval_id, "oncall@example.com")
         data_file = policies / "stockade" / "data.json"
         data: dict[str, Any] = json.loads(data_file.read_text())
-        data["catalog"]["capability_sets"].remove(["mutates_state"])  # security tightens policy meanwhile
+        data["catalog"]["denied_capability_sets"].append(["mutates_state"])  # security tightens policy meanwhile
         data_file.write_text(json.dumps(data))
         await plane.reload_policy()
         result = await plane.call(session, "drop_table", {"table": "users"}, approval_id=approval_id)

@@ -306,6 +306,7 @@ JSON_ROUTES = {
     "/v1/sessions/{session_id}/reports": "agent-1",
     "/v1/approvals/{approval_id}/approve": "oncall",
     "/v1/approvals/{approval_id}/deny": "oncall",
+    "/v1/sessions/{session_id}/endorsements": "oncall",
 }
 # Routes that read no JSON body: a body sent there is never parsed.
 BODYLESS_ROUTES = {"/v1/policy/reload", "/v1/credentials/introspect"}

@@ -94,7 +94,9 @@ def test_demo_then_verify_and_query_its_audit_log(tmp_path: Path) -> None:
     assert json.loads(verify.stdout)["ok"] is True
 
     denied = json.loads(run("audit", "query", "--path", str(audit), "--outcome", "deny", "--json").stdout)
-    assert [e["tool"] for e in denied] == ["export_contacts", "send_email"]
+    assert [e["tool"] for e in denied] == ["send_email"]  # the injection; the refused tool never had a call
+    refused = json.loads(run("audit", "query", "--path", str(audit), "--outcome", "tool_refused", "--json").stdout)
+    assert [e["tool"] for e in refused] == ["forward_everything"]
     table = run("audit", "query", "--path", str(audit), "--tool", "spin")
     assert "timeout" in table.stdout
 

@@ -91,14 +91,21 @@ async def test_command_tool_substitutes_whole_argv_items_never_a_shell(plane: Co
 
 async def test_denied_call_never_reaches_the_sandbox(counted: tuple[ControlPlane, CountingSandbox]) -> None:
     plane, sandbox = counted
-    await plane.register(python_tool("exfil", ECHO, capabilities=["reads_private", "sends_external"]))
+    await plane.register(python_tool("read_page", ECHO, capabilities=["reads_untrusted"]))
+    await plane.register(python_tool(
+        "send", ECHO, capabilities=["sends_external"], destination_args=["to"],
+        input_schema={"type": "object", "properties": {"to": {"type": "string"}}},
+    ))  # fmt: skip
     session = await plane.open_session("agent-1", "alice@example.com")
-    result = await plane.call(session, "exfil", {})
+    assert (await plane.call(session, "read_page", {"mail": "evil@attacker.example"})).ok
+    runs = sandbox.runs
+    result = await plane.call(session, "send", {"to": "evil@attacker.example"})
     assert result.status == "denied"
-    assert result.reasons == ["capability.combination_denied"]
+    assert result.reasons == ["provenance.untrusted_destination"]
     assert result.output is None
-    assert sandbox.runs == 0
-    assert [e["kind"] for e in await events(plane, session_id=session)] == ["decision"]
+    assert sandbox.runs == runs
+    kinds = [e["kind"] for e in await events(plane, session_id=session)]
+    assert kinds == ["decision", "execution", "decision"]  # the read ran; the send was only decided
 
 
 async def test_high_risk_call_is_held_and_does_not_run(counted: tuple[ControlPlane, CountingSandbox]) -> None:

@@ -23,7 +23,13 @@ from tests.conftest import ECHO, external_tool, python_tool, stockade_server
 TOOLS: list[dict[str, Any]] = [
     python_tool("echo", ECHO),
     python_tool("drop_table", ECHO, risk="critical", capabilities=["mutates_state"]),
-    external_tool("exfiltrate", capabilities=["reads_private", "sends_external"]),  # denied by policy
+    python_tool("read_page", ECHO, capabilities=["reads_untrusted"]),  # what it returns is untrusted content
+    external_tool(
+        "set_password",
+        capabilities=["mutates_state"],
+        sensitive_args=["word"],
+        input_schema={"type": "object", "properties": {"word": {"type": "string"}}},
+    ),
 ]
 STOCKADE = str(Path(sys.executable).parent / "stockade")
 
@@ -31,15 +37,17 @@ STOCKADE = str(Path(sys.executable).parent / "stockade")
 async def exercise(client: Client) -> None:
     """What every transport must show: the listing, an allowed call, a held one, a bad one."""
     listed = await client.list_tools()
-    assert sorted(t.name for t in listed.tools) == ["drop_table", "echo"]  # exfiltrate could never be allowed
+    assert sorted(t.name for t in listed.tools) == ["drop_table", "echo", "read_page", "set_password"]
     ok = await client.call_tool("echo", {"word": "hi"})
     assert (ok.is_error, json.loads(ok.content[0].text)) == (False, {"word": "hi"})  # type: ignore[union-attr]
     held = await client.call_tool("drop_table", {"table": "users"})
     said = json.loads(held.content[0].text)  # type: ignore[union-attr]
     assert (held.is_error, said["status"], said["reasons"]) == (True, "pending_approval", ["approval.high_risk"])
     assert said["approval_id"].startswith("a-")
-    denied = await client.call_tool("exfiltrate", {})
-    assert json.loads(denied.content[0].text)["reasons"] == ["capability.combination_denied"]  # type: ignore[union-attr]
+    page = await client.call_tool("read_page", {"word": "hunter2-from-the-page"})
+    assert page.is_error is False
+    denied = await client.call_tool("set_password", {"word": "hunter2-from-the-page"})  # the injection's value
+    assert json.loads(denied.content[0].text)["reasons"] == ["provenance.untrusted_destination"]  # type: ignore[union-attr]
     unknown = await client.call_tool("nope", {})
     assert (unknown.is_error, json.loads(unknown.content[0].text)["reasons"]) == (True, ["tool.not_found"])  # type: ignore[union-attr]
 
@@ -57,7 +65,7 @@ async def test_an_mcp_client_in_process(plane: ControlPlane) -> None:
     async with Client(server) as client:
         await exercise(client)
     decisions = await plane.audit.query(AuditFilter(kind="decision"))
-    assert [e.tool for e in decisions] == ["echo", "drop_table", "exfiltrate"]  # each call decided and audited
+    assert [e.tool for e in decisions] == ["echo", "drop_table", "read_page", "set_password"]  # each one audited
 
 
 def write_tools(tmp_path: Path) -> Path:

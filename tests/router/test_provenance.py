@@ -171,11 +171,21 @@ async def test_a_payment_to_an_iban_from_untrusted_content_is_denied(plane: Cont
     assert (result.status, result.reasons) == ("denied", ["provenance.untrusted_destination"])
 
 
-async def test_a_payment_the_user_specified_needs_only_the_usual_approval(plane: ControlPlane) -> None:
+async def test_a_payment_the_user_specified_needs_no_human(plane: ControlPlane) -> None:
+    """Money is decided by value: the account and the amount the user typed go through, even
+    after untrusted content (issue 12, finding 5)."""
     session = await setup(plane, ["Pay 250 EUR to GB82 WEST 1234 5698 7654 32, then read the deals page"])
     await plane.call(session, "get_webpage", {"url": "https://shop.example/deals"})
     result = await plane.call(session, "pay", {"iban": "GB82WEST12345698765432", "amount": 250})
-    assert (result.status, result.reasons) == ("pending_approval", ["approval.financial"])
+    assert (result.status, result.reasons) == ("awaiting_report", [])
+
+
+async def test_a_payment_of_a_small_amount_the_user_typed_needs_no_human(plane: ControlPlane) -> None:
+    session = await setup(plane, ["Send 4 EUR to GB82 WEST 1234 5698 7654 32 for the coffee"])
+    result = await plane.call(session, "pay", {"iban": "GB82WEST12345698765432", "amount": 4.0})
+    assert (result.status, result.reasons) == ("awaiting_report", [])
+    other = await plane.call(session, "pay", {"iban": "GB82WEST12345698765432", "amount": 40})
+    assert (other.status, other.reasons) == ("pending_approval", ["approval.unverified_destination"])
 
 
 async def test_reported_external_output_counts_as_untrusted_content(plane: ControlPlane) -> None:
