@@ -93,6 +93,7 @@ class _Call:
 
     __slots__ = (
         "approval",
+        "arg_keys",
         "args",
         "argv",
         "call_id",
@@ -121,6 +122,7 @@ class _Call:
         self.approval: Approval | None = None
         self.provenance: dict[str, list[str]] = {}
         self.values: dict[str, list[ValueSources]] = {}
+        self.arg_keys: set[str] = set()
         self.rates: dict[str, int] = {}
         self.tier: str | None = None  # the sandbox tier, once the call runs
         self.leases: list[Lease] = []  # minted credentials: revoked on every exit
@@ -592,7 +594,8 @@ class ControlPlane:
         if isinstance(call.tool.spec.executor, ExternalExecutor):
             call.stage = "awaiting_report"
             await self._store_step(call, self.store.expect_report(
-                PendingExternal(call.session.id, call.call_id, call.decision_id, call.tool.spec.name)
+                PendingExternal(call.session.id, call.call_id, call.decision_id, call.tool.spec.name,
+                                tuple(sorted(call.arg_keys)))
             ))  # fmt: skip
             call.closed = True  # the trail goes on with report()
             return self._result(call, "awaiting_report")
@@ -650,7 +653,7 @@ class ControlPlane:
             await self.store.expect_report(pending)
             raise
         try:
-            await self._remember(session, tool.spec, pending.call_id, output)
+            await self._remember(session, tool.spec, pending.call_id, output, echoed=pending.echoed)
         except StoreError as exc:
             await self._audit_store_failure(exc, pending.decision_id, session, tool.spec.name, pending.call_id)
             raise
@@ -716,6 +719,8 @@ class ControlPlane:
             sources = provenance.pop(f"{_ITEM}{i}", [])
             call.values.setdefault(value.arg, []).append(ValueSources(path=value.path, key=value.key, sources=sources))
         call.provenance, call.rates = provenance, context.rates
+        call.arg_keys = {key for arg_keys in keys.values() for key in arg_keys}
+        call.arg_keys.update(key for value in checked for key in value.keys)
         return call
 
     async def _load_session(self, session_id: object, agent: str | None = None) -> SessionRecord:
@@ -1016,7 +1021,7 @@ class ControlPlane:
         # If that fails, the output is withheld: unindexed, it could later pass for the user's.
         call.stage = "indexing"
         await self._store_step(call, self._remember(
-            call.session, spec, call.call_id, output if output is not None else stdout, stderr
+            call.session, spec, call.call_id, output if output is not None else stdout, stderr, echoed=call.arg_keys
         ))  # fmt: skip
         log.info("tool_call_completed", verdict=verdict, wall_ms=round(usage.wall_ms, 2))
         return ToolResult(
@@ -1069,12 +1074,23 @@ class ControlPlane:
         if not await self._record(event):
             raise _Refused(["audit.unavailable"])
 
-    async def _remember(self, session: SessionRecord, spec: ToolSpec, call_id: str, *content: Any) -> None:
+    async def _remember(
+        self, session: SessionRecord, spec: ToolSpec, call_id: str, *content: Any, echoed: Collection[str] = ()
+    ) -> None:
         """Index output the agent is about to see, and taint the session if the tool reads
-        untrusted content. Raises `StoreError`."""
+        untrusted content. Raises `StoreError`.
+
+        ``echoed``: the keys of the call's own arguments. A trusted tool's output is a trusted
+        source, except for what it only repeats (an echo, a formatter, "sent to X"): those values
+        keep the sources they had, so a tool cannot launder an untrusted value into a trusted one."""
         untrusted = "reads_untrusted" in spec.capabilities
+        keys = await content_keys_async(content)
+        if not untrusted and echoed:
+            keys.difference_update(echoed)
+            # Indexed text also keys an address's domain as a host; the argument did not.
+            keys.difference_update("h:" + key.rsplit("@", 1)[1] for key in echoed if key.startswith("e:"))
         await self.store.record_output(
-            session.id, source_label(spec.name, call_id, untrusted=untrusted), await content_keys_async(content),
+            session.id, source_label(spec.name, call_id, untrusted=untrusted), keys,
             taint=UNTRUSTED_CONTENT if untrusted else None,
         )  # fmt: skip
 

@@ -49,6 +49,9 @@ class PendingExternal:
     call_id: str
     decision_id: str
     tool: str
+    # The provenance keys of the call's arguments: a trusted tool's output that repeats them does
+    # not make them trusted (they keep the sources they had).
+    echoed: tuple[str, ...] = ()
 
 
 class Store(Protocol):

