@@ -53,7 +53,13 @@ from router.errors import (
     StoreError,
     ToolRefused,
 )
-from router.provenance import call_keys_async, content_keys_async, source_label, trusted_context_keys_async
+from router.provenance import (
+    call_keys_async,
+    content_keys_async,
+    source_label,
+    split_output,
+    trusted_context_keys_async,
+)
 from router.results import Artifact, DecisionResult, RunUsage, ToolResult
 from router.sessions import UNTRUSTED_CONTENT, new_session
 from router.settings import Settings
@@ -1084,15 +1090,27 @@ class ControlPlane:
         source, except for what it only repeats (an echo, a formatter, "sent to X"): those values
         keep the sources they had, so a tool cannot launder an untrusted value into a trusted one."""
         untrusted = "reads_untrusted" in spec.capabilities
+        if untrusted and spec.untrusted_output:
+            # Its own data is a trusted tool's output (indexed first: the call's endorsable
+            # source is its third-party part), the declared parts untrusted content.
+            output, *rest = content  # the output, then what else the agent sees (stderr): third-party
+            trusted_part, third_party = split_output(output, spec.untrusted_output)
+            await self._index(session, source_label(spec.name, call_id, untrusted=False), trusted_part, echoed, None)
+            content = (*third_party, *rest)
+        await self._index(
+            session, source_label(spec.name, call_id, untrusted=untrusted), list(content),
+            () if untrusted else echoed, UNTRUSTED_CONTENT if untrusted else None,
+        )  # fmt: skip
+
+    async def _index(
+        self, session: SessionRecord, source: str, content: list[Any], echoed: Collection[str], taint: str | None
+    ) -> None:
         keys = await content_keys_async(content)
-        if not untrusted and echoed:
+        if echoed:
             keys.difference_update(echoed)
             # Indexed text also keys an address's domain as a host; the argument did not.
             keys.difference_update("h:" + key.rsplit("@", 1)[1] for key in echoed if key.startswith("e:"))
-        await self.store.record_output(
-            session.id, source_label(spec.name, call_id, untrusted=untrusted), keys,
-            taint=UNTRUSTED_CONTENT if untrusted else None,
-        )  # fmt: skip
+        await self.store.record_output(session.id, source, keys, taint=taint)
 
     @staticmethod
     def _result(call: _Call, status: Any, reasons: list[str] | None = None) -> ToolResult:

@@ -142,6 +142,8 @@ _SEPARATORS = re.compile(r"[ -]{2,}")
 _UNSIGNED = _compiled(
     r"\d(?:(?<=(\d))(?<![\w.]\d)(?:(?<!-\d)|(?<=[\w.]-\d))(?=(?:\.?\d){2})(\d*+(?:\.\d++)?+)(?![\w.])|[\w.]{16,}+)"
 )
+_GROUPED = re.compile(r"(?<![\w.,])\d{1,3}(?:,\d{3})++(?:\.\d++)?+(?![\w,]|\.\d)", re.ASCII)
+_CENTS = re.compile(r"-?\d{1,2}\.\d\d", re.ASCII)
 _SIGNED = _compiled(r"-(?<![\w.]-)(?=\d(?:\.?\d){2})\d++(?:\.\d++)?+(?![\w.])")
 # ASCII text in outline (digits as 9, letters as A), to tell from a few substring scans whether a
 # digit matcher can find anything: an IBAN needs AA99, a number of 3 digits 999, 9.99 or 99.9.
@@ -247,17 +249,22 @@ def _number_key(text: str, digits: int | None = None) -> str | None:
     return "n:" + canonical
 
 
-def _iban_in(country: str, digit: str, rest: str) -> str | None:
-    """The IBAN an ``_IBAN`` match holds, if any. A spaced IBAN's last groups may have run into
-    the next word ("... 7034 BEFORE"): the longest run of whole groups whose check digits are
-    right is the IBAN."""
+def _iban_in(country: str, digit: str, rest: str) -> list[str]:
+    """The IBAN keys an ``_IBAN`` match gives. A spaced IBAN's last groups may have run into the
+    next word ("... 7034 BEFORE"): the longest run of whole groups whose check digits are right
+    is the IBAN. If none is right, the string is still an account an agent could be told to pay
+    (an attacker need not write valid check digits): every run of whole groups of an IBAN's
+    length (15 to 34) is a key, so the one the argument holds is among them."""
     groups = rest.split(" ")
+    candidates = []
     while groups:
         iban = country + digit + "".join(groups)
         if len(iban) >= 15 and _iban_checksum_ok(iban):
-            return iban
+            return [iban]
+        if 15 <= len(iban) <= 34:
+            candidates.append(iban)
         groups.pop()
-    return None
+    return candidates
 
 
 def _iban_checksum_ok(iban: str) -> bool:
@@ -417,8 +424,7 @@ def _string_keys(text: str, indexing: bool, budget: _Budget | None) -> list[str]
     lines = "\n".join(dict.fromkeys(text.split("\n"))) if ibans or accounts else ""
     if ibans and _left(budget):
         for country, digit, rest in _distinct(_IBAN[ascii_].findall(lines.upper()), budget, _SKIPPED3):
-            if iban := _iban_in(country, digit, rest):
-                keys.append("i:" + iban)
+            keys.extend("i:" + iban for iban in _iban_in(country, digit, rest))
     if accounts and _left(budget):
         for digit, rest, after in _distinct(_ACCOUNT_RUN[ascii_].findall(lines), budget, _SKIPPED3):
             keys.extend(_account_keys(digit + rest, bool(after), budget))
@@ -428,12 +434,25 @@ def _string_keys(text: str, indexing: bool, budget: _Budget | None) -> list[str]
     if unsigned and _left(budget):
         for digit, rest in _scan(_UNSIGNED[ascii_], distinct, budget, _SKIPPED2):
             keys.extend(_number_keys(digit + rest))
+        if "," in text:
+            keys.extend(_grouped_keys(distinct, budget))
     return keys
 
 
+def _grouped_keys(words: str, budget: _Budget | None) -> list[str]:
+    """Keys of numbers written with thousands separators (``1,150.00`` is 1150)."""
+    found = []
+    for token in _scan(_GROUPED, words, budget):
+        found.extend(_number_keys(token.replace(",", "")))
+    return found
+
+
 def _number_keys(token: str) -> list[str]:
-    """The key of a number token (digits, at most one '.', a leading '-'), as a list of 0 or 1."""
+    """The key of a number token (digits, at most one '.', a leading '-'), as a list of 0 or 1.
+    A price written with cents (``35.00``, ``4.50``) is keyed whatever its size: it is an amount."""
     key = _number_key(token, len(token) - token.count(".") - token.count("-"))
+    if key is None and _CENTS.fullmatch(token):
+        key = _amount_key(token)
     return [key] if key else []
 
 
@@ -497,8 +516,10 @@ def _value_keys(value: Any, indexing: bool, budget: _Budget | None, depth: int =
             if key:
                 keys.append(key)
         elif isinstance(item, dict):
-            # Reversed, so the stack pops them in order: a cut then keeps the first ones.
-            stack.extend((child, level + 1) for child in reversed(list(item.values())))
+            # Reversed, so the stack pops them in order: a cut then keeps the first ones. Indexed
+            # content is read key and value alike (a map keyed by addresses names them too).
+            children = [v for pair in item.items() for v in pair] if indexing else list(item.values())
+            stack.extend((child, level + 1) for child in reversed(children))
         elif isinstance(item, list | tuple):
             stack.extend((child, level + 1) for child in reversed(item))
     return keys
@@ -608,6 +629,9 @@ def trusted_context_keys(texts: Iterable[str]) -> set[str]:
         for token in _AMOUNT.findall(text[:MAX_INDEXED_CHARS]):
             if key := _amount_key(token):
                 keys.add(key)
+        for token in _GROUPED.findall(text[:MAX_INDEXED_CHARS]):
+            if key := _amount_key(token.replace(",", "")):
+                keys.add(key)
         # The names the user writes in a sentence ("post it in #general", "DM Bob", "book the
         # Hotel Adlon"): every run of one to four words, as a whole-string key, so an argument
         # that is exactly such a name traces to the user. Only the user's own words: in tool
@@ -666,6 +690,41 @@ def _leaves(path: str, value: Any) -> Iterator[tuple[str, Any]]:
             stack.extend((f"{where}[{i}]", v, level + 1) for i, v in reversed(list(enumerate(item))))
         elif not isinstance(item, dict | list | tuple):
             yield where, item
+
+
+OUTPUT_PATH = re.compile(r"\$(?:\.[A-Za-z0-9_-]+|\.\*|\[\*\]|\[\d+\])*")
+
+
+def split_output(output: Any, untrusted_paths: Iterable[str]) -> tuple[list[Any], list[Any]]:
+    """``output`` as (trusted parts, third-party parts): the values under any of
+    ``untrusted_paths`` (``$.messages[*].body``; `OUTPUT_PATH` syntax: ``.name``, ``.*``,
+    ``[*]``, ``[n]``), and the rest, leaf by leaf (a dict's keys go with its part)."""
+    patterns = [_path_pattern(path) for path in untrusted_paths]
+    trusted: list[Any] = []
+    untrusted: list[Any] = []
+    stack: list[tuple[str, Any, int]] = [("$", output, 0)]
+    while stack:
+        where, item, level = stack.pop()
+        if any(p.fullmatch(where) for p in patterns):
+            untrusted.append(item)
+        elif isinstance(item, dict) and level <= MAX_DEPTH:
+            trusted.extend(k for k in item if isinstance(k, str))
+            stack.extend((f"{where}.{k}", v, level + 1) for k, v in item.items())
+        elif isinstance(item, list | tuple) and level <= MAX_DEPTH:
+            stack.extend((f"{where}[{i}]", v, level + 1) for i, v in enumerate(item))
+        elif not isinstance(item, dict | list | tuple):
+            trusted.append(item)
+        else:  # nested past MAX_DEPTH: what cannot be placed is third-party
+            untrusted.append(item)
+    return trusted, untrusted
+
+
+def _path_pattern(path: str) -> re.Pattern[str]:
+    parts = re.findall(r"\.\*|\[\*\]|\.[A-Za-z0-9_-]+|\[\d+\]|\$", path)
+    regex = "".join(
+        r"\.[^.\[]+" if part == ".*" else r"\[\d+\]" if part == "[*]" else re.escape(part) for part in parts
+    )
+    return re.compile(regex)
 
 
 def _is_small(values: Iterable[Any]) -> bool:

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from policy import ToolInfo
 from policy.base import CredentialRequest, EgressRequest
 from router.errors import DuplicateTool, FieldProblem, InvalidCall, InvalidToolSpec, ToolNotFound
+from router.provenance import OUTPUT_PATH
 from router.text import check_text
 
 Capability = Literal[
@@ -148,6 +149,11 @@ class ToolSpec(_Frozen):
     # Security-relevant values (a new password, a forwarding address, an API key's scope): checked
     # by value as destinations are.
     sensitive_args: list[str] = Field(default_factory=list)
+    # For a reads_untrusted tool whose output mixes the platform's own data with third-party
+    # content (a chat reader: channel names and senders, and message bodies): JSON paths of the
+    # third-party parts (``$.messages[*].body``). Only those are untrusted content; without it,
+    # all of the output is.
+    untrusted_output: list[str] = Field(default_factory=list)
 
     @field_validator("name")
     @classmethod
@@ -193,6 +199,25 @@ class ToolSpec(_Frozen):
                         f"{kind} names {name!r}, which is not a property of input_schema: add it under "
                         "input_schema.properties, or drop it from the list"
                     )
+        return self
+
+    @field_validator("untrusted_output")
+    @classmethod
+    def _paths_are_paths(cls, paths: list[str]) -> list[str]:
+        for path in paths:
+            if not OUTPUT_PATH.fullmatch(path):
+                raise ValueError(
+                    f"untrusted_output path {show(path)} is not supported: write it as $ followed by .name, "
+                    ".*, [*] or [n] steps (e.g. $.messages[*].body)"
+                )
+        return paths
+
+    @model_validator(mode="after")
+    def _untrusted_output_needs_untrusted_reads(self) -> ToolSpec:
+        if self.untrusted_output and "reads_untrusted" not in self.capabilities:
+            raise ValueError(
+                "untrusted_output is for tools with the reads_untrusted capability: add it, or drop the paths"
+            )
         return self
 
     @model_validator(mode="after")
