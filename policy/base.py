@@ -158,8 +158,9 @@ class Decision(_Frozen):
 
     @property
     def reason_codes(self) -> list[str]:
-        """The codes only: what the agent is allowed to see."""
-        return [r.code for r in self.reasons]
+        """The codes only, each once (one reason per value may share a code): what the agent is
+        allowed to see. The messages, one per value, go to the audit log."""
+        return list(dict.fromkeys(r.code for r in self.reasons))
 
 
 POLICY_ERROR = "policy.error"

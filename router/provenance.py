@@ -142,6 +142,7 @@ _SEPARATORS = re.compile(r"[ -]{2,}")
 _UNSIGNED = _compiled(
     r"\d(?:(?<=(\d))(?<![\w.]\d)(?:(?<!-\d)|(?<=[\w.]-\d))(?=(?:\.?\d){2})(\d*+(?:\.\d++)?+)(?![\w.])|[\w.]{16,}+)"
 )
+_CAPITALISED = re.compile(r"(?<![\w'&-])[A-Z][\w'&-]*+(?: [A-Z][\w'&-]*+){0,5}")
 _GROUPED = re.compile(r"(?<![\w.,])\d{1,3}(?:,\d{3})++(?:\.\d++)?+(?![\w,]|\.\d)", re.ASCII)
 _CENTS = re.compile(r"-?\d{1,2}\.\d\d", re.ASCII)
 _SIGNED = _compiled(r"-(?<![\w.]-)(?=\d(?:\.?\d){2})\d++(?:\.\d++)?+(?![\w.])")
@@ -380,6 +381,9 @@ def _string_keys(text: str, indexing: bool, budget: _Budget | None) -> list[str]
         collapsed = _SPACE.sub(" ", text).strip()
         if collapsed:
             keys.append("s:" + collapsed)
+            keys.append(_NAME + _name(collapsed))
+    if indexing:
+        keys.extend(_name_keys(text, budget))
     if not indexing:
         stripped = text.strip()
         if stripped.count("@") == 1 and _emails(stripped, None) == [stripped]:
@@ -444,6 +448,20 @@ def _grouped_keys(words: str, budget: _Budget | None) -> list[str]:
     found = []
     for token in _scan(_GROUPED, words, budget):
         found.extend(_number_keys(token.replace(",", "")))
+    return found
+
+
+def _name_keys(text: str, budget: _Budget | None) -> list[str]:
+    """Names in longer content, as an argument that is a name is matched (`_NAME`; a short
+    string is one whole): every run of up to four Capitalised words ("Riverside View Hotel",
+    "SpeedyRent"), so a name planted in a long page is seen there, as it is in a short field."""
+    found = []
+    if len(text) > _MAX_WHOLE and _left(budget):
+        for run in _scan(_CAPITALISED, text, budget):
+            words = run.split(" ")
+            for start in range(len(words)):
+                for end in range(start + 1, min(start + _MAX_PHRASE_WORDS, len(words)) + 1):
+                    found.append(_NAME + _name(" ".join(words[start:end])))
     return found
 
 
