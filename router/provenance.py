@@ -382,8 +382,6 @@ def _string_keys(text: str, indexing: bool, budget: _Budget | None) -> list[str]
         if collapsed:
             keys.append("s:" + collapsed)
             keys.append(_NAME + _name(collapsed))
-    if indexing:
-        keys.extend(_name_keys(text, budget))
     if not indexing:
         stripped = text.strip()
         if stripped.count("@") == 1 and _emails(stripped, None) == [stripped]:
@@ -440,6 +438,8 @@ def _string_keys(text: str, indexing: bool, budget: _Budget | None) -> list[str]
             keys.extend(_number_keys(digit + rest))
         if "," in text:
             keys.extend(_grouped_keys(distinct, budget))
+    if indexing:  # last: names take only what budget the identifiers left, never theirs
+        keys.extend(_name_keys(text, budget))
     return keys
 
 

@@ -28,6 +28,7 @@ from router.audit import AuditFilter
 from router.credentials import Binding, CredentialConfig, CredentialUnavailable, Grant, introspect
 from router.credentials.client import TokenIntrospector
 from router.credentials.tokens import TokenIssuer
+from router.errors import ToolNotFound, ToolRefused
 from router.logging import configure_logging
 from router.settings import AuditSettings, StoreSettings
 from runner import RunnerSettings
@@ -228,12 +229,14 @@ async def test_a_token_is_bound_to_its_call_and_dies_with_its_ttl_even_if_never_
 async def test_denied_and_held_calls_never_mint(plane: ControlPlane, echo: Echo) -> None:
     await plane.register(fetch_tool(echo))
     await plane.register(fetch_tool(echo, name="risky", risk="high"))
-    await plane.register(fetch_tool(echo, name="greedy", credentials=[{"name": "prod-db"}]))
+    with pytest.raises(ToolRefused) as refused:  # no call to it could ever get the credential
+        await plane.register(fetch_tool(echo, name="greedy", credentials=[{"name": "prod-db"}]))
+    assert refused.value.reasons == ["credential.not_allowlisted"]
     session = await plane.open_session("agent-1", "alice@example.com")
     held = await plane.call(session, "risky", {"url": f"http://{HOST}:{echo.http_port}/"})
-    denied = await plane.call(session, "greedy", {"url": f"http://{HOST}:{echo.http_port}/"})
-    assert (held.status, denied.status, denied.reasons) == (
-        "pending_approval", "denied", ["credential.not_allowlisted"])  # fmt: skip
+    with pytest.raises(ToolNotFound):
+        await plane.call(session, "greedy", {"url": f"http://{HOST}:{echo.http_port}/"})
+    assert held.status == "pending_approval"
     assert await plane.audit.query(AuditFilter(session_id=session, kind="credential")) == []
 
 

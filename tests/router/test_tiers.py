@@ -13,6 +13,7 @@ import pytest
 from policy import PolicySettings
 from router import ControlPlane, InvalidCall, SessionNotFound, Settings
 from router.audit import AuditFilter
+from router.errors import ToolRefused
 from router.settings import AuditSettings
 from runner import RunnerSettings
 from tests.conftest import (
@@ -89,11 +90,13 @@ def main():
     assert events[-1]["kind"] == "execution"
 
 
-async def test_tool_asking_for_a_host_not_allowlisted_is_denied(plane: ControlPlane) -> None:
-    await plane.register(python_tool("leak", ECHO, sandbox={"egress": [{"host": "pastebin.example", "port": 443}]}))
-    session = await plane.open_session("agent-1", "alice@example.com")
-    result = await plane.call(session, "leak", {})
-    assert (result.status, result.reasons) == ("denied", ["egress.not_allowlisted"])
+async def test_tool_asking_for_a_host_not_allowlisted_is_refused(plane: ControlPlane) -> None:
+    """Every call to it would be denied, so it is refused at registration, audited, never run."""
+    with pytest.raises(ToolRefused) as refused:
+        await plane.register(python_tool("leak", ECHO, sandbox={"egress": [{"host": "pastebin.example", "port": 443}]}))
+    assert refused.value.reasons == ["egress.not_allowlisted"]
+    [event] = await plane.audit.query(AuditFilter(tool="leak"))
+    assert (event.kind, event.outcome) == ("policy", "tool_refused")
 
 
 @pytest.mark.parametrize("tier", ["bwrap", "docker", "gvisor"])
