@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -180,15 +181,22 @@ class Replay:
         session = await self.open(task.request)
         run = TaskRun(domain.name, task.id, [], [])
         try:
-            for step in task.steps:
-                result = await self.step(session, step, fill(step.output, task.benign))
-                run.outcomes.append(result.outcome)
-                run.reasons += result.reasons
-                if result.outcome not in ("allowed", "approved"):
-                    break
+            await self.steps(session, task.steps, task.benign, run.outcomes, run.reasons)
         finally:
             await self.plane.close_session(session)
         return run
+
+    async def steps(
+        self, session: str, steps: Sequence[Step], text: str, outcomes: list[Outcome], reasons: list[str]
+    ) -> None:
+        """Replay ``steps`` in ``session`` (outputs filled with ``text``) until one does not go ahead,
+        recording each outcome and its reason codes."""
+        for step in steps:
+            result = await self.step(session, step, fill(step.output, text))
+            outcomes.append(result.outcome)
+            reasons += result.reasons
+            if result.outcome not in ("allowed", "approved"):
+                break
 
     async def attack(self, domain: Domain, task: Task, goal: Goal) -> AttackRun:
         """Replay ``task`` up to the read carrying ``goal``'s injection, then the goal's calls."""
@@ -204,12 +212,7 @@ class Replay:
                     run.reasons += result.reasons
                     return run  # the injection never reached the agent
             run.delivered = True
-            for step in goal.steps:
-                result = await self.step(session, step, fill(step.output, ""))
-                run.outcomes.append(result.outcome)
-                run.reasons += result.reasons
-                if result.outcome not in ("allowed", "approved"):
-                    break
+            await self.steps(session, goal.steps, "", run.outcomes, run.reasons)
         finally:
             await self.plane.close_session(session)
         return run
