@@ -142,7 +142,11 @@ _SEPARATORS = re.compile(r"[ -]{2,}")
 _UNSIGNED = _compiled(
     r"\d(?:(?<=(\d))(?<![\w.]\d)(?:(?<!-\d)|(?<=[\w.]-\d))(?=(?:\.?\d){2})(\d*+(?:\.\d++)?+)(?![\w.])|[\w.]{16,}+)"
 )
-_CAPITALISED = re.compile(r"(?<![\w'&-])[A-Z][\w'&-]*+(?: [A-Z][\w'&-]*+){0,5}")
+# A run of Capitalised words; one that starts inside a word (after a letter, digit or one of
+# '&-) is dropped after the scan, which a lookbehind at every position would make ~5x slower.
+_CAPITALISED = re.compile(r"[A-Z][\w'&-]*+(?: [A-Z][\w'&-]*+){0,5}")
+_WORDISH = re.compile(r"[\w'&-]")
+_NAME_SCAN_CHARS = 64 << 10
 _GROUPED = re.compile(r"(?<![\w.,])\d{1,3}(?:,\d{3})++(?:\.\d++)?+(?![\w,]|\.\d)", re.ASCII)
 _CENTS = re.compile(r"-?\d{1,2}\.\d\d", re.ASCII)
 _SIGNED = _compiled(r"-(?<![\w.]-)(?=\d(?:\.?\d){2})\d++(?:\.\d++)?+(?![\w.])")
@@ -454,14 +458,18 @@ def _grouped_keys(words: str, budget: _Budget | None) -> list[str]:
 def _name_keys(text: str, budget: _Budget | None) -> list[str]:
     """Names in longer content, as an argument that is a name is matched (`_NAME`; a short
     string is one whole): every run of up to four Capitalised words ("Riverside View Hotel",
-    "SpeedyRent"), so a name planted in a long page is seen there, as it is in a short field."""
-    found = []
-    if len(text) > _MAX_WHOLE and _left(budget):
-        for run in _scan(_CAPITALISED, text, budget):
-            words = run.split(" ")
-            for start in range(len(words)):
-                for end in range(start + 1, min(start + _MAX_PHRASE_WORDS, len(words)) + 1):
-                    found.append(_NAME + _name(" ".join(words[start:end])))
+    "SpeedyRent") in its first `_NAME_SCAN_CHARS`, so a name planted in a page is seen there, as
+    it is in a short field. (Past that, a name is "seen nowhere": held, as before names were read.)"""
+    found: list[str] = []
+    if len(text) <= _MAX_WHOLE or not _left(budget):
+        return found
+    head = text[:_NAME_SCAN_CHARS]
+    runs = [m for m in _CAPITALISED.finditer(head) if m.start() == 0 or not _WORDISH.match(head, m.start() - 1)]
+    for run in _distinct([m.group(0) for m in runs], budget):
+        words = run.split(" ")
+        for start in range(len(words)):
+            for end in range(start + 1, min(start + _MAX_PHRASE_WORDS, len(words)) + 1):
+                found.append(_NAME + _name(" ".join(words[start:end])))
     return found
 
 
