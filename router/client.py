@@ -143,6 +143,13 @@ class StockadeClient:
         path = f"/v1/approvals/{approval_id}/deny"
         return Approval.model_validate(await self._request("POST", path, json={"note": note}))
 
+    async def endorse(self, session_id: str, call_id: str, note: str = "") -> str:
+        """Endorse, as a human (an approver's token), the output of the session's call ``call_id``:
+        its values count as trusted for this session (docs/policy.md). Returns the source label."""
+        path = f"/v1/sessions/{session_id}/endorsements"
+        answer = await self._request("POST", path, json={"call_id": call_id, "note": note})
+        return str(answer["source"])
+
     async def audit_events(self, **filters: str | int) -> list[AuditEvent]:
         return [AuditEvent.model_validate(e) for e in await self._request("GET", "/v1/audit/events", params=filters)]
 

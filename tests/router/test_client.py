@@ -122,3 +122,31 @@ async def test_langchain_tools_call_through_stockade(clients: dict[str, Stockade
     held = json.loads(await tools["drop_table"].ainvoke({"t": "users"}))
     assert (held["status"], held["reasons"]) == ("pending_approval", ["approval.high_risk"])
     assert tools["word_count"].args_schema == word_count["input_schema"]
+
+
+async def test_the_sdk_endorses_an_output_as_an_approver_and_the_agent_cannot(
+    clients: dict[str, StockadeClient],
+) -> None:
+    """'Pay the bill in this file': the human endorses the read's output; its account and amount
+    then go through. The agent's own token may not endorse (it is what an injection steers)."""
+    agent, approver = clients["agent-1"], clients["oncall"]
+    await clients["root"].register({
+        "name": "read_file", "description": "read a shared file", "risk": "low", "capabilities": ["reads_untrusted"],
+        "input_schema": {"type": "object"}, "executor": {"kind": "external"}})  # fmt: skip
+    await clients["root"].register({
+        "name": "pay", "description": "pay", "risk": "medium", "capabilities": ["financial", "sends_external"],
+        "destination_args": ["iban"], "amount_args": ["amount"], "executor": {"kind": "external"},
+        "input_schema": {"type": "object", "properties": {"iban": {"type": "string"}, "amount": {"type": "number"}}},
+    })  # fmt: skip
+    session = await agent.open_session("alice@example.com", ["Pay the bill in bill.txt"])
+    read = await agent.call(session, "read_file", {"name": "bill.txt"})
+    await agent.report(session, read.call_id, {"text": "Pay 1,250.00 EUR to DE89 3704 0044 0532 0130 00"})
+    payment = {"iban": "DE89370400440532013000", "amount": 1250}
+    assert (await agent.call(session, "pay", payment)).status == "denied"
+    with pytest.raises(ApiError) as forbidden:
+        await agent.endorse(session, read.call_id, "pay the bill")
+    assert forbidden.value.status == 403
+    source = await approver.endorse(session, read.call_id, "the user: pay the bill in bill.txt")
+    assert source == f"untrusted:read_file:{read.call_id}"
+    paid = await agent.call(session, "pay", payment)
+    assert (paid.status, paid.reasons) == ("awaiting_report", [])
