@@ -248,7 +248,7 @@ TOOLS: list[dict[str, Any]] = [
     _tool("invite_user_to_slack", "Invite someone to the chat workspace by e-mail.", SEND_MUTATE, "high",
           {"user": STR, "user_email": EMAIL}, destination=["user_email"]),
     _tool("remove_user_from_slack", "Remove a member from the chat workspace.", ["mutates_state"], "high",
-          {"user": STR}),
+          {"user": STR}, sensitive=["user"]),  # who loses access: a sensitive value, as the guide says
     _tool("post_webpage", "Post content to a web address (an API endpoint, a form).", SEND, "medium",
           {"url": URL, "content": STR}, destination=["url"], content=["content"]),
     # travel

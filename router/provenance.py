@@ -146,6 +146,11 @@ _UNSIGNED = _compiled(
 # '&-) is dropped after the scan, which a lookbehind at every position would make ~5x slower.
 _CAPITALISED = re.compile(r"[A-Z][\w'&-]*+(?: [A-Z][\w'&-]*+){0,5}")
 _WORDISH = re.compile(r"[\w'&-]")
+# A quoted phrase: 'x', "x", \u2018x\u2019 or \u201cx\u201d, one to 64 characters, on one line. (An
+# apostrophe inside a word, as in "it's", opens no quote: the opening quote follows no letter.)
+_QUOTED = re.compile(
+    "(?<![\\w])['\u2018]([^'\u2018\u2019\\n]{1,64})['\u2019](?![\\w])|[\"\u201c]([^\"\u201c\u201d\\n]{1,64})[\"\u201d]"
+)
 _NAME_SCAN_CHARS = 64 << 10
 _GROUPED = re.compile(r"(?<![\w.,])\d{1,3}(?:,\d{3})++(?:\.\d++)?+(?![\w,]|\.\d)", re.ASCII)
 _CENTS = re.compile(r"-?\d{1,2}\.\d\d", re.ASCII)
@@ -456,21 +461,25 @@ def _grouped_keys(words: str, budget: _Budget | None) -> list[str]:
 
 
 def _name_keys(text: str, budget: _Budget | None) -> list[str]:
-    """Names in longer content, as an argument that is a name is matched (`_NAME`; a short
-    string is one whole): every run of up to four Capitalised words ("Riverside View Hotel",
-    "SpeedyRent") in its first `_NAME_SCAN_CHARS`, so a name planted in a page is seen there, as
-    it is in a short field. (Past that, a name is "seen nowhere": held, as before names were read.)"""
+    """Names in content of more than one word, as an argument that is a name is matched
+    (`_NAME`; a whole short string is one already): in its first `_NAME_SCAN_CHARS`, every run of
+    up to four Capitalised words ("Riverside View Hotel", "SpeedyRent") and every quoted phrase of
+    up to 64 characters ('Nw-Sec!2024-reset', "Kalvariju g. 14"), so a value planted in a sentence
+    is seen there, as it is in a field of its own. (Past that, it is "seen nowhere": held.)"""
     found: list[str] = []
-    if len(text) <= _MAX_WHOLE or not _left(budget):
+    if " " not in text or not _left(budget):
         return found
     head = text[:_NAME_SCAN_CHARS]
     runs = [m for m in _CAPITALISED.finditer(head) if m.start() == 0 or not _WORDISH.match(head, m.start() - 1)]
+    phrases = []
     for run in _distinct([m.group(0) for m in runs], budget):
-        words = run.split(" ")
+        words = [word.strip(_PHRASE_EDGES) for word in run.split(" ")]
         for start in range(len(words)):
             for end in range(start + 1, min(start + _MAX_PHRASE_WORDS, len(words)) + 1):
-                found.append(_NAME + _name(" ".join(words[start:end])))
-    return found
+                phrases.append(" ".join(words[start:end]))
+    if "'" in head or '"' in head or "\u2018" in head or "\u201c" in head:
+        phrases += _distinct([q for pair in _QUOTED.findall(head) for q in pair if q.strip()], budget)
+    return [_NAME + _name(phrase) for phrase in phrases]
 
 
 def _number_keys(token: str) -> list[str]:
