@@ -466,17 +466,13 @@ def _name_keys(text: str, budget: _Budget | None) -> list[str]:
     up to four Capitalised words ("Riverside View Hotel", "SpeedyRent") and every quoted phrase of
     up to 64 characters ('Nw-Sec!2024-reset', "Kalvariju g. 14"), so a value planted in a sentence
     is seen there, as it is in a field of its own. (Past that, it is "seen nowhere": held.)"""
-    found: list[str] = []
     if " " not in text or not _left(budget):
-        return found
+        return []
     head = text[:_NAME_SCAN_CHARS]
     runs = [m for m in _CAPITALISED.finditer(head) if m.start() == 0 or not _WORDISH.match(head, m.start() - 1)]
-    phrases = []
+    phrases: list[str] = []
     for run in _distinct([m.group(0) for m in runs], budget):
-        words = [word.strip(_PHRASE_EDGES) for word in run.split(" ")]
-        for start in range(len(words)):
-            for end in range(start + 1, min(start + _MAX_PHRASE_WORDS, len(words)) + 1):
-                phrases.append(" ".join(words[start:end]))
+        phrases.extend(_phrases(run.split(" ")))
     if "'" in head or '"' in head or "\u2018" in head or "\u201c" in head:
         phrases += _distinct([q for pair in _QUOTED.findall(head) for q in pair if q.strip()], budget)
     return [_NAME + _name(phrase) for phrase in phrases]
@@ -672,17 +668,21 @@ def trusted_context_keys(texts: Iterable[str]) -> set[str]:
         # that is exactly such a name traces to the user. Only the user's own words: in tool
         # output every phrase would be far too many keys, and too weak a sign.
         for line in text[:MAX_INDEXED_CHARS].splitlines():
-            words = [w.strip(_PHRASE_EDGES) for w in line.split()]
-            words = [w for w in words if w]
-            for start in range(len(words)):
-                for end in range(start + 1, min(start + _MAX_PHRASE_WORDS, len(words)) + 1):
-                    phrase = " ".join(words[start:end])
-                    keys.add("s:" + phrase)
-                    keys.add(_NAME + _name(phrase))
-                    phrases += 1
-                    if phrases >= MAX_INDEXED_TOKENS * _MAX_PHRASE_WORDS:
-                        return keys
+            for phrase in _phrases(line.split()):
+                keys.add("s:" + phrase)
+                keys.add(_NAME + _name(phrase))
+                phrases += 1
+                if phrases >= MAX_INDEXED_TOKENS * _MAX_PHRASE_WORDS:
+                    return keys
     return keys
+
+
+def _phrases(words: list[str]) -> Iterator[str]:
+    """Every run of one to `_MAX_PHRASE_WORDS` of ``words``, each without the punctuation around it."""
+    stripped = [word for word in (w.strip(_PHRASE_EDGES) for w in words) if word]
+    for start in range(len(stripped)):
+        for end in range(start + 1, min(start + _MAX_PHRASE_WORDS, len(stripped)) + 1):
+            yield " ".join(stripped[start:end])
 
 
 def _identity_keys(leaf: Any) -> set[str]:
