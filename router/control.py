@@ -423,7 +423,8 @@ class ControlPlane:
 
         Raises:
             SessionNotFound: the session is not open. InvalidCall: the call left no output in it.
-            AuditError: the endorsement could not be recorded (it does not take effect).
+            AuditError: the request could not be recorded (then it does not take effect), or its
+                confirmation could not (then it is in force, on record as ``requested``).
             StoreError: the store failed (recorded; whether it took effect is then unknown).
         """
         session = await self._load_session(session_id)
@@ -450,7 +451,13 @@ class ControlPlane:
                 "output the agent received",
                 [FieldProblem("call_id", "no output of this call in this session")],
             )
-        await self._record(event("endorsed", source=source))
+        if not await self._record(event("endorsed", source=source)):
+            # In force already, and on record as requested (before it took effect); the caller
+            # must not read success without its confirmation in the log.
+            raise AuditError(
+                f"the endorsement of {source} is in force (recorded as requested), but its confirmation "
+                "could not be recorded: check the audit log"
+            )
         log.info("source_endorsed", session_id=session.id, source=source, by=by)
         return source
 

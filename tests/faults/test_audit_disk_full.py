@@ -11,10 +11,10 @@ import pytest
 
 from router import AuditError, ControlPlane, Settings
 from router.api import create_app
-from router.audit import AuditEvent, JsonlAuditLog, timestamp
+from router.audit import AuditEvent, AuditFilter, JsonlAuditLog, timestamp
 from router.settings import AuditSettings
 from runner import RunnerSettings
-from tests.conftest import python_tool
+from tests.conftest import external_tool, python_tool
 from tests.faults.conftest import fill, small_tmpfs
 
 
@@ -91,3 +91,45 @@ async def test_calls_are_denied_while_the_disk_is_full_and_served_again_after(
             assert (await ready.get("/readyz")).status_code == 200
             assert (await plane.audit.verify()).ok
             await ready.aclose()
+
+
+async def test_no_endorsement_is_in_force_without_a_record_of_it(tmp_path: Path) -> None:
+    """Nothing unaudited: with the audit disk full, an endorsement is in force only if its request
+    was recorded before it took effect, and the caller is told whenever a record failed; with
+    space back, endorsing works as ever."""
+    with small_tmpfs(tmp_path / "disk", 512) as disk:
+        async with ControlPlane.from_settings(Settings(audit=AuditSettings(path=disk / "audit.jsonl"))) as plane:
+            await plane.register(external_tool("read_file", capabilities=["reads_untrusted"]))
+            await plane.register(external_tool(
+                "pay", risk="medium", capabilities=["financial", "sends_external"], destination_args=["iban"],
+                input_schema={"type": "object", "properties": {"iban": {"type": "string"}}},
+            ))  # fmt: skip
+            session = await plane.open_session("agent-1", "alice@example.com", ["Pay the bills I read"])
+            bill = {"iban": "DE89370400440532013000"}
+            reads = []
+            for _ in range(6):
+                read = await plane.call(session, "read_file", {"name": "bill.txt"})
+                await plane.report(session, read.call_id, {"text": "IBAN DE89 3704 0044 0532 0130 00"})
+                reads.append(read.call_id)
+
+            filler = fill(disk)
+            told = 0
+            for call_id in reads:  # room the readiness probe reserved may take a few appends first
+                try:
+                    await plane.endorse(session, call_id, by="alice@example.com")
+                except AuditError:
+                    told += 1
+            filler.unlink()
+            assert told > 0
+            records = await plane.audit.query(AuditFilter(kind="endorsement"))
+            requested = {e.call_id for e in records if e.outcome == "requested"}
+            in_force = {s.rsplit(":", 1)[1] for s in (await plane.store.load_session(session)).endorsed}  # type: ignore[union-attr]
+            assert in_force - requested == set()  # in force without a record: none
+            # Once space is back: a fresh endorsement is recorded, then in force, then confirmed.
+            fresh = await plane.call(session, "read_file", {"name": "bill.txt"})
+            await plane.report(session, fresh.call_id, {"text": "IBAN DE89 3704 0044 0532 0130 00"})
+            await plane.endorse(session, fresh.call_id, by="alice@example.com")
+            assert (await plane.call(session, "pay", bill)).status == "awaiting_report"
+            outcomes = [e.outcome for e in await plane.audit.query(AuditFilter(kind="endorsement"))]
+            assert outcomes[-2:] == ["requested", "endorsed"]
+            assert (await plane.audit.verify()).ok
