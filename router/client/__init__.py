@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import inspect
-import json
 import textwrap
 import threading
 from collections.abc import Callable, Coroutine, Mapping
@@ -195,20 +194,6 @@ class SyncStockadeClient:
         self._loop.close()
 
 
-# -- adapters ---------------------------------------------------------------------------------
-
-
-def openai_tools(specs: list[ToolSpec]) -> list[dict[str, Any]]:
-    """The tools as OpenAI function-calling definitions (Chat Completions ``tools``)."""
-    return [{"type": "function", "function": {"name": s.name, "description": s.description,
-                                              "parameters": s.input_schema}} for s in specs]  # fmt: skip
-
-
-def anthropic_tools(specs: list[ToolSpec]) -> list[dict[str, Any]]:
-    """The tools as Anthropic Messages API tool definitions."""
-    return [{"name": s.name, "description": s.description, "input_schema": s.input_schema} for s in specs]
-
-
 def sandboxed_tool(**spec: Any) -> Callable[[Callable[..., Any]], dict[str, Any]]:
     """Decorator: a plain Python function (self-contained: imports inside it) as a ``python`` tool
     spec, its JSON Schema taken from the type hints. ``spec``: risk, capabilities, sandbox, ...
@@ -238,21 +223,14 @@ def sandboxed_tool(**spec: Any) -> Callable[[Callable[..., Any]], dict[str, Any]
     return wrap
 
 
-def langchain_tools(client: StockadeClient, session_id: str, specs: list[ToolSpec]) -> list[Any]:
-    """The tools as LangChain ``StructuredTool``s whose every call goes through stockade in
-    ``session_id`` (needs the ``langchain`` extra). A call that does not complete returns the
-    status, reason codes and decision_id as its text, for the model to read."""
-    from langchain_core.tools import StructuredTool  # noqa: PLC0415  (an optional extra)
+from router.client.adapters import anthropic_tools, langchain_tools, openai_tools  # noqa: E402  (re-exported)
 
-    def bind(spec: ToolSpec) -> Any:
-        async def run(**args: Any) -> str:
-            result = await client.call(session_id, spec.name, args)
-            if result.ok:
-                return result.output if isinstance(result.output, str) else json.dumps(result.output)
-            return json.dumps({"status": result.status, "reasons": result.reasons, "decision_id": result.decision_id,
-                               "approval_id": result.approval_id})  # fmt: skip
-
-        return StructuredTool.from_function(coroutine=run, name=spec.name, description=spec.description,
-                                            args_schema=spec.input_schema, infer_schema=False)  # fmt: skip
-
-    return [bind(spec) for spec in specs]
+__all__ = [
+    "ApiError",
+    "StockadeClient",
+    "SyncStockadeClient",
+    "anthropic_tools",
+    "langchain_tools",
+    "openai_tools",
+    "sandboxed_tool",
+]
