@@ -37,7 +37,7 @@ import runner.files
 from policy import Decision, Outcome, PolicyEngine, PolicyInput, SessionInfo, SubjectInfo, ValueSources
 from policy.bundle import fingerprint
 from router import metrics
-from router.approvals import Approval, ApprovalBook, ApprovalError, ApprovalStatus
+from router.approvals import Approval, ApprovalBook, ApprovalError, ApprovalStatus, binding
 from router.audit import AuditEvent, AuditLog, JsonlAuditLog, sha256_hex, timestamp
 from router.audit.redis import RedisAuditLog
 from router.credentials import REDACTOR, Binding, CredentialBroker, CredentialError, Lease, redact
@@ -102,6 +102,7 @@ class _Call:
         "arg_keys",
         "args",
         "argv",
+        "asked",
         "call_id",
         "canonical_args",
         "closed",
@@ -125,7 +126,8 @@ class _Call:
         self.canonical_args = canonical_args
         self.argv: tuple[str, ...] = ()
         self.inputs: tuple[runner_pkg.InputFile, ...] = ()
-        self.approval: Approval | None = None
+        self.approval: Approval | None = None  # a granted approval this call redeems
+        self.asked: Approval | None = None  # an approval asked for this exact call before, not granted
         self.provenance: dict[str, list[str]] = {}
         self.values: dict[str, list[ValueSources]] = {}
         self.arg_keys: set[str] = set()
@@ -555,6 +557,8 @@ class ControlPlane:
         with structlog.contextvars.bound_contextvars(session_id=call.session.id, tool=call.tool.spec.name):
             if approval_id is not None:
                 await self._check_approval(call, approval_id)
+            else:
+                await self._recall_approval(call)
             structlog.contextvars.bind_contextvars(decision_id=call.decision_id)
             try:
                 return await self._steps(call)
@@ -597,6 +601,8 @@ class ControlPlane:
         if decision.outcome is Outcome.DENY:
             raise _Refused(decision.reason_codes)
         if decision.outcome is Outcome.REQUIRE_APPROVAL:
+            if call.asked is not None and call.asked.status is ApprovalStatus.DENIED:
+                raise _Refused(["approval.denied"], self.approvals.event(call.asked, "retry_refused"))
             return await self._hold(call, decision)
         call.going_ahead = True
         if call.approval is not None:
@@ -826,6 +832,37 @@ class ControlPlane:
             raise
         call.decision_id = call.approval.decision_id  # one trail: request, approval, decision, run
 
+    async def _recall_approval(self, call: _Call) -> None:
+        """A call sent again without an approval id: the approval last asked for exactly this call
+        in this session, if any, decides how it goes on. Granted: the call redeems it (as if its id
+        were given: models and MCP clients cannot carry ids). Pending: the call is held under the
+        same approval, not a new one. Refused by a human: the call stays refused until that
+        approval would have expired (a model cannot wear the approver down by retrying). Used or
+        expired: nothing (a new request). The call joins the approval's trail.
+
+        Raises:
+            StoreError: the approval could not be read (audited).
+        """
+        remembered = call.session.approvals.get(binding(call.tool.spec.name, call.canonical_args, call.session.id))
+        if remembered is None:
+            return
+        try:
+            approval = await self.approvals.get(remembered)
+        except ApprovalError:  # no longer kept
+            return
+        except StoreError as exc:
+            await self._audit_rejection(call.session, call.tool.spec.name, exc)
+            raise
+        if approval.status is ApprovalStatus.APPROVED:
+            call.approval = approval
+        elif approval.status is ApprovalStatus.PENDING or (
+            approval.status is ApprovalStatus.DENIED and time.time() < approval.expires_at
+        ):
+            call.asked = approval
+        else:
+            return
+        call.decision_id = approval.decision_id
+
     async def _decide(self, call: _Call, *, mode: str) -> tuple[Decision, str | None]:
         """Steps 3-4: ask policy, pick the sandbox tier, audit the decision. Returns the decision and
         the tier the call runs on (None for a deny or an external tool).
@@ -873,6 +910,12 @@ class ControlPlane:
     async def _hold(self, call: _Call, decision: Decision) -> ToolResult:
         """Step 5: open an approval bound to this exact call, audited; the agent gets its id."""
         call.stage = "approval"
+        if call.asked is not None:  # asked before and still pending: the same approval, asked again
+            await self._audit(self.approvals.event(call.asked, "asked_again"))
+            log.info("tool_call_held_for_approval", reasons=decision.reason_codes, approval_id=call.asked.id)
+            return self._result(call, "pending_approval", reasons=decision.reason_codes).model_copy(
+                update={"approval_id": call.asked.id}
+            )
         approval = await self._store_step(call, self.approvals.open(
             decision_id=call.decision_id, session_id=call.session.id, agent=call.session.agent,
             principal=call.session.principal, tool=call.tool.spec.name,

@@ -29,6 +29,9 @@ class SessionRecord:
     taint: frozenset[str] = field(default_factory=frozenset)
     call_count: int = 0
     endorsed: frozenset[str] = field(default_factory=frozenset)  # source labels a human endorsed
+    # The latest approval asked for each exact call in the session (binding -> approval id): a
+    # retry of a held call finds it, so a model need not carry approval ids (MCP, frameworks).
+    approvals: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +114,8 @@ class Store(Protocol):
         ...
 
     async def put_approval(self, approval: Approval, keep_s: float) -> None:
-        """Store a new approval, kept (whatever its status) for ``keep_s`` seconds."""
+        """Store a new approval, kept (whatever its status) for ``keep_s`` seconds, and remember it
+        in its session (if open) as the latest for its binding (`SessionRecord.approvals`)."""
         ...
 
     async def get_approval(self, approval_id: str) -> Approval | None: ...

@@ -10,7 +10,8 @@ PREFIX = "stockade:"
 
 
 def session(session_id: str) -> str:
-    """Hash: agent, principal, opened_at, trusted_context (JSON), call_count, ``taint:<label>``.
+    """Hash: agent, principal, opened_at, trusted_context (JSON), call_count, ``taint:<label>``,
+    ``endorsed:<source>``, ``approval:<binding>`` -> the latest approval id asked for that call.
     TTL: the session idle TTL, renewed by every call in the session."""
     return f"{PREFIX}session:{session_id}"
 

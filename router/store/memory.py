@@ -124,6 +124,10 @@ class MemoryStore:
         now = time.time()
         self._drop_old_approvals(now)
         self._approvals[approval.id] = (approval, now + keep_s)
+        session = self._sessions.get(approval.session_id)
+        if session is not None:
+            remembered = {**session.record.approvals, approval.binding: approval.id}
+            session.record = dataclasses.replace(session.record, approvals=remembered)
 
     async def get_approval(self, approval_id: str) -> Approval | None:
         entry = self._approvals.get(approval_id)

@@ -75,12 +75,14 @@ if value then redis.call('HDEL', KEYS[1], ARGV[1]) end
 return value
 """
 
-# KEYS: approval, approvals index. ARGV: id, created_at (score), JSON, keep_ms.
-# The index lives as long as the longest-kept approval in it.
+# KEYS: approval, approvals index, session. ARGV: id, created_at (score), JSON, keep_ms, binding.
+# The index lives as long as the longest-kept approval in it; an open session remembers the
+# approval as the latest for its binding ('approval:<binding>' in its hash).
 _PUT_APPROVAL = """
 redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[4])
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
 if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[4]) then redis.call('PEXPIRE', KEYS[2], ARGV[4]) end
+if redis.call('EXISTS', KEYS[3]) == 1 then redis.call('HSET', KEYS[3], 'approval:' .. ARGV[5], ARGV[1]) end
 return 1
 """
 
@@ -208,6 +210,7 @@ class RedisStore:
                 trusted_context=tuple(json.loads(fields["trusted_context"])), call_count=int(fields["call_count"]),
                 taint=frozenset(k.removeprefix("taint:") for k in fields if k.startswith("taint:")),
                 endorsed=frozenset(k.removeprefix("endorsed:") for k in fields if k.startswith("endorsed:")),
+                approvals={k.removeprefix("approval:"): v for k, v in fields.items() if k.startswith("approval:")},
             )  # fmt: skip
         except (KeyError, ValueError, TypeError) as exc:
             raise StoreError(f"session {session_id} in {self._where} is malformed ({exc}); close it") from exc
@@ -307,8 +310,10 @@ class RedisStore:
 
     async def put_approval(self, approval: Approval, keep_s: float) -> None:
         keep_ms = max(1, int(keep_s * 1000))
-        args: list[str | float] = [approval.id, approval.created_at, approval.model_dump_json(), keep_ms]
-        await self._do("store an approval", self._put([keys.approval(approval.id), keys.APPROVALS], args))
+        args: list[str | float] = [approval.id, approval.created_at, approval.model_dump_json(), keep_ms,
+                                   approval.binding]  # fmt: skip
+        script_keys = [keys.approval(approval.id), keys.APPROVALS, keys.session(approval.session_id)]
+        await self._do("store an approval", self._put(script_keys, args))
 
     async def get_approval(self, approval_id: str) -> Approval | None:
         value = await self._do("read an approval", self._redis.get(keys.approval(approval_id)))

@@ -127,3 +127,88 @@ async def test_unknown_approvals_are_refused_and_audited(plane: ControlPlane) ->
         await plane.call(session, "drop_table", {"table": "users"}, approval_id="a-forged")
     errors = await plane.audit.query(AuditFilter(session_id=session, kind="error"))
     assert [e.result["code"] for e in errors if e.result] == ["approval.invalid"]
+
+
+# -- a retry of a held call, without the approval id (MCP clients and models cannot carry ids) --
+
+
+async def test_a_retry_while_pending_is_held_under_the_same_approval(plane: ControlPlane) -> None:
+    session, approval_id = await held(plane)
+    again = await plane.call(session, "drop_table", {"table": "users"})
+    assert (again.status, again.approval_id, again.reasons) == ("pending_approval", approval_id, ["approval.high_risk"])
+    assert [a.id for a in await plane.list_approvals(ApprovalStatus.PENDING)] == [approval_id]  # no second request
+    trail = await plane.audit.query(AuditFilter(decision_id=again.decision_id))
+    assert [(e.kind, e.outcome) for e in trail][-2:] == [("decision", "require_approval"), ("approval", "asked_again")]
+
+
+async def test_a_retry_after_approval_redeems_it_once(plane: ControlPlane) -> None:
+    session, approval_id = await held(plane)
+    await plane.approve(approval_id, "oncall@example.com", note="ticket OPS-9")
+    result = await plane.call(session, "drop_table", {"table": "users"})
+    assert (result.status, result.output) == ("completed", {"table": "users"})
+    assert (await plane.get_approval(approval_id)).status is ApprovalStatus.USED
+    trail = [e.model_dump(mode="json") for e in await plane.audit.query(AuditFilter(decision_id=result.decision_id))]
+    assert [(e["kind"], e["outcome"]) for e in trail] == [
+        ("decision", "require_approval"), ("approval", "requested"), ("approval", "approved"),
+        ("decision", "allow"), ("approval", "redeemed"), ("execution", "ok"),
+    ]  # fmt: skip
+    assert trail[3]["input"]["approval"]["approver"] == "oncall@example.com"
+    # Single use: the next identical call asks a human again, under a new approval.
+    next_one = await plane.call(session, "drop_table", {"table": "users"})
+    assert next_one.status == "pending_approval"
+    assert next_one.approval_id not in (None, approval_id)
+
+
+async def test_a_retry_never_redeems_an_approval_for_other_arguments_or_another_session(plane: ControlPlane) -> None:
+    session, approval_id = await held(plane, "scratch")
+    await plane.approve(approval_id, "oncall@example.com")
+    other_args = await plane.call(session, "drop_table", {"table": "users"})
+    other = await plane.open_session("db-agent", "alice@example.com")
+    other_session = await plane.call(other, "drop_table", {"table": "scratch"})
+    for result in (other_args, other_session):
+        assert result.status == "pending_approval"
+        assert result.approval_id != approval_id
+    assert (await plane.get_approval(approval_id)).status is ApprovalStatus.APPROVED  # still only for its call
+    assert (await plane.call(session, "drop_table", {"table": "scratch"})).status == "completed"
+
+
+async def test_a_retry_after_a_human_said_no_stays_refused(plane: ControlPlane) -> None:
+    session, approval_id = await held(plane)
+    await plane.deny_approval(approval_id, "oncall@example.com", note="not today")
+    for _ in range(3):  # retrying does not wear the approver down with new requests
+        result = await plane.call(session, "drop_table", {"table": "users"})
+        assert (result.status, result.reasons, result.approval_id) == ("denied", ["approval.denied"], None)
+    assert [a.id for a in await plane.list_approvals()] == [approval_id]
+    trail = await plane.audit.query(AuditFilter(decision_id=result.decision_id))
+    refused = [("decision", "require_approval"), ("approval", "retry_refused")]
+    assert [(e.kind, e.outcome) for e in trail][-2:] == refused
+
+
+async def test_a_refusal_lasts_until_the_approval_would_have_expired(tmp_path: Path, store_url: str | None) -> None:
+    settings = Settings(
+        audit=AuditSettings(path=tmp_path / "a.jsonl"), store=StoreSettings(url=store_url), approval_ttl_s=0.5
+    )
+    async with ControlPlane.from_settings(settings) as plane:
+        session, approval_id = await held(plane)
+        await plane.deny_approval(approval_id, "oncall@example.com")
+        assert (await plane.call(session, "drop_table", {"table": "users"})).reasons == ["approval.denied"]
+        await asyncio.sleep(0.6)
+        again = await plane.call(session, "drop_table", {"table": "users"})
+        assert again.status == "pending_approval"
+        assert again.approval_id != approval_id
+
+
+async def test_concurrent_retries_of_an_approved_call_run_it_once(plane: ControlPlane) -> None:
+    session, approval_id = await held(plane)
+    await plane.approve(approval_id, "oncall@example.com")
+    outcomes = await asyncio.gather(
+        *(plane.call(session, "drop_table", {"table": "users"}) for _ in range(4)), return_exceptions=True
+    )
+    completed = [o for o in outcomes if not isinstance(o, BaseException) and o.status == "completed"]
+    assert len(completed) == 1
+    for other in outcomes:  # the others lost the race to redeem, or were held again: none ran
+        if other is completed[0]:
+            continue
+        assert isinstance(other, ApprovalError) or other.status == "pending_approval", other
+    executions = await plane.audit.query(AuditFilter(kind="execution"))
+    assert len(executions) == 1
