@@ -137,36 +137,52 @@ def serve(
 @app.command()
 def mcp(
     ctx: typer.Context,
-    agent: Annotated[str, typer.Option(help="The agent's name: policy, audit and approvals see it.")],
+    agent: Annotated[str, typer.Option(help="The agent's name (stdio; over HTTP with tokens, each token's).")],
     principal: Annotated[str, typer.Option(help="The human the agent acts for.")],
     tools: Annotated[Path | None, typer.Option(help="JSON file: a list of tool specs to register.")] = None,
     trusted: Annotated[list[str] | None, typer.Option(help="Trusted context (the user's request); repeatable.")] = None,
     http: Annotated[bool, typer.Option("--http", help="Serve streamable HTTP at /mcp instead of stdio.")] = False,
-    host: Annotated[str, typer.Option(help="Address for --http.")] = "127.0.0.1",
+    host: Annotated[
+        str, typer.Option(help="Address for --http (beyond loopback only with bearer tokens).")
+    ] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535, help="Port for --http.")] = 8765,
+    elicitation: Annotated[
+        bool, typer.Option(help="Ask the human in the MCP client to decide held calls, when the client can.")
+    ] = True,
 ) -> None:
-    """Serve the registered tools to MCP clients (stdio by default), every call through stockade."""
+    """Serve the registered tools to MCP clients (stdio by default), every call through stockade.
+
+    Each MCP connection is one stockade session, kept alive while the client is connected. Over
+    --http, agent principals in STOCKADE_API_PRINCIPALS make bearer tokens required (each token's
+    name is the agent); without any, only a loopback address is served.
+    """
     import mcp.server.stdio  # noqa: PLC0415  (only MCP users pay for it)
     import uvicorn  # noqa: PLC0415
 
     from router.control import ControlPlane  # noqa: PLC0415
-    from router.mcp import build_server  # noqa: PLC0415
+    from router.mcp import build_server, is_loopback, require_bearer, token_names  # noqa: PLC0415
 
     settings = _settings(ctx)
-    try:
-        specs = json.loads(tools.read_text()) if tools else []
-    except (OSError, ValueError) as exc:
-        raise _fail(f"cannot read the tool specs in {tools}: {exc}") from exc
-    if not isinstance(specs, list):
-        raise _fail(f"{tools} must hold a JSON list of tool specs")
+    specs = _tool_specs(tools) if tools else []
+    tokens = token_names(settings.api_principals) if http else {}
+    if http and not tokens and not is_loopback(host):
+        raise _fail(f"refusing to serve MCP on {host} without authentication: configure agent principals "
+                    "(STOCKADE_API_PRINCIPALS, tokens from `stockade api-token`) or listen on 127.0.0.1")  # fmt: skip
+    refused: list[str] = []
 
     async def run() -> None:
         async with ControlPlane.from_settings(settings) as plane:
-            for spec in specs:
-                await plane.register(spec)
-            server = build_server(plane, agent=agent, principal=principal, trusted_context=trusted or [])
+            for i, spec in enumerate(specs):
+                try:
+                    await plane.register(spec)
+                except StockadeError as exc:
+                    refused.append(f"{tools}: tool #{i} ({spec.get('name', '?')!s:.64}) was refused: {exc}")
+                    return
+            server = build_server(plane, agent=agent, principal=principal, trusted_context=trusted or [],
+                                  tokens=tokens or None, elicitation=elicitation)  # fmt: skip
             if http:
-                config = uvicorn.Config(server.streamable_http_app(host=host), host=host, port=port,
+                asgi = server.streamable_http_app(host=host)
+                config = uvicorn.Config(require_bearer(asgi, tokens) if tokens else asgi, host=host, port=port,
                                         log_level=settings.log_level, access_log=False)  # fmt: skip
                 await uvicorn.Server(config).serve()
                 return
@@ -177,6 +193,30 @@ def mcp(
         asyncio.run(run())
     except StockadeError as exc:
         raise _fail(str(exc)) from exc
+    if refused:
+        raise _fail(refused[0])
+
+
+def _tool_specs(path: Path) -> list[dict[str, Any]]:
+    """The tool specs in a JSON file, each checked as a ToolSpec (exit 2 naming the tool and field)."""
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    from router.tools import ToolSpec  # noqa: PLC0415
+
+    try:
+        specs = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise _fail(f"cannot read the tool specs in {path}: {exc}") from exc
+    if not isinstance(specs, list) or not all(isinstance(s, dict) for s in specs):
+        raise _fail(f"{path} must hold a JSON list of tool specs (objects)")
+    for i, spec in enumerate(specs):
+        try:
+            ToolSpec.model_validate(spec)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(spec)'}: {e['msg']}" for e in exc.errors())
+            raise _fail(f"{path}: tool #{i} ({str(spec.get('name', '?'))[:64]}) is not a valid tool spec: "
+                        f"{problems[:1500]}") from None  # fmt: skip
+    return specs
 
 
 @app.command("api-token")

@@ -340,6 +340,15 @@ class ControlPlane:
         for sandbox in self.sandboxes.values():
             await sandbox.close_session(session_id)
 
+    async def renew_session(self, session_id: str, *, agent: str | None = None) -> None:
+        """Keep an open session from expiring, as a call in it would (a client that stays
+        connected, like an MCP client, keeps its session). ``agent``: as for `decide`.
+
+        Raises:
+            SessionNotFound: the session is not open (expired, closed, or the store lost it).
+        """
+        await self._load_session(session_id, agent)
+
     async def permitted_tools(self, session_id: str) -> list[ToolSpec]:
         """The tools policy could allow in this session now (judged with empty arguments and no rate
         counts, without auditing: a listing, not a call). What an MCP client is shown.

@@ -1,68 +1,343 @@
 """stockade as an MCP server (the ``mcp`` SDK's low-level `Server`), over stdio or streamable HTTP.
 
-One MCP server is one agent task: it opens one stockade session for the agent and principal it
-was started with (``stockade mcp --agent claude --principal alice@example.com``) and every MCP
-client of it works in that session. ``tools/list`` shows the registered tools that policy could
-allow now; each ``tools/call`` goes through the full pipeline. Denials, held calls and errors
-come back as tool results with ``is_error`` set, naming the reason codes and the ``decision_id``
-(and the ``approval_id`` of a held call), never as protocol errors: the model can read them.
+Each MCP connection is one agent task: it gets its own stockade session, opened (under a lock)
+on its first request, for the agent and principal the server was started with, or, over HTTP
+with bearer tokens, for the agent the token names. Over HTTP a connection is an MCP session
+(``Mcp-Session-Id``, handshake-era clients; its stockade session is closed when the SDK ends it
+after 30 idle minutes) or, for stateless 2026-07-28 clients, the bearer token (one session per
+agent token for the server's life). The session is renewed in the background while its
+connection lasts, however long it idles, and is never silently replaced: if the store loses it,
+every call says so, because a fresh session would have forgotten the untrusted content the model
+still holds in its context.
+
+``tools/list`` shows the registered tools policy could allow now, with annotations taken from
+their capabilities and risk; ``external`` tools are not served (no MCP client can report their
+output). Each ``tools/call`` goes through the full pipeline. Denials, held calls and errors come
+back as tool results with ``is_error`` set, naming the reason codes and the ``decision_id``,
+never as protocol errors: the model can read them.
+
+A held call is completed without anyone carrying an approval id: when the client supports
+elicitation the server asks the human in the client ("allow send_email to bob@…?"); the answer
+is recorded as the approval (approver: the session's principal, through the named client) and
+the call goes on. Without elicitation, a human approves out of band (``stockade approvals``) and
+the model calls again with the same arguments: the router redeems the granted approval.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import hashlib
+import hmac
 import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import mcp_types as types
+import structlog
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from router.approvals import Approval, ApprovalStatus
 from router.control import VERSION, ControlPlane
-from router.errors import StockadeError
+from router.errors import SessionNotFound, StockadeError
 from router.results import ToolResult
+from router.tools import ExternalExecutor, ToolSpec
+
+log = structlog.get_logger(__name__)
+
+# The ``mcp`` SDK ends an idle streamable-HTTP session after 30 minutes; its stockade session
+# is kept that long after the last request, then closed.
+HTTP_IDLE_S = 30 * 60.0
+_STDIO = "stdio"
+_LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
+_ELICIT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "approve": {"type": "boolean", "title": "Allow this call?"},
+        "note": {"type": "string", "title": "Note for the audit log"},
+    },
+    "required": ["approve"],
+}
 
 
-def _text(text: str, *, error: bool) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=error)
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is an address only this machine can reach."""
+    return host in _LOOPBACK or host.startswith("127.")
+
+
+def _text(text: str, *, error: bool, structured: dict[str, Any] | None = None) -> types.CallToolResult:
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=text)], is_error=error, structured_content=structured
+    )
+
+
+def _refusal(code: str, message: str) -> types.CallToolResult:
+    said = {"status": "refused", "reasons": [code], "message": message}
+    return _text(json.dumps(said), error=True, structured=said)
 
 
 def _answer(result: ToolResult) -> types.CallToolResult:
     if result.ok:
         body = result.output if result.output is not None else result.stdout
-        return _text(body if isinstance(body, str) else json.dumps(body), error=False)
+        text = body if isinstance(body, str) else json.dumps(body)
+        return _text(text, error=False, structured=body if isinstance(body, dict) else None)
     said: dict[str, Any] = {"status": result.status, "reasons": result.reasons, "decision_id": result.decision_id}
     if result.approval_id:
         said["approval_id"] = result.approval_id
-        said["next"] = "a human must approve; then call again with the same arguments"
+        said["next"] = "a human must approve this exact call; then call again with the same arguments"
     if result.status == "completed":  # it ran, and failed (timeout, non-zero exit, OOM)
         said |= {"verdict": result.verdict, "stderr": result.stderr[-2000:]}
-    return _text(json.dumps(said), error=True)
+    return _text(json.dumps(said), error=True, structured=said)
+
+
+def tool_annotations(spec: ToolSpec) -> types.ToolAnnotations:
+    """MCP's behaviour hints, from what the tool declares about itself."""
+    caps = set(spec.capabilities)
+    acts = bool(caps & {"mutates_state", "sends_external", "financial", "executes_code"})
+    return types.ToolAnnotations(
+        read_only_hint=not acts,
+        destructive_hint=acts and ("mutates_state" in caps or spec.risk in ("high", "critical")),
+        open_world_hint=bool(caps & {"reads_untrusted", "sends_external"}),
+    )
+
+
+def token_names(principals: Any) -> dict[bytes, str]:
+    """sha256 digest of each agent principal's token -> its name (settings.api_principals)."""
+    return {bytes.fromhex(p.token_sha256): p.name for p in principals if p.role == "agent"}
+
+
+@dataclass
+class _Session:
+    id: str
+    agent: str
+    last_seen: float
+    lost: bool = False
+
+
+class _Sessions:
+    """One stockade session per MCP connection, kept alive while the connection is."""
+
+    def __init__(self, plane: ControlPlane, principal: str, trusted_context: list[str]) -> None:
+        self._plane = plane
+        self._principal = principal
+        self._trusted = trusted_context
+        self._open: dict[str, _Session] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._keeper: asyncio.Task[None] | None = None
+
+    async def get(self, key: str, agent: str) -> _Session:
+        """The connection's session, opened on first use (once: concurrent first requests wait)."""
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            session = self._open.get(key)
+            if session is None:
+                sid = await self._plane.open_session(agent, self._principal, self._trusted)
+                session = self._open[key] = _Session(sid, agent, time.monotonic())
+                log.info("mcp_session_opened", connection=key if key == _STDIO else "http", session_id=sid)
+            session.last_seen = time.monotonic()
+        if self._keeper is None or self._keeper.done():
+            self._keeper = asyncio.get_running_loop().create_task(self._keep())
+        return session
+
+    async def _keep(self) -> None:
+        """Renew every connected session well within the idle TTL; close those whose HTTP
+        connection is gone (the SDK ended it after its idle timeout)."""
+        interval = min(max(self._plane.settings.session_idle_ttl_s / 3, 0.05), 300.0)
+        while self._open:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            for key, session in list(self._open.items()):
+                if session.lost:
+                    continue
+                if not key.endswith("\0") and key != _STDIO and now - session.last_seen > HTTP_IDLE_S:
+                    del self._open[key]
+                    self._locks.pop(key, None)
+                    with contextlib.suppress(StockadeError):  # already expired or closed
+                        await self._plane.close_session(session.id)
+                    continue
+                try:
+                    await self._plane.renew_session(session.id, agent=session.agent)
+                except SessionNotFound:
+                    session.lost = True
+                    log.error("mcp_session_lost", session_id=session.id)
+                except Exception as exc:  # the store is down: try again next round
+                    log.warning("mcp_session_renewal_failed", session_id=session.id, error=str(exc))
 
 
 def build_server(
-    plane: ControlPlane, *, agent: str, principal: str, trusted_context: list[str] | None = None
+    plane: ControlPlane,
+    *,
+    agent: str,
+    principal: str,
+    trusted_context: list[str] | None = None,
+    tokens: Mapping[bytes, str] | None = None,
+    elicitation: bool = True,
 ) -> Server[Any]:
-    """An MCP server whose tools are ``plane``'s, called as ``agent`` acting for ``principal``."""
-    state: dict[str, str] = {}
+    """An MCP server whose tools are ``plane``'s, called as ``agent`` acting for ``principal``.
 
-    async def session() -> str:
-        if "id" not in state:
-            state["id"] = await plane.open_session(agent, principal, trusted_context or [])
-        return state["id"]
+    ``tokens``: over HTTP, sha256 of each accepted bearer token -> the agent it authenticates
+    (every request must carry one: wrap the HTTP app with `require_bearer`); the connection's
+    session is that agent's. ``elicitation``: ask the human in the client to decide held calls.
+    """
+    sessions = _Sessions(plane, principal, trusted_context or [])
+
+    def who(ctx: ServerRequestContext[Any, Any]) -> tuple[str, str]:
+        """The connection key and the agent, for this request."""
+        request = ctx.request
+        headers = getattr(request, "headers", None)
+        if headers is None:
+            return _STDIO, agent
+        name = agent
+        if tokens is not None:
+            name = _token_agent(headers.get("authorization"), tokens) or ""
+            if not name:  # require_bearer turns these away first; never serve one unauthenticated
+                raise PermissionError("no valid bearer token")
+        # Handshake-era clients name their MCP session; a 2026-07-28 client over HTTP is stateless,
+        # so its task is its bearer token's (one session per agent token, for the server's life).
+        mcp_session = headers.get("mcp-session-id")
+        return (f"{name}\0{mcp_session}" if mcp_session else f"{name}\0"), name
+
+    async def session_for(ctx: ServerRequestContext[Any, Any]) -> _Session:
+        key, name = who(ctx)
+        return await sessions.get(key, name)
 
     async def list_tools(
-        _: ServerRequestContext[Any, Any], __: types.PaginatedRequestParams | None
+        ctx: ServerRequestContext[Any, Any], __: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        allowed = await plane.permitted_tools(await session())
+        session = await session_for(ctx)
+        allowed = [s for s in await plane.permitted_tools(session.id) if not isinstance(s.executor, ExternalExecutor)]
         return types.ListToolsResult(tools=[
-            types.Tool(name=s.name, description=s.description, input_schema=s.input_schema) for s in allowed
+            types.Tool(name=s.name, description=s.description, input_schema=s.input_schema,
+                       annotations=tool_annotations(s))
+            for s in allowed
         ])  # fmt: skip
 
-    async def call_tool(_: ServerRequestContext[Any, Any], params: types.CallToolRequestParams) -> types.CallToolResult:
+    async def call_tool(
+        ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        session = await session_for(ctx)
+        if session.lost:
+            return _refusal("session.lost", (
+                f"stockade session {session.id} is gone (the store lost it): what this conversation read is no "
+                "longer tracked, so no call can be decided safely. Restart the MCP server or reconnect."
+            ))  # fmt: skip
+        name, args = params.name, dict(params.arguments or {})
         try:
-            result = await plane.call(await session(), params.name, dict(params.arguments or {}))
+            if isinstance(plane.registry.get(name).spec.executor, ExternalExecutor):
+                return _refusal("tool.not_served", f"{name} is an external tool: it is not served over MCP")
+            answered = bool(params.request_state and params.input_responses)
+            if answered:  # the human answered (2026-07-28 flow); dismissed, it is not asked again
+                await _record_answer(ctx, plane, session, principal, name, args, params)
+            result = await plane.call(session.id, name, args, agent=session.agent)
+            if result.status == "pending_approval" and elicitation and not answered and _can_elicit(ctx):
+                assert result.approval_id is not None  # noqa: S101  (a held result has one)
+                approval = await plane.get_approval(result.approval_id)
+                ask = types.ElicitRequestFormParams(
+                    message=_question(approval, session, principal), requested_schema=_ELICIT_SCHEMA
+                )
+                if not ctx.session.can_send_request:  # the client asks, then sends the call again
+                    return types.InputRequiredResult(
+                        input_requests={"approval": types.ElicitRequest(params=ask)}, request_state=approval.id
+                    )
+                try:
+                    answer = await ctx.session.elicit_form(
+                        ask.message, _ELICIT_SCHEMA, related_request_id=ctx.request_id
+                    )
+                except Exception as exc:  # the client could not ask: out-of-band approval remains
+                    log.warning("mcp_elicitation_failed", approval_id=approval.id, error=f"{type(exc).__name__}: {exc}")
+                else:
+                    if await _decide(ctx, plane, approval, principal, answer):
+                        # Approved: the retry redeems it. Refused: it is refused (approval.denied), audited.
+                        result = await plane.call(session.id, name, args, agent=session.agent)
         except StockadeError as exc:  # bad arguments, unknown tool, a refused approval: the model can fix these
-            return _text(json.dumps({"status": "refused", "reasons": [exc.code], "message": str(exc)}), error=True)
+            return _refusal(exc.code, str(exc))
         return _answer(result)
 
     return Server("stockade", version=VERSION, on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+def _can_elicit(ctx: ServerRequestContext[Any, Any]) -> bool:
+    return ctx.session.check_client_capability(types.ClientCapabilities(elicitation=types.ElicitationCapability()))
+
+
+def _question(approval: Approval, session: _Session, principal: str) -> str:
+    """What the human is asked: who, which tool, the exact arguments, and why it was held."""
+    shown = approval.args if len(approval.args) <= 1500 else approval.args[:1500] + "…"
+    why = "; ".join(r.get("message") or r["code"] for r in approval.reasons)
+    asked = f"stockade holds a call by {session.agent} for {principal}: {approval.tool} {shown}"
+    return f"{asked}\nWhy: {why}\nAllow it, once?"
+
+
+async def _record_answer(
+    ctx: ServerRequestContext[Any, Any], plane: ControlPlane, session: _Session, principal: str, tool: str,
+    args: dict[str, Any], params: types.CallToolRequestParams,
+) -> None:  # fmt: skip
+    """Record the answer a client sent back with a retried call, if it is for exactly this call's
+    pending approval (the state a client echoes is not trusted to name another call)."""
+    answer = (params.input_responses or {}).get("approval")
+    try:
+        approval = await plane.get_approval(str(params.request_state))
+    except StockadeError:
+        return
+    same_call = approval.session_id == session.id and approval.tool == tool and json.loads(approval.args) == args
+    if isinstance(answer, types.ElicitResult) and same_call and approval.status is ApprovalStatus.PENDING:
+        await _decide(ctx, plane, approval, principal, answer)
+
+
+async def _decide(
+    ctx: ServerRequestContext[Any, Any], plane: ControlPlane, approval: Approval, principal: str,
+    answer: types.ElicitResult,
+) -> bool:  # fmt: skip
+    """Record the human's answer as the approval's decision; False if they did not decide
+    (dismissed: it stays pending, for an approver out of band)."""
+    content = answer.content or {}
+    if answer.action != "accept" or not isinstance(content.get("approve"), bool):
+        return False
+    client = ctx.session.client_params.client_info if ctx.session.client_params else None
+    via = f"{client.name} {client.version}" if client else "an MCP client"
+    approver = f"{principal} (via {via})"
+    note = f"answered in {via} (MCP elicitation)"
+    said = content.get("note")
+    if isinstance(said, str) and said.strip():
+        note += f": {said.strip()[:1000]}"
+    if content["approve"]:
+        await plane.approve(approval.id, approver, note)
+    else:
+        await plane.deny_approval(approval.id, approver, note)
+    return True
+
+
+def _token_agent(header: str | None, tokens: Mapping[bytes, str]) -> str | None:
+    if not header or not header.lower().startswith("bearer "):
+        return None
+    digest = hashlib.sha256(header[7:].strip().encode()).digest()
+    for known, name in tokens.items():
+        if hmac.compare_digest(known, digest):
+            return name
+    return None
+
+
+def require_bearer(app: ASGIApp, tokens: Mapping[bytes, str]) -> ASGIApp:
+    """Wrap the streamable-HTTP app: a request without a known agent's bearer token gets 401."""
+
+    async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
+            if _token_agent(header, tokens) is None:
+                body = json.dumps({
+                    "type": "urn:stockade:problem:auth.unauthenticated", "title": "Unauthorized", "status": 401,
+                    "detail": "send Authorization: Bearer <token> of an agent principal (STOCKADE_API_PRINCIPALS)",
+                }).encode()  # fmt: skip
+                await send({"type": "http.response.start", "status": 401, "headers": [
+                    (b"content-type", b"application/problem+json"), (b"www-authenticate", b'Bearer realm="stockade"'),
+                    (b"content-length", str(len(body)).encode()),
+                ]})  # fmt: skip
+                await send({"type": "http.response.body", "body": body})
+                return
+        await app(scope, receive, send)
+
+    return guarded

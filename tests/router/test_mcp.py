@@ -3,18 +3,26 @@ held results as readable tool results, in process, over stdio and over streamabl
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import hashlib
 import json
 import os
+import secrets
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
+import mcp_types as types
 import pytest
 from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 
-from router import ControlPlane, Settings
+from router import ApprovalStatus, ControlPlane, Settings
 from router.audit import AuditFilter
 from router.mcp import build_server
 from router.settings import AuditSettings
@@ -24,12 +32,14 @@ TOOLS: list[dict[str, Any]] = [
     python_tool("echo", ECHO),
     python_tool("drop_table", ECHO, risk="critical", capabilities=["mutates_state"]),
     python_tool("read_page", ECHO, capabilities=["reads_untrusted"]),  # what it returns is untrusted content
-    external_tool(
+    python_tool(
         "set_password",
+        ECHO,
         capabilities=["mutates_state"],
         sensitive_args=["word"],
         input_schema={"type": "object", "properties": {"word": {"type": "string"}}},
     ),
+    external_tool("browser_click"),  # the framework would run it and report: no MCP client can
 ]
 STOCKADE = str(Path(sys.executable).parent / "stockade")
 
@@ -37,7 +47,7 @@ STOCKADE = str(Path(sys.executable).parent / "stockade")
 async def exercise(client: Client) -> None:
     """What every transport must show: the listing, an allowed call, a held one, a bad one."""
     listed = await client.list_tools()
-    assert sorted(t.name for t in listed.tools) == ["drop_table", "echo", "read_page", "set_password"]
+    assert sorted(t.name for t in listed.tools) == ["drop_table", "echo", "read_page", "set_password"]  # no external
     ok = await client.call_tool("echo", {"word": "hi"})
     assert (ok.is_error, json.loads(ok.content[0].text)) == (False, {"word": "hi"})  # type: ignore[union-attr]
     held = await client.call_tool("drop_table", {"table": "users"})
@@ -85,10 +95,10 @@ async def test_an_mcp_client_over_stdio(tmp_path: Path) -> None:
 
 
 @contextlib.contextmanager
-def mcp_http(tmp_path: Path) -> Iterator[str]:
+def mcp_http(tmp_path: Path, extra_env: dict[str, str] | None = None) -> Iterator[str]:
     args = ["mcp", "--agent", "claude", "--principal", "alice@example.com", "--tools", str(write_tools(tmp_path)),
             "--http"]  # fmt: skip
-    env = {"STOCKADE_AUDIT__PATH": str(tmp_path / "audit.jsonl"), "STOCKADE_LOG_LEVEL": "error"}
+    env = {"STOCKADE_AUDIT__PATH": str(tmp_path / "audit.jsonl"), "STOCKADE_LOG_LEVEL": "error", **(extra_env or {})}
     with stockade_server(args, env, tmp_path / "mcp.log", "/mcp") as url:
         yield url + "/mcp"
 
@@ -97,3 +107,199 @@ async def test_an_mcp_client_over_streamable_http(tmp_path: Path) -> None:
     with mcp_http(tmp_path) as url:
         async with Client(url) as client:
             await exercise(client)
+
+
+# -- approvals that complete, sessions that live, one identity per connection --------------
+
+
+async def test_a_held_call_completes_after_an_out_of_band_approval(plane: ControlPlane) -> None:
+    """No elicitation: a human approves (stockade approvals / the API) and the model's retry,
+    which carries no approval id, runs the call, once."""
+    server = build_server(plane, agent="claude", principal="alice@example.com")
+    async with Client(server) as client:
+        held = json.loads((await client.call_tool("drop_table", {"table": "users"})).content[0].text)  # type: ignore[union-attr]
+        again = json.loads((await client.call_tool("drop_table", {"table": "users"})).content[0].text)  # type: ignore[union-attr]
+        assert again["approval_id"] == held["approval_id"]  # retried while pending: the same request
+        await plane.approve(held["approval_id"], "oncall@example.com")
+        done = await client.call_tool("drop_table", {"table": "users"})
+        assert (done.is_error, done.structured_content) == (False, {"table": "users"})
+        next_time = json.loads((await client.call_tool("drop_table", {"table": "users"})).content[0].text)  # type: ignore[union-attr]
+        assert next_time["status"] == "pending_approval"  # single use
+        assert next_time["approval_id"] != held["approval_id"]
+
+
+def elicitation(answer: types.ElicitResult, asked: list[str]) -> Any:
+    async def callback(_: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params.message)
+        return answer
+
+    return callback
+
+
+async def test_the_human_decides_a_held_call_in_the_client_by_elicitation(plane: ControlPlane) -> None:
+    asked: list[str] = []
+    yes = types.ElicitResult(action="accept", content={"approve": True, "note": "ticket OPS-1"})
+    server = build_server(plane, agent="claude", principal="alice@example.com")
+    info = types.Implementation(name="test-ide", version="9.9")
+    async with Client(server, elicitation_callback=elicitation(yes, asked), client_info=info) as client:
+        done = await client.call_tool("drop_table", {"table": "users"})
+    assert (done.is_error, done.structured_content) == (False, {"table": "users"})
+    [message] = asked
+    assert "drop_table" in message
+    assert '"table":"users"' in message.replace(" ", "")
+    assert "claude" in message
+    approvals = await plane.audit.query(AuditFilter(kind="approval"))
+    assert [e.outcome for e in approvals] == ["requested", "approved", "redeemed"]
+    granted = approvals[1].result
+    assert granted is not None
+    assert granted["approver"] == "alice@example.com (via test-ide 9.9)"
+    assert "ticket OPS-1" in granted["note"]
+    assert "elicitation" in granted["note"]
+
+
+async def test_a_no_in_the_client_refuses_the_call_and_a_dismissal_leaves_it_held(plane: ControlPlane) -> None:
+    asked: list[str] = []
+    no = types.ElicitResult(action="accept", content={"approve": False})
+    server = build_server(plane, agent="claude", principal="alice@example.com")
+    async with Client(server, elicitation_callback=elicitation(no, asked)) as client:
+        refused = await client.call_tool("drop_table", {"table": "users"})
+        assert refused.is_error
+        assert refused.structured_content["reasons"] == ["approval.denied"]
+    dismiss = types.ElicitResult(action="cancel")
+    async with Client(server, elicitation_callback=elicitation(dismiss, asked)) as client:
+        held = await client.call_tool("drop_table", {"table": "scratch"})
+        assert held.structured_content["status"] == "pending_approval"
+    [pending] = await plane.list_approvals(ApprovalStatus.PENDING)  # for an approver out of band
+    assert json.loads(pending.args) == {"table": "scratch"}
+    assert len(asked) == 2
+
+
+async def test_tools_carry_annotations_and_results_structured_content(plane: ControlPlane) -> None:
+    server = build_server(plane, agent="claude", principal="alice@example.com")
+    async with Client(server) as client:
+        listed = {t.name: t.annotations for t in (await client.list_tools()).tools}
+        echo = await client.call_tool("echo", {"word": "hi"})
+        external = await client.call_tool("browser_click", {})
+    assert listed["echo"] is not None
+    assert (listed["echo"].read_only_hint, listed["echo"].destructive_hint) == (True, False)
+    assert listed["drop_table"] is not None
+    assert (listed["drop_table"].read_only_hint, listed["drop_table"].destructive_hint) == (False, True)
+    assert listed["read_page"] is not None
+    assert listed["read_page"].open_world_hint is True
+    assert echo.structured_content == {"word": "hi"}
+    assert external.is_error
+    assert external.structured_content["reasons"] == ["tool.not_served"]
+
+
+async def test_a_connected_client_keeps_its_session_past_the_idle_limit(tmp_path: Path) -> None:
+    settings = Settings(audit=AuditSettings(path=tmp_path / "audit.jsonl"), session_idle_ttl_s=0.6)
+    async with ControlPlane.from_settings(settings) as plane:
+        for tool in TOOLS:
+            await plane.register(tool)
+        server = build_server(plane, agent="claude", principal="alice@example.com")
+        async with Client(server) as client:
+            await client.call_tool("read_page", {"word": "hunter2-from-the-page"})
+            await asyncio.sleep(2.0)  # over three idle limits, no request at all
+            denied = await client.call_tool("set_password", {"word": "hunter2-from-the-page"})
+            # The same session: it still knows the page was read, and denies the injected value.
+            assert denied.structured_content["reasons"] == ["provenance.untrusted_destination"]
+            assert len({e.session_id for e in await plane.audit.query(AuditFilter(kind="decision"))}) == 1
+
+
+async def test_a_lost_session_is_reported_never_silently_replaced(plane: ControlPlane) -> None:
+    server = build_server(plane, agent="claude", principal="alice@example.com")
+    async with Client(server) as client:
+        await client.call_tool("read_page", {"word": "hunter2-from-the-page"})
+        [decision] = await plane.audit.query(AuditFilter(kind="decision"))
+        assert decision.session_id is not None
+        await plane.close_session(decision.session_id)  # as if the store lost it
+        gone = await client.call_tool("set_password", {"word": "hunter2-from-the-page"})
+        assert gone.is_error
+        reasons = gone.structured_content["reasons"]
+        assert reasons in (["session.not_found"], ["session.lost"])
+    decisions = await plane.audit.query(AuditFilter(kind="decision"))
+    assert [e.tool for e in decisions] == ["read_page"]  # nothing decided in a fresh, forgetful session
+
+
+async def test_each_http_mcp_session_gets_its_own_stockade_session(tmp_path: Path) -> None:
+    with mcp_http(tmp_path) as url:  # handshake-era clients: one MCP session each (Mcp-Session-Id)
+        async with Client(url, mode="legacy") as first, Client(url, mode="legacy") as second:
+            await first.call_tool("read_page", {"word": "hunter2-from-the-page"})
+            theirs = await first.call_tool("set_password", {"word": "hunter2-from-the-page"})
+            mine = await second.call_tool("set_password", {"word": "hunter2-from-the-page"})
+    assert theirs.structured_content["reasons"] == ["provenance.untrusted_destination"]
+    # The second client never read the page: the value has no untrusted source in its session.
+    assert (mine.is_error, mine.structured_content) == (False, {"word": "hunter2-from-the-page"})
+    audit = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert len({e["session_id"] for e in audit if e["kind"] == "decision"}) == 2
+
+
+@contextlib.asynccontextmanager
+async def bearer_client(url: str, token: str) -> AsyncIterator[Client]:
+    """An MCP client sending the token (the SDK leaves a client it was given open: closed here)."""
+    async with (
+        create_mcp_http_client(headers={"Authorization": f"Bearer {token}"}) as http,
+        Client(streamable_http_client(url, http_client=http)) as client,
+    ):
+        yield client
+
+
+def agent_tokens(*names: str) -> tuple[dict[str, str], str]:
+    """A token per agent name, and STOCKADE_API_PRINCIPALS holding their hashes."""
+    tokens = {name: secrets.token_urlsafe(24) for name in names}
+    principals = [{"name": n, "role": "agent", "token_sha256": hashlib.sha256(t.encode()).hexdigest()}
+                  for n, t in tokens.items()]  # fmt: skip
+    return tokens, json.dumps(principals)
+
+
+async def test_stateless_http_clients_get_a_session_per_agent_token(tmp_path: Path) -> None:
+    tokens, principals = agent_tokens("cursor-bot", "claude-bot")
+    with mcp_http(tmp_path, {"STOCKADE_API_PRINCIPALS": principals}) as url:
+        async with bearer_client(url, tokens["cursor-bot"]) as reader:
+            await reader.call_tool("read_page", {"word": "hunter2-from-the-page"})
+        async with bearer_client(url, tokens["cursor-bot"]) as same, bearer_client(url, tokens["claude-bot"]) as other:
+            again = await same.call_tool("set_password", {"word": "hunter2-from-the-page"})
+            theirs = await other.call_tool("set_password", {"word": "hunter2-from-the-page"})
+    # The same agent task still knows what it read; another agent's session never saw the page.
+    assert again.structured_content["reasons"] == ["provenance.untrusted_destination"]
+    assert (theirs.is_error, theirs.structured_content) == (False, {"word": "hunter2-from-the-page"})
+    audit = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    sessions = {(e["agent"], e["session_id"]) for e in audit if e["kind"] == "decision"}
+    assert sorted(agent for agent, _ in sessions) == ["claude-bot", "cursor-bot"]
+
+
+async def test_mcp_over_http_requires_a_token_when_agents_are_configured(tmp_path: Path) -> None:
+    tokens, principals = agent_tokens("cursor-bot")
+    token = tokens["cursor-bot"]
+    with mcp_http(tmp_path, {"STOCKADE_API_PRINCIPALS": principals}) as url:
+        async with httpx.AsyncClient() as http:
+            for bad in (None, "not-a-token"):
+                answer = await http.post(url, json={}, headers={"Authorization": f"Bearer {bad}"} if bad else {})
+                assert answer.status_code == 401
+                assert answer.headers["content-type"] == "application/problem+json"
+        async with bearer_client(url, token) as client:
+            ok = await client.call_tool("echo", {"word": "hi"})
+    assert ok.structured_content == {"word": "hi"}
+    audit = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert {e["agent"] for e in audit if e["kind"] == "decision"} == {"cursor-bot"}  # the token's, not --agent
+
+
+def test_mcp_refuses_to_listen_beyond_loopback_without_authentication(tmp_path: Path) -> None:
+    args = ["mcp", "--agent", "claude", "--principal", "alice@example.com", "--http", "--host", "0.0.0.0"]  # noqa: S104
+    env = {**os.environ, "STOCKADE_AUDIT__PATH": str(tmp_path / "audit.jsonl"), "STOCKADE_API_PRINCIPALS": "[]"}
+    done = subprocess.run([STOCKADE, *args], env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert "without authentication" in done.stderr
+
+
+def test_a_bad_tools_file_is_a_clear_error_not_an_exception_group(tmp_path: Path) -> None:
+    path = tmp_path / "tools.json"
+    path.write_text(json.dumps([python_tool("echo", ECHO), {**python_tool("broken", ECHO), "risk": "extreme"}]))
+    args = ["mcp", "--agent", "claude", "--principal", "alice@example.com", "--tools", str(path)]
+    env = {**os.environ, "STOCKADE_AUDIT__PATH": str(tmp_path / "audit.jsonl")}
+    done = subprocess.run([STOCKADE, *args], env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert "tool #1 (broken)" in done.stderr
+    assert "risk" in done.stderr
+    assert "ExceptionGroup" not in done.stderr
+    assert "Traceback" not in done.stderr
