@@ -32,6 +32,7 @@ from router.audit import AuditFilter, JsonlAuditLog
 from router.control import VERSION
 from router.demo import run_demo
 from router.errors import AuditError, StockadeError
+from router.local import LocalRouters, approval_socket, socket_dir
 from router.logging import configure_logging
 from router.render import approval_panel, approvals_table, audit_table
 from router.replay import replay
@@ -131,7 +132,14 @@ def serve(
     # Measured with two routers under load: p99 48 -> 19 ms, +5% decisions/s (docs/design-notes.md).
     gc.freeze()
     gc.set_threshold(10_000, 10, 10)
-    uvicorn.run(application, host=host, port=port, log_level=settings.log_level, access_log=False)
+    config = uvicorn.Config(application, host=host, port=port, log_level=settings.log_level, access_log=False)
+
+    async def run() -> None:
+        async with approval_socket(plane):  # `stockade approvals` reaches an embedded store here
+            await uvicorn.Server(config).serve()
+
+    with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:  # uvloop, as uvicorn.run picks
+        runner.run(run())
 
 
 @app.command()
@@ -180,14 +188,15 @@ def mcp(
                     return
             server = build_server(plane, agent=agent, principal=principal, trusted_context=trusted or [],
                                   tokens=tokens or None, elicitation=elicitation)  # fmt: skip
-            if http:
-                asgi = server.streamable_http_app(host=host)
-                config = uvicorn.Config(require_bearer(asgi, tokens) if tokens else asgi, host=host, port=port,
-                                        log_level=settings.log_level, access_log=False)  # fmt: skip
-                await uvicorn.Server(config).serve()
-                return
-            async with mcp.server.stdio.stdio_server() as (read, write):
-                await server.run(read, write, server.create_initialization_options())
+            async with approval_socket(plane):  # `stockade approvals` reaches an embedded store here
+                if http:
+                    asgi = server.streamable_http_app(host=host)
+                    config = uvicorn.Config(require_bearer(asgi, tokens) if tokens else asgi, host=host, port=port,
+                                            log_level=settings.log_level, access_log=False)  # fmt: skip
+                    await uvicorn.Server(config).serve()
+                    return
+                async with mcp.server.stdio.stdio_server() as (read, write):
+                    await server.run(read, write, server.create_initialization_options())
 
     try:
         asyncio.run(run())
@@ -528,16 +537,14 @@ Approver = Annotated[
 Note = Annotated[str, typer.Option("--note", help="Why: a ticket, a reason; recorded with the decision.")]
 
 
-def _with_approvals(ctx: typer.Context, work: Callable[[ApprovalBook], Awaitable[T]]) -> T:
-    """Run ``work`` against the shared store and the audit log the routers write."""
+def _with_approvals(ctx: typer.Context, work: Callable[[ApprovalBook | LocalRouters], Awaitable[T]]) -> T:
+    """Run ``work`` against the shared store and the audit log the routers write or, with the
+    embedded store, against the running routers' approval sockets (router.local)."""
     settings = _settings(ctx)
-    if settings.store.url is None:
-        raise _fail(
-            "approvals live inside the router process when the store is embedded: set STOCKADE_STORE__URL to "
-            "the routers' Redis (redis://host:6379/0), or use ControlPlane.approve() in that process"
-        )
 
     async def run() -> T:
+        if settings.store.url is None:
+            return await work(LocalRouters(socket_dir(settings)))
         store = make_store(settings)
         audit = JsonlAuditLog(settings.audit.path, durability=settings.audit.durability)
         labels = {"instance": settings.instance, "version": VERSION, "via": "cli"}

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from mcp import Client, StdioServerParameters
 
 from router import ControlPlane, Settings
 from router.audit import AuditFilter
@@ -175,7 +178,44 @@ async def test_an_approver_lists_shows_and_decides_held_calls_from_the_command_l
         assert (await plane.audit.verify()).ok  # the CLI and the router wrote one chain
 
 
-def test_approvals_need_the_shared_store() -> None:
-    result = run("approvals", "list")
+def test_approvals_with_the_embedded_store_and_no_router_running_say_where_they_looked(tmp_path: Path) -> None:
+    result = run("approvals", "list", env={"STOCKADE_AUDIT__PATH": str(tmp_path / "audit.jsonl")})
     assert result.returncode == 2
+    assert "no running router" in result.stderr
+    assert str(tmp_path / "routers") in result.stderr.replace("\n", "")
     assert "STOCKADE_STORE__URL" in result.stderr
+
+
+async def test_approvals_reach_an_mcp_server_with_the_embedded_store(tmp_path: Path) -> None:
+    """The documented Claude Code / Cursor setup: one `stockade mcp` process, embedded store, no
+    elicitation; a human approves from another terminal, and the model's retry completes."""
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps([python_tool("drop_table", ECHO, risk="critical", capabilities=["mutates_state"])]))
+    env = {"STOCKADE_AUDIT__PATH": str(tmp_path / "audit.jsonl"), "STOCKADE_LOG_LEVEL": "error"}
+    args = ["mcp", "--agent", "claude", "--principal", "alice@example.com", "--tools", str(tools), "--no-elicitation"]
+    params = StdioServerParameters(command=STOCKADE, args=args, env={**os.environ, **env})
+    async with Client(params) as client:
+        held = json.loads((await client.call_tool("drop_table", {"table": "users"})).content[0].text)  # type: ignore[union-attr]
+        assert held["status"] == "pending_approval"
+        socket = next((tmp_path / "routers").glob("*.sock"))
+        assert socket.stat().st_mode & 0o777 == 0o600
+        assert (tmp_path / "routers").stat().st_mode & 0o777 == 0o700
+
+        listed = await asyncio.to_thread(run, "approvals", "list", "--status", "pending", "--json", env=env)
+        assert listed.returncode == 0, listed.stderr
+        assert [a["id"] for a in json.loads(listed.stdout)] == [held["approval_id"]]
+        own = await asyncio.to_thread(run, "approvals", "approve", held["approval_id"], "--approver", "claude", env=env)
+        assert (own.returncode, "never approves its own" in own.stderr) == (1, True)
+        unknown = await asyncio.to_thread(run, "approvals", "show", "a-unknown", env=env)
+        assert (unknown.returncode, "no approval" in unknown.stderr) == (1, True)
+        granted = await asyncio.to_thread(
+            run, "approvals", "approve", held["approval_id"], "--approver", "oncall", "--note", "OPS-8", env=env
+        )
+        assert granted.returncode == 0, granted.stderr
+
+        done = await client.call_tool("drop_table", {"table": "users"})  # the model's plain retry
+        assert (done.is_error, done.structured_content) == (False, {"table": "users"})
+    assert not list((tmp_path / "routers").glob("*.sock"))  # removed when the server stopped
+    audit = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    approvals = [(e["outcome"], (e.get("result") or {}).get("approver")) for e in audit if e["kind"] == "approval"]
+    assert approvals == [("requested", None), ("approved", "oncall"), ("redeemed", "oncall")]
