@@ -15,57 +15,21 @@ import hashlib
 import secrets
 import time
 from collections.abc import Mapping
-from enum import StrEnum
 from typing import TYPE_CHECKING
 
 import structlog
-from pydantic import BaseModel, ConfigDict, Field
 
 from router.audit import AuditEvent, AuditLog, timestamp
-from router.errors import AuditError, StockadeError
+from router.errors import ApprovalError as ApprovalError  # noqa: PLC0414  (re-exported; defined with the others)
+from router.errors import AuditError
 from router.tools import show
+from router.wire import Approval as Approval  # noqa: PLC0414  (re-exported; defined in router.wire for the SDK)
+from router.wire import ApprovalStatus as ApprovalStatus  # noqa: PLC0414  (re-exported, as Approval)
 
 if TYPE_CHECKING:
     from router.store.base import Store
 
 log = structlog.get_logger(__name__)
-
-
-class ApprovalError(StockadeError):
-    """The approval cannot be used or decided: unknown, expired, used, mismatched or self-approved."""
-
-    code = "approval.invalid"
-    http_status = 409
-
-
-class ApprovalStatus(StrEnum):
-    PENDING = "pending"
-    APPROVED = "approved"
-    DENIED = "denied"
-    USED = "used"
-    EXPIRED = "expired"
-
-
-class Approval(BaseModel):
-    """One request for a human decision, and its outcome."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    id: str
-    decision_id: str
-    session_id: str
-    agent: str
-    principal: str
-    tool: str
-    args: str = Field(description="the canonical JSON arguments the approver is asked about")
-    binding: str = Field(description="sha256 of (tool, canonical args, session)")
-    reasons: list[dict[str, str]]
-    created_at: float
-    expires_at: float
-    status: ApprovalStatus = ApprovalStatus.PENDING
-    approver: str | None = None
-    note: str = ""
-    decided_at: float | None = None
 
 
 def binding(tool: str, canonical_args: str, session_id: str) -> str:

@@ -4,9 +4,10 @@
      ├── InvalidCall              arguments, payload or tool name are wrong; nothing ran
      ├── ToolNotFound             no tool of that name is registered
      ├── InvalidToolSpec          a registration is malformed
+     │    ├── ToolRefused         policy would refuse every call to the tool
      │    └── DuplicateTool       a tool of that name is already registered
      ├── SessionNotFound          no open session with that id
-     ├── ApprovalError            an approval cannot be used or decided (router/approvals.py)
+     ├── ApprovalError            an approval cannot be used or decided
      ├── CredentialError          a credential cannot be granted or minted; the call is denied
      │    ├── UnknownCredential   policy granted one the operator did not configure
      │    ├── ScopeDenied         ... or a scope the operator's configuration does not allow
@@ -20,7 +21,10 @@
 
 Each message names the thing that is wrong and what to do about it; ``code`` is its stable name
 (the reason code, the problem type over HTTP) and ``http_status`` its status over HTTP. Exceptions from the
-``policy`` and ``runner`` packages and from libraries are translated into these at the seam.
+``policy`` and ``runner`` packages and from libraries are translated into these at the seam. The SDK
+(`router.client`) raises these from the API's problem documents, plus its own three (`router.client.errors`).
+
+This module imports the standard library only: the SDK imports it without the server.
 """
 
 from __future__ import annotations
@@ -95,6 +99,13 @@ class SessionNotFound(StockadeError):
 
     code = "session.not_found"
     http_status = 404
+
+
+class ApprovalError(StockadeError):
+    """The approval cannot be used or decided: unknown, expired, used, mismatched or self-approved."""
+
+    code = "approval.invalid"
+    http_status = 409
 
 
 class PolicyError(StockadeError):

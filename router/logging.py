@@ -1,14 +1,34 @@
-"""structlog, configured once by the entrypoint: JSON in production, console in development."""
+"""structlog, configured once by the entrypoint: JSON in production, console in development.
+
+An application that embeds stockade (`ControlPlane` in process) and configures nothing still gets
+sane logs: `configure_default_logging` runs when the ``router`` package is imported and, unless
+structlog is configured already, sends redacted events at ``STOCKADE_LOG_LEVEL`` (default
+``warning``) to stderr, never to stdout (structlog's own default prints everything to stdout,
+unredacted). An application that configures structlog itself, before or after, keeps its own
+configuration; it adds `router.redact.redact_log_event` to its processors to keep secrets out of
+its logs.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
-from typing import Literal, TextIO
+from collections.abc import MutableMapping
+from typing import Any, Literal, TextIO
 
 import structlog
 
-from router.redact import redact_log_event
+_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _redacted(logger: Any, method: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """`router.redact.redact_log_event`, without importing it (it loads the runner) before it matters."""
+    redact = sys.modules.get("router.redact")
+    if redact is None:  # never imported, so no secret was ever registered with it
+        return event_dict
+    scrubbed: MutableMapping[str, Any] = redact.redact_log_event(logger, method, event_dict)
+    return scrubbed
 
 
 def configure_logging(
@@ -25,10 +45,29 @@ def configure_logging(
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
-            redact_log_event,  # after exceptions are formatted: a secret in a traceback is scrubbed too
+            _redacted,  # after exceptions are formatted: a secret in a traceback is scrubbed too
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
-        logger_factory=structlog.PrintLoggerFactory(file=file or sys.stderr),
+        # sys.stderr looked up at each event, not now: whoever swaps it later (a test runner) gets the logs.
+        logger_factory=structlog.PrintLoggerFactory(file) if file is not None else _stderr_logger,
         cache_logger_on_first_use=cache,
     )
+
+
+def configure_default_logging() -> None:
+    """Unless structlog is configured already: redacted console logs on stderr at ``STOCKADE_LOG_LEVEL``
+    (``STOCKADE_LOG_FORMAT`` ``json`` for JSON). Not cached, so the application's own configuration,
+    made later, takes over every logger."""
+    if structlog.is_configured():
+        return
+    # Read here, not through Settings: this runs at import, where building Settings (and the
+    # policy and runner settings it holds) would cost time and could fail. Settings validates
+    # the same variables when the application builds it.
+    level = os.environ.get("STOCKADE_LOG_LEVEL", "warning").lower()
+    fmt = os.environ.get("STOCKADE_LOG_FORMAT", "console").lower()
+    configure_logging("json" if fmt == "json" else "console", level if level in _LEVELS else "warning", cache=False)
+
+
+def _stderr_logger(*_args: Any) -> structlog.PrintLogger:
+    return structlog.PrintLogger(sys.stderr)

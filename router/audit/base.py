@@ -1,55 +1,25 @@
-"""The audit seam: the event record (a superset of OPA's decision-log event) and the
-`AuditLog` Protocol."""
+"""The audit seam: the event record (a superset of OPA's decision-log event, defined in
+`router.wire` so the SDK reads it without the server) and the `AuditLog` Protocol."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal, Protocol, runtime_checkable
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any, Protocol, runtime_checkable
 
 from router.audit.chain import Unsealed
 from router.errors import AuditError
 from router.redact import REDACTOR
 from router.text import escape_invalid_text
+from router.wire import AuditEvent as AuditEvent  # noqa: PLC0414  (re-exported; defined in router.wire for the SDK)
+from router.wire import EventKind as EventKind  # noqa: PLC0414  (re-exported, as AuditEvent)
 
-EventKind = Literal["decision", "approval", "credential", "execution", "egress", "error", "policy", "endorsement"]
 GENESIS_HASH = "0" * 64
 
 
 def timestamp() -> str:
     """Now, as audit events record it: UTC, microseconds, ``Z``."""
     return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
-
-
-class AuditEvent(BaseModel):
-    """One audit record. OPA's fields (``decision_id`` … ``metrics``) so OPA tooling reads it,
-    plus stockade's, plus the chain (``seq``, ``prev_hash``, ``hash``), which the log fills in."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    decision_id: str
-    timestamp: str
-    path: str = "stockade/decision"
-    input: dict[str, Any] | None = None
-    result: dict[str, Any] | None = None
-    bundles: dict[str, dict[str, str]] = Field(default_factory=dict)
-    labels: dict[str, str] = Field(default_factory=dict)
-    metrics: dict[str, float] = Field(default_factory=dict)
-    kind: EventKind
-    session_id: str | None = None
-    call_id: str | None = None
-    tool: str | None = None
-    agent: str | None = None
-    outcome: str
-    escaped: list[str] | None = Field(default=None, exclude_if=lambda value: value is None)
-    """Where a string held code points no UTF-8 text can (lone surrogates, such as an undecodable
-    file name): JSON paths whose strings are recorded with those escaped as ``\\udXXX``. Absent
-    when nothing was escaped."""
-    seq: int = 0
-    prev_hash: str = ""
-    hash: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,10 +3,14 @@ settings: in this process by default, in Redis when ``store.url`` is set."""
 
 from __future__ import annotations
 
-from router.settings import Settings
+from typing import TYPE_CHECKING
+
 from router.store.base import PendingExternal, SessionRecord, Store
 from router.store.memory import MemoryStore
 from router.store.redis import RedisStore
+
+if TYPE_CHECKING:  # router.settings imports the credentials, which import this package
+    from router.settings import Settings
 
 
 def make_store(settings: Settings) -> Store:

@@ -42,7 +42,7 @@ async def clients(tmp_path: Path) -> AsyncIterator[dict[str, StockadeClient]]:
     )  # fmt: skip
     async with ControlPlane.from_settings(settings) as plane:
         app = create_app(plane)
-        made = {who: StockadeClient("http://stockade", TOKENS[who], transport=httpx.ASGITransport(app))
+        made = {who: StockadeClient("http://stockade", TOKENS[who], principal=who, transport=httpx.ASGITransport(app))
                 for who in ("agent-1", "agent-2", "oncall", "audit", "root")}  # fmt: skip
         yield made
         for client in made.values():
@@ -53,7 +53,7 @@ async def test_the_sdk_runs_the_whole_flow_with_typed_results(clients: dict[str,
     agent, approver, auditor = clients["agent-1"], clients["oncall"], clients["audit"]
     assert (await agent.register(word_count)).name == "word_count"
     await clients["root"].register(DROP)
-    session = await agent.open_session("alice@example.com", ["count my words"])
+    session = await agent.open_session("agent-1", "alice@example.com", ["count my words"])
     counted = await agent.call(session, "word_count", {"text": "one two three"})
     assert (counted.status, counted.output) == ("completed", 3)
     assert (await agent.decide(session, "word_count", {"text": "x"})).outcome == "allow"
@@ -61,7 +61,8 @@ async def test_the_sdk_runs_the_whole_flow_with_typed_results(clients: dict[str,
     assert held.status == "pending_approval"
     assert held.approval_id is not None
     [pending] = await approver.list_approvals(ApprovalStatus.PENDING)
-    assert (await approver.approve(pending.id, "OPS-7")).status is ApprovalStatus.APPROVED
+    approved = await approver.approve(pending.id, "oncall", "OPS-7")
+    assert (approved.status, approved.approver, approved.note) == (ApprovalStatus.APPROVED, "oncall", "OPS-7")
     assert (await agent.call(session, "drop_table", {"t": "users"}, approval_id=held.approval_id)).ok
     trail = await auditor.decision_trail(held.decision_id)
     assert trail[-1].kind == "execution"
@@ -71,7 +72,7 @@ async def test_the_sdk_runs_the_whole_flow_with_typed_results(clients: dict[str,
 async def test_the_sdk_raises_the_in_process_exceptions(clients: dict[str, StockadeClient]) -> None:
     agent = clients["agent-1"]
     await agent.register(word_count)
-    session = await agent.open_session("alice@example.com")
+    session = await agent.open_session("agent-1", "alice@example.com")
     with pytest.raises(InvalidCall) as invalid:
         await agent.call(session, "word_count", {"text": 7})
     assert invalid.value.problems[0].field.startswith("args.text")
@@ -80,9 +81,9 @@ async def test_the_sdk_raises_the_in_process_exceptions(clients: dict[str, Stock
     with pytest.raises(SessionNotFound):
         await clients["agent-2"].call(session, "word_count", {"text": "x"})
     with pytest.raises(ApprovalError):
-        await clients["oncall"].approve("a-unknown")
+        await clients["oncall"].approve("a-unknown", "oncall")
     with pytest.raises(ApiError) as forbidden:
-        await clients["oncall"].open_session("alice")
+        await clients["oncall"].open_session("oncall", "alice")
     assert (forbidden.value.status, forbidden.value.code) == (403, "auth.forbidden")
 
 
@@ -91,32 +92,29 @@ def test_adapters_describe_tools_for_model_apis() -> None:
     assert schema["required"] == ["text"]
     assert schema["properties"]["minimum"] == {"default": 0, "title": "Minimum", "type": "integer"}
     spec = ToolSpec.model_validate(word_count)
+    assert spec == word_count.spec
     assert openai_tools([spec]) == [{"type": "function", "function": {
         "name": "word_count", "description": "Count the words in a text.", "parameters": schema}}]  # fmt: skip
     assert anthropic_tools([spec]) == [{"name": "word_count", "description": "Count the words in a text.",
                                         "input_schema": schema}]  # fmt: skip
-    assert "@sandboxed_tool" not in spec.executor.source  # type: ignore[union-attr]
+    assert spec.executor.source.startswith("def word_count(text, minimum=0):")  # type: ignore[union-attr]
 
 
 def test_the_sync_client_against_a_real_server(tmp_path: Path) -> None:
     env = {"STOCKADE_AUDIT__PATH": str(tmp_path / "audit.jsonl"), "STOCKADE_API_PRINCIPALS": json.dumps(principals()),
            "STOCKADE_LOG_LEVEL": "error"}  # fmt: skip
-    with serve(env, tmp_path / "serve.log") as url:
-        client = SyncStockadeClient(url, TOKENS["agent-1"])
-        try:
-            client.register(word_count)
-            session = client.open_session("alice@example.com")
-            assert client.call(session, "word_count", {"text": "a b"}).output == 2
-            assert [t.name for t in client.list_tools()] == ["word_count"]
-        finally:
-            client.close()
+    with serve(env, tmp_path / "serve.log") as url, SyncStockadeClient(url, TOKENS["agent-1"]) as client:
+        client.register(word_count)
+        session = client.open_session("agent-1", "alice@example.com")
+        assert client.call(session, "word_count", {"text": "a b"}).output == 2
+        assert [t.name for t in client.list_tools()] == ["word_count"]
 
 
 async def test_langchain_tools_call_through_stockade(clients: dict[str, StockadeClient]) -> None:
     agent = clients["agent-1"]
     await agent.register(word_count)
     await clients["root"].register(DROP)
-    session = await agent.open_session("alice@example.com")
+    session = await agent.open_session("agent-1", "alice@example.com")
     tools = {t.name: t for t in langchain_tools(agent, session, await agent.list_tools())}
     assert await tools["word_count"].ainvoke({"text": "a b c"}) == "3"
     held = json.loads(await tools["drop_table"].ainvoke({"t": "users"}))
@@ -138,15 +136,15 @@ async def test_the_sdk_endorses_an_output_as_an_approver_and_the_agent_cannot(
         "destination_args": ["iban"], "amount_args": ["amount"], "executor": {"kind": "external"},
         "input_schema": {"type": "object", "properties": {"iban": {"type": "string"}, "amount": {"type": "number"}}},
     })  # fmt: skip
-    session = await agent.open_session("alice@example.com", ["Pay the bill in bill.txt"])
+    session = await agent.open_session("agent-1", "alice@example.com", ["Pay the bill in bill.txt"])
     read = await agent.call(session, "read_file", {"name": "bill.txt"})
     await agent.report(session, read.call_id, {"text": "Pay 1,250.00 EUR to DE89 3704 0044 0532 0130 00"})
     payment = {"iban": "DE89370400440532013000", "amount": 1250}
     assert (await agent.call(session, "pay", payment)).status == "denied"
     with pytest.raises(ApiError) as forbidden:
-        await agent.endorse(session, read.call_id, "pay the bill")
+        await agent.endorse(session, read.call_id, by="agent-1", note="pay the bill")
     assert forbidden.value.status == 403
-    source = await approver.endorse(session, read.call_id, "the user: pay the bill in bill.txt")
+    source = await approver.endorse(session, read.call_id, by="oncall", note="the user: pay the bill in bill.txt")
     assert source == f"untrusted:read_file:{read.call_id}"
     paid = await agent.call(session, "pay", payment)
     assert (paid.status, paid.reasons) == ("awaiting_report", [])
