@@ -1,5 +1,6 @@
 """Settings owned by the policy package (composed into the router's settings)."""
 
+from importlib import resources
 from pathlib import Path
 from typing import Literal
 
@@ -7,7 +8,15 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 
 def _shipped_policies() -> Path:
-    # The project's own policies/, next to the packages; operators point STOCKADE_POLICY__DIR elsewhere.
+    """The project's own policy directory; operators point ``STOCKADE_POLICY__DIR`` elsewhere.
+
+    An installed stockade carries it as package data (``policy/shipped/``, which the wheel maps
+    from the repository's top-level ``policies/``); a source checkout or an editable install reads
+    that ``policies/`` directly. Both are the same files.
+    """
+    installed = resources.files("policy") / "shipped"
+    if isinstance(installed, Path) and installed.is_dir():
+        return installed
     return Path(__file__).resolve().parent.parent / "policies"
 
 

@@ -2,10 +2,15 @@
 
 ``STOCKADE_POLICY__DIR=/etc/stockade/policies`` sets ``settings.policy.dir``. Built once in the
 entrypoint and passed down; nothing else reads the environment.
+
+State (the audit log, its spool, the demo's logs) is never kept relative to the current directory:
+by default it lives in ``state_dir()``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
 from pathlib import Path
 from typing import Literal
@@ -17,6 +22,35 @@ from policy import PolicySettings
 from router.credentials.base import CredentialConfig
 from runner import RunnerSettings
 
+# A system service's state directory (FHS); also the runner's as root (runner.config).
+SYSTEM_STATE_DIR = Path("/var/lib/stockade")
+
+
+def state_dir() -> Path:
+    """Where a router keeps its state unless told otherwise (``STOCKADE_AUDIT__PATH``).
+
+    ``$XDG_STATE_HOME/stockade`` (``~/.local/state/stockade`` when XDG_STATE_HOME is unset), as for
+    any user's program, root included in a login shell. A system service has no home: run as root
+    with neither HOME (or HOME=/) nor XDG_STATE_HOME, as systemd starts a system unit without
+    ``User=``, it is ``/var/lib/stockade``.
+    """
+    xdg = os.environ.get("XDG_STATE_HOME", "")
+    if os.path.isabs(xdg):  # the XDG spec: a relative value is invalid and ignored
+        return Path(xdg) / "stockade"
+    if os.geteuid() == 0 and os.environ.get("HOME", "") in ("", "/"):
+        return SYSTEM_STATE_DIR
+    return Path.home() / ".local" / "state" / "stockade"
+
+
+def _default_audit_path() -> Path:
+    directory = state_dir()
+    # Made private on first use (XDG: 0700). The system one is also where sandboxes, each its own
+    # uid, reach their staging directories: traverse only, never list (the audit files are 0640).
+    # One that cannot be made is reported by the audit log when it opens the file, naming the path.
+    with contextlib.suppress(OSError):
+        directory.mkdir(mode=0o711 if directory == SYSTEM_STATE_DIR else 0o700, parents=True, exist_ok=True)
+    return directory / "audit.jsonl"
+
 
 class AuditSettings(BaseModel):
     """Where the audit log lives and how durable each append is."""
@@ -26,7 +60,7 @@ class AuditSettings(BaseModel):
     # "jsonl": a file (shared by routers on one host through flock). "redis": a stream in the
     # store's Redis (STOCKADE_STORE__URL), one chain for routers on any number of hosts.
     backend: Literal["jsonl", "redis"] = "jsonl"
-    path: Path = Path("var/audit.jsonl")
+    path: Path = Field(default_factory=_default_audit_path)  # see state_dir()
     # "fsync": an event is on disk before the call it records proceeds (the default).
     # "relaxed": written to the OS only; an operator's explicit choice, named as such.
     durability: Literal["fsync", "relaxed"] = "fsync"

@@ -8,8 +8,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 def _state_dir() -> Path:
-    # Staging directories and quarantined outputs. Root: a system path; otherwise the user's own.
-    return Path("/var/lib/stockade") if os.geteuid() == 0 else Path.home() / ".local/state/stockade"
+    # Staging directories and quarantined outputs. Root: a system path whatever HOME says, since
+    # each sandbox's own uid traverses it (a home directory is private); otherwise the user's own
+    # XDG state directory, where the router keeps its audit log too.
+    if os.geteuid() == 0:
+        return Path("/var/lib/stockade")
+    xdg = os.environ.get("XDG_STATE_HOME", "")
+    return (Path(xdg) if os.path.isabs(xdg) else Path.home() / ".local/state") / "stockade"
 
 
 def _staging_dir() -> Path:

@@ -1,0 +1,238 @@
+"""stockade as a user installs it: a wheel built from this checkout, in a fresh venv with the locked
+dependencies, run from ``/`` with a HOME of its own. It carries its policy, imports nothing from the
+checkout, keeps its state under the user's state directory and serves MCP exactly as
+docs/interfaces.md tells Claude Code and Cursor to start it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+from policy.bundle import load_bundle
+from router.settings import SYSTEM_STATE_DIR, AuditSettings, state_dir
+from tests.conftest import ECHO, REPO, python_tool
+
+SHIPPED = "policy/shipped/"
+
+
+def uv() -> list[str]:
+    """uv as scripts/bootstrap finds it: on PATH, or the module of the system python3."""
+    if found := shutil.which("uv"):
+        return [found]
+    if subprocess.run(["python3", "-m", "uv", "--version"], capture_output=True, check=False).returncode == 0:
+        return ["python3", "-m", "uv"]
+    pytest.fail("uv not found: scripts/bootstrap installs it")
+
+
+def checked(argv: list[str | Path]) -> None:
+    result = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=240, check=False)
+    assert result.returncode == 0, f"{argv}: {result.stdout}\n{result.stderr}"
+
+
+@dataclass
+class Installed:
+    """The built wheel and the fresh venv it is installed in."""
+
+    wheel: Path
+    venv: Path
+
+    @property
+    def bin(self) -> Path:
+        return self.venv / "bin"
+
+    def env(self, home: Path) -> dict[str, str]:
+        """What a client's process starts with: a HOME, a PATH with this install; nothing of ours."""
+        return {"HOME": str(home), "PATH": f"{self.bin}:/usr/bin:/bin", "LANG": "C.UTF-8"}
+
+    def run(self, *args: str, home: Path, cwd: Path = Path("/")) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(self.bin / "stockade"), *args], capture_output=True, text=True, cwd=cwd,
+                              env=self.env(home), timeout=180, check=False)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    """Build the wheel (no sdist, no editable) and install it with the locked dependencies."""
+    root = tmp_path_factory.mktemp("wheel")
+    checked([*uv(), "build", "--wheel", "--quiet", "--out-dir", root / "dist", REPO])
+    (wheel,) = (root / "dist").glob("stockade-*.whl")
+    venv = root / "venv"
+    checked([*uv(), "venv", "--quiet", "--python", sys.executable, "--python-preference", "only-system", venv])
+    checked([*uv(), "pip", "install", "--quiet", "--python", venv / "bin" / "python",
+             "-r", REPO / "requirements.lock", wheel])  # fmt: skip
+    return Installed(wheel, venv)
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    """A HOME of the test's own, with no state directory yet."""
+    path = tmp_path / "home"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def root_unchanged() -> Iterator[None]:
+    """Nothing new appears in ``/`` or ``/var`` (a relative ``var/audit.jsonl`` from ``/`` would)."""
+    before = set(os.listdir("/")) | {f"var/{name}" for name in os.listdir("/var")}
+    yield
+    after = set(os.listdir("/")) | {f"var/{name}" for name in os.listdir("/var")}
+    assert after - before == set()
+
+
+def policy_files() -> dict[str, bytes]:
+    """The checkout's policy directory, the source of truth, as the bundle loader reads it."""
+    root = REPO / "policies"
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and (p.suffix == ".rego" or p.name == "data.json")
+    }
+
+
+def user_state(home: Path) -> Path:
+    return home / ".local" / "state" / "stockade"
+
+
+def test_state_goes_to_the_xdg_state_directory_or_the_system_one(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+    assert state_dir() == user_state(tmp_path / "home")  # root in a login shell is a user like any other
+    monkeypatch.setenv("XDG_STATE_HOME", "relative/state")  # invalid by the spec: ignored
+    assert state_dir() == user_state(tmp_path / "home")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    assert state_dir() == tmp_path / "xdg" / "stockade"
+    assert AuditSettings().path == tmp_path / "xdg" / "stockade" / "audit.jsonl"
+    assert stat.S_IMODE((tmp_path / "xdg" / "stockade").stat().st_mode) == 0o700  # made private on first use
+    # A system service: root (as the tests run) with no home, as systemd starts a system unit.
+    monkeypatch.delenv("XDG_STATE_HOME")
+    monkeypatch.delenv("HOME")
+    assert state_dir() == SYSTEM_STATE_DIR
+    monkeypatch.setenv("HOME", "/")
+    assert state_dir() == SYSTEM_STATE_DIR
+
+
+def test_the_wheel_carries_the_policy_files_beside_the_packages(installed: Installed) -> None:
+    with zipfile.ZipFile(installed.wheel) as wheel:
+        names = wheel.namelist()
+        shipped = {name.removeprefix(SHIPPED): wheel.read(name) for name in names if name.startswith(SHIPPED)}
+    assert shipped == policy_files()
+    assert "stockade/decision.rego" in shipped
+    dist_info = "-".join(installed.wheel.name.split("-")[:2]) + ".dist-info"
+    assert {name.split("/")[0] for name in names} == {"router", "policy", "runner", dist_info}
+
+
+def test_the_installed_package_imports_from_the_venv_and_reads_its_own_policy(installed: Installed, home: Path) -> None:
+    probe = (
+        "import json, sys, router, policy, runner\n"
+        "from router import ControlPlane, Settings\n"
+        "from policy.bundle import load_bundle\n"
+        "s = Settings()\n"
+        "print(json.dumps({'files': [m.__file__ for m in (router, policy, runner)], 'path': sys.path,\n"
+        "    'dir': str(s.policy.dir), 'revision': load_bundle(s.policy.dir).revision, 'audit': str(s.audit.path)}))"
+    )
+    result = subprocess.run([str(installed.bin / "python"), "-c", probe], capture_output=True, text=True, cwd="/",
+                            env=installed.env(home), timeout=60, check=False)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout)
+    site = str(installed.venv / "lib")
+    assert all(f.startswith(site) for f in seen["files"]), seen["files"]
+    assert not any(entry.startswith(str(REPO)) for entry in seen["path"]), seen["path"]
+    assert seen["dir"].startswith(site)
+    assert seen["dir"].endswith("/policy/shipped")
+    # The same files as the checkout's policies/: the bundle's revision hashes every path and byte.
+    assert seen["revision"] == load_bundle(REPO / "policies").revision
+    assert seen["audit"] == str(user_state(home) / "audit.jsonl")
+
+
+@pytest.mark.usefixtures("root_unchanged")
+def test_the_demo_runs_from_root_and_keeps_its_audit_log_in_the_state_directory(
+    installed: Installed, home: Path, tmp_path: Path
+) -> None:
+    demo = installed.run("demo", home=home)
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    assert "every step behaved as described" in demo.stdout
+    assert load_bundle(REPO / "policies").revision[:16] in demo.stdout  # decided with the shipped policy
+
+    state = user_state(home)
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
+    (log,) = (state / "demo").glob("audit-*.jsonl")
+    verify = installed.run("audit", "verify", "--path", str(log), "--json", home=home)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert json.loads(verify.stdout)["ok"] is True
+
+    # From any other directory too, leaving it as it was.
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    assert installed.run("policy", "test", home=home, cwd=elsewhere).returncode == 0
+    assert list(elsewhere.iterdir()) == []
+
+
+# -- MCP, as docs/interfaces.md configures the clients -------------------------------------
+
+
+def documented(client: str) -> str:
+    """The code block that follows ``client`` in the MCP section of docs/interfaces.md."""
+    text = (REPO / "docs" / "interfaces.md").read_text()
+    section = text.split("\n## MCP\n", 1)[1].split("\n## ", 1)[0]
+    found = re.search(rf"^{re.escape(client)}.*?\n```\w+\n(.*?)```", section, re.DOTALL | re.MULTILINE)
+    assert found is not None, f"no {client} snippet in docs/interfaces.md ## MCP"
+    return found.group(1)
+
+
+def claude_code_argv(installed: Installed, home: Path, tools: Path) -> list[str]:
+    """The server command ``claude mcp add`` records, as a shell with this install on PATH expands it."""
+    snippet = documented("Claude Code").replace("/path/to/tools.json", str(tools))
+    stub = 'claude() { [ "$1 $2 $4" = "mcp add --" ] || exit 3; shift 4; printf "%s\\0" "$@"; }\n'
+    result = subprocess.run(["/bin/bash", "-euc", stub + snippet], capture_output=True, text=True, cwd="/",
+                            env=installed.env(home), timeout=30, check=False)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split("\0")[:-1]
+
+
+def cursor_argv(installed: Installed, tools: Path) -> list[str]:
+    """``.cursor/mcp.json``'s server, its ``command`` being where this install put stockade."""
+    server = json.loads(documented("Cursor"))["mcpServers"]["stockade"]
+    assert server["command"].endswith("/stockade")
+    args = [str(tools) if a == "/path/to/tools.json" else a for a in server["args"]]
+    return [str(installed.bin / "stockade"), *args]
+
+
+@pytest.mark.usefixtures("root_unchanged")
+@pytest.mark.parametrize("client", ["claude-code", "cursor"])
+async def test_an_mcp_client_starts_the_installed_stockade_as_documented(
+    installed: Installed, home: Path, tmp_path: Path, client: str
+) -> None:
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps([python_tool("echo", ECHO)]))
+    argv = claude_code_argv(installed, home, tools) if client == "claude-code" else cursor_argv(installed, tools)
+    assert argv[0] == str(installed.bin / "stockade")
+    assert argv[1:4] == ["mcp", "--agent", client]
+
+    params = StdioServerParameters(command=argv[0], args=argv[1:], env=installed.env(home), cwd="/")
+    with (tmp_path / "stderr").open("w") as errlog:
+        async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            listed = await session.list_tools()
+            result = await session.call_tool("echo", {"word": "hi"})
+    assert [t.name for t in listed.tools] == ["echo"], (tmp_path / "stderr").read_text()
+    assert result.is_error is False
+    assert json.loads(result.content[0].text) == {"word": "hi"}  # type: ignore[union-attr]
+
+    audit = [json.loads(line) for line in (user_state(home) / "audit.jsonl").read_text().splitlines()]
+    decisions = [e for e in audit if e["kind"] == "decision"]
+    assert [(e["agent"], e["tool"]) for e in decisions] == [(client, "echo")]
