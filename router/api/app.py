@@ -1,4 +1,4 @@
-"""The HTTP application: ``create_app(plane)`` (OpenAPI 3.1 at ``/openapi.json``).
+"""The HTTP application: ``create_app(plane)`` (OpenAPI 3.1 at ``/openapi.json``: `router.api.openapi`).
 
 Every ``/v1`` request carries ``Authorization: Bearer <token>``; the token's sha256 names one
 configured principal (``STOCKADE_API_PRINCIPALS``) with one role:
@@ -35,20 +35,23 @@ import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
-from datetime import datetime
-from typing import Annotated, Any, Literal, get_type_hints
+from typing import Annotated, Any, Literal, get_args, get_type_hints
 from urllib.parse import parse_qs
 
 import structlog
 from fastapi import Depends, FastAPI, Query, Request, Response
+from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, WithJsonSchema
 from starlette.exceptions import HTTPException
+from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router import metrics
+from router.api import openapi
+from router.api.openapi import INTROSPECTION, problems
 from router.api.problems import from_exception, from_http_error, internal_error, invalid_body, invalid_request, problem
 from router.approvals import Approval, ApprovalStatus
 from router.audit import AuditEvent, AuditFilter
@@ -57,7 +60,7 @@ from router.credentials import introspect, jwks
 from router.errors import FieldProblem, InvalidCall, StockadeError
 from router.results import DecisionResult, ToolResult
 from router.settings import ApiPrincipal
-from router.tools import MAX_NESTING, ToolSpec, json_too_deep, show
+from router.tools import MAX_NESTING, TOOL_NAME, ToolSpec, json_too_deep, show
 
 log = structlog.get_logger("stockade.api")
 
@@ -65,6 +68,7 @@ Role = Literal["agent", "approver", "auditor", "admin"]
 _MAX_FORM = 16 * 1024
 _UNAUTHENTICATED = "send Authorization: Bearer <token> of a configured principal"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_DATE_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)", re.IGNORECASE)
 # Levels of lists and objects a body on FastAPI's routes may nest: twice what a call's arguments
 # may, and far below where Python's json (which recurses) would fail.
 MAX_BODY_NESTING = 2 * MAX_NESTING
@@ -74,28 +78,54 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+_PRINTABLE = WithJsonSchema({"type": "string", "minLength": 1, "maxLength": 256, "format": "printable"})
+
+
 class OpenSession(_Body):
-    principal: str = Field(description="the human the agent acts for")
-    trusted_context: list[str] = Field(default_factory=list, description="what the user gave: request, addresses")
+    # Documented as `router.sessions` checks it (call.invalid otherwise). "printable" is Python's
+    # str.isprintable, which no regular expression that JSON Schema tools share can state.
+    principal: Annotated[str, _PRINTABLE] = Field(description="the human the agent acts for: printable text, not blank")
+    trusted_context: list[str] = Field(
+        default_factory=list, json_schema_extra={"maxItems": 1000}, description="what the user gave: request, addresses"
+    )
 
 
 class SessionOpened(_Body):
     session_id: str
 
 
+# Documented as the control plane reads them (it refuses anything else with call.invalid, audited
+# with the session, so the bodies themselves stay loose): a registered tool's name, and its
+# arguments as a JSON object or as that object's JSON text.
+_TOOL_NAME = WithJsonSchema({"type": "string", "pattern": f"^{TOOL_NAME.pattern}$"})
+_ARGS = WithJsonSchema({"oneOf": [
+    {"type": "object"},
+    {"type": "string", "contentMediaType": "application/json", "contentSchema": {"type": "object"}},
+]})  # fmt: skip
+_BASE64 = WithJsonSchema({"type": "string", "contentEncoding": "base64",
+                          "pattern": "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"})  # fmt: skip
+# An input file's name, as runner.files.check_input_name takes it: one plain path component.
+_INPUT_NAME = r"^(?!\.\.?$)[A-Za-z0-9._+@=-][A-Za-z0-9._+@= -]{0,254}$"
+
+
 class Decide(_Body):
-    tool: str
-    args: Any = Field(default_factory=dict, description="the tool's arguments: a JSON object")
+    tool: Annotated[str, _TOOL_NAME] = Field(description="a registered tool's name")
+    args: Annotated[Any, _ARGS] = Field(
+        default_factory=dict, description="the tool's arguments: a JSON object, or its JSON text"
+    )
 
 
 class Call(Decide):
     approval_id: str | None = None
-    inputs: dict[str, str] = Field(default_factory=dict, description="file name -> base64 content, read-only at /in")
+    inputs: dict[str, Annotated[str, _BASE64]] = Field(
+        default_factory=dict, json_schema_extra={"propertyNames": {"pattern": _INPUT_NAME}},
+        description="file name -> base64 content, read-only at /in",
+    )  # fmt: skip
 
 
 class Report(_Body):
     call_id: str
-    output: Any
+    output: Any = Field(description="the tool's output: any JSON value")
 
 
 class ApprovalNote(_Body):
@@ -119,6 +149,36 @@ class PolicyStatus(_Body):
     files_problem: str | None = Field(
         default=None, description="why the files on disk did not load at the last try (the revision above decides)"
     )
+
+
+class Readiness(_Body):
+    ready: bool
+    checks: dict[str, bool] = Field(description="policy, store, audit: whether each passes")
+    problems: dict[str, str] = Field(description="why each failing check fails (and policy_files, if they do not load)")
+
+
+class Introspection(_Body):
+    """RFC 7662 §2.2: ``{"active": false}``, or the claims of a live token (router.credentials)."""
+
+    active: bool
+    token_type: str | None = None
+    client_id: str | None = None
+    iss: str | None = None
+    sub: str | None = None
+    aud: str | None = None
+    scope: str | None = None
+    iat: int | None = None
+    nbf: int | None = None
+    exp: int | None = None
+    jti: str | None = None
+    stockade: dict[str, Any] | None = Field(default=None, description="the call the token is bound to")
+
+
+class OAuthError(_Body):
+    """RFC 6749 §5.2, as the introspection endpoint answers errors (RFC 7662 §2.3)."""
+
+    error: str
+    error_description: str
 
 
 class Verified(_Body):
@@ -148,6 +208,7 @@ class Gate:
     def __init__(self, plane: ControlPlane) -> None:
         self._plane = plane
         self._principals = [(bytes.fromhex(p.token_sha256), p) for p in plane.settings.api_principals]
+        self._roles: dict[Callable[..., Any], tuple[Role, ...]] = {}  # each `require` dependency's
 
     async def refuse(self, request: Request, status: int, reason: str, who: str | None = None) -> _Refused:
         await self._plane.record_refusal(who, f"{request.method} {request.url.path}", reason)
@@ -200,7 +261,38 @@ class Gate:
                                         f"{' or '.join(roles)})", principal.name)  # fmt: skip
             return principal
 
+        self._roles[authenticate] = roles
         return authenticate
+
+    def roles(self, dependant: Dependant) -> tuple[Role, ...] | None:
+        """The roles a route (its ``dependant``) lets in, if it takes a principal (`require`)."""
+        for dependency in dependant.dependencies:
+            found = self._roles.get(dependency.call) if dependency.call is not None else None
+            found = found if found is not None else self.roles(dependency)
+            if found is not None:
+                return found
+        return None
+
+
+def allowed_methods(app: FastAPI, scope: Scope) -> list[str]:
+    """The methods the routes on ``scope``'s path take, for a 405's ``Allow``."""
+    methods: set[str] = set()
+    for route in app.router.routes:
+        if isinstance(route, Route) and route.methods and route.matches(scope)[0] is not Match.NONE:
+            methods |= route.methods
+    return sorted(methods)
+
+
+def _rfc3339(value: object) -> object:
+    if isinstance(value, str) and not _DATE_TIME.fullmatch(value):
+        raise ValueError("not an RFC 3339 date-time with an offset, such as 2025-01-31T09:00:00Z")
+    return value
+
+
+# A point in time as the API takes it: RFC 3339 text with its offset ("format": "date-time").
+# Alone, pydantic would also read a number as a Unix time, and a time without an offset as naive
+# (which the audit log cannot compare with its own times).
+Instant = Annotated[AwareDatetime, BeforeValidator(_rfc3339)]
 
 
 def body_problem(body: bytes) -> tuple[str, str] | None:
@@ -234,9 +326,14 @@ def checked_route(gate: Gate) -> type[APIRoute]:
     """FastAPI's route class, with the JSON body read at the door (`Gate.check_body`) before
     FastAPI parses it: deep nesting and unreadable JSON get a problem document, not a 500 or a
     plain 400. Every route with a body takes a principal: a caller without one is refused (401,
-    audited) before its body is read, so strangers cost no parsing."""
+    audited) before its body is read, so strangers cost no parsing. Each route's OpenAPI entry
+    gets the answers and security this implies (`router.api.openapi.describe`)."""
 
     class CheckedRoute(APIRoute):
+        def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
+            super().__init__(path, endpoint, **kwargs)
+            openapi.describe(self, gate.roles(self.dependant), get_args(Role))
+
         def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
             handler = super().get_route_handler()
             if self.body_field is None:
@@ -409,13 +506,29 @@ class PerCallRoutes:
         return Response(result.model_dump_json(), media_type="application/json")
 
 
+# What the registry checks of a tool spec beyond its types (router.wire.ToolSpec's validators), as
+# far as JSON Schema can say it: the rest (arguments named in *_args are input_schema properties,
+# output paths, what policy refuses) is answered with 422 tool.invalid_spec or tool.refused_by_policy.
+_SPEC_CHECKS: dict[str, dict[str, dict[str, Any]]] = {ToolSpec.__name__: {
+    "name": {"pattern": f"^{TOOL_NAME.pattern}$"},
+    "input_schema": {"required": ["type"], "properties": {"type": {"const": "object"}},
+                     "description": "a JSON Schema (draft 2020-12) of the arguments: an object"},
+}}  # fmt: skip
+
+
 class _Api(FastAPI):
-    """FastAPI with `Limits` outermost and `PerCallRoutes` ahead of its own stack."""
+    """FastAPI with `Limits` outermost, `PerCallRoutes` ahead of its own stack, and the OpenAPI
+    document completed (`router.api.openapi`)."""
 
     def __init__(self, *, per_call: PerCallRoutes, max_body: int, timeout_s: float, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.per_call = per_call
         self._max_body, self._timeout_s = max_body, timeout_s
+
+    def openapi(self) -> dict[str, Any]:
+        if self.openapi_schema is None:
+            self.openapi_schema = openapi.complete(super().openapi(), _SPEC_CHECKS)
+        return self.openapi_schema
 
     def build_middleware_stack(self) -> ASGIApp:
         self.per_call.app = super().build_middleware_stack()
@@ -439,6 +552,9 @@ def create_app(plane: ControlPlane, *, close_plane: bool = False) -> FastAPI:
         # FastAPI's OpenTelemetry hooks look for a configured provider on every request; stockade
         # reports through /metrics and its audit log instead.
         telemetry={"tracing": False, "metrics": False, "logs": False},
+        generate_unique_id_function=openapi.operation_id, openapi_tags=openapi.TAGS,
+        # One schema per model, as requests are validated: POST /v1/tools takes the ToolSpec it answers.
+        separate_input_output_schemas=False,
     )  # fmt: skip
     app.router.route_class = checked_route(gate)
     _errors(app, plane, gate)
@@ -473,7 +589,10 @@ def _errors(app: FastAPI, plane: ControlPlane, gate: Gate) -> None:
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         # No route, a wrong method, or a body FastAPI could not read: a problem document too.
-        response = from_http_error(exc.status_code, str(exc.detail), exc.headers)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:  # Starlette names the methods of the first route on the path only
+            headers["Allow"] = ", ".join(allowed_methods(app, request.scope))
+        response = from_http_error(exc.status_code, str(exc.detail), headers)
         if exc.status_code >= 500:
             return response
         return await gate.turn_away(request, response, f"http.{exc.status_code}: {exc.detail}"[:300])
@@ -483,26 +602,28 @@ def _errors(app: FastAPI, plane: ControlPlane, gate: Gate) -> None:
         # Starlette logs the exception itself (it re-raises it to the server after answering).
         return internal_error()
 
-    @app.get("/healthz")
-    async def healthz() -> dict[str, str]:
+    @app.get("/healthz", tags=["operations"])
+    async def get_health() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/metrics")
-    async def prometheus() -> Response:
+    @app.get("/metrics", tags=["operations"], response_class=PlainTextResponse,
+             responses={200: {"description": "Prometheus text exposition format 0.0.4"}})  # fmt: skip
+    async def get_metrics() -> Response:
         for tier, sandbox in plane.sandboxes.items():
             warm = getattr(sandbox, "warm", None)
             if isinstance(warm, int):
                 metrics.POOL_READY.labels(tier).set(warm)
         return Response(metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.get("/readyz")
-    async def readyz() -> JSONResponse:
-        problems = await plane.readiness_problems()
-        checks = {name: problems[name] is None for name in ("policy", "store", "audit")}
+    @app.get("/readyz", tags=["operations"], response_model=Readiness,
+             responses={503: {"model": Readiness, "description": "not ready: a check fails"}})  # fmt: skip
+    async def get_readiness() -> JSONResponse:
+        found = await plane.readiness_problems()
+        checks = {name: found[name] is None for name in ("policy", "store", "audit")}
         ready = all(checks.values())
-        found = {name: why for name, why in problems.items() if why is not None}
-        return JSONResponse({"ready": ready, "checks": checks, "problems": found},
-                            status_code=200 if ready else 503)  # fmt: skip
+        body = Readiness(ready=ready, checks=checks,
+                         problems={name: why for name, why in found.items() if why is not None})  # fmt: skip
+        return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
 
 
 def _sessions(app: FastAPI, plane: ControlPlane, gate: Gate, per_call: PerCallRoutes) -> None:
@@ -511,40 +632,57 @@ def _sessions(app: FastAPI, plane: ControlPlane, gate: Gate, per_call: PerCallRo
     Owner = Annotated[ApiPrincipal, Depends(gate.require("agent", "admin"))]
     Anyone = Annotated[ApiPrincipal, Depends(gate.require("agent", "approver", "auditor", "admin"))]
 
-    @app.post("/v1/tools", status_code=201)
-    async def register_tool(spec: dict[str, Any], principal: Registrar, request: Request) -> ToolSpec:
+    # The spec is validated by the registry (its problems name the fields: tool.invalid_spec), so
+    # FastAPI takes any object; the document says what the registry takes.
+    @app.post("/v1/tools", status_code=201, tags=["tools"], responses=problems(
+        (403, "the role may not register tools, or the agent is not may_register"),
+        (409, "a tool of that name is registered"),
+        (422, "the spec is invalid (tool.invalid_spec), policy would refuse every call to it "
+              "(tool.refused_by_policy), or the body is not JSON or nests too deep"),
+    ))  # fmt: skip
+    async def register_tool(
+        spec: Annotated[dict[str, Any], WithJsonSchema({"$ref": f"#/components/schemas/{ToolSpec.__name__}"})],
+        principal: Registrar, request: Request,
+    ) -> ToolSpec:  # fmt: skip
         if principal.role == "agent" and not principal.may_register:
             raise await gate.refuse(request, 403, f"agent {principal.name} may not register tools", principal.name)
         return await plane.register(spec)
 
-    @app.get("/v1/tools")
+    @app.get("/v1/tools", tags=["tools"], responses=problems(503))
     async def list_tools(_: Anyone) -> list[ToolSpec]:
-        return plane.registry.list()
+        return await plane.list_tools()  # with those other routers added to the shared store
 
-    @app.post("/v1/sessions", status_code=201)
+    @app.post("/v1/sessions", status_code=201, tags=["sessions"], responses=problems(503))
     async def open_session(body: OpenSession, principal: Agent) -> SessionOpened:
         return SessionOpened(session_id=await plane.open_session(principal.name, body.principal, body.trusted_context))
 
-    @app.delete("/v1/sessions/{session_id}", status_code=204)
+    @app.delete("/v1/sessions/{session_id}", status_code=204, tags=["sessions"],
+                responses=problems((404, "no open session with that id (of the agent's own)"), 503))  # fmt: skip
     async def close_session(session_id: str, principal: Owner) -> None:
         # An admin may close any session; an agent only its own.
         await plane.close_session(session_id, agent=None if principal.role == "admin" else principal.name)
 
-    def each_call(path: str) -> Callable[[Endpoint], Endpoint]:
+    def each_call(path: str, *answers: int | tuple[int, str]) -> Callable[[Endpoint], Endpoint]:
         """Register ``endpoint`` with FastAPI (and its OpenAPI) and serve it through `PerCallRoutes`."""
 
         def register(endpoint: Endpoint) -> Endpoint:
-            per_call.add(path, app.post(path)(endpoint))
+            per_call.add(path, app.post(path, tags=["sessions"], responses=problems(*answers))(endpoint))
             return endpoint
 
         return register
 
-    @each_call("/v1/sessions/{session_id}/decide")
-    async def decide(session_id: str, body: Decide, principal: Agent) -> DecisionResult:
+    no_session = (404, "no open session of the agent's with that id, or no tool of that name")
+    invalid_call = (422, "the call is malformed (call.invalid: its arguments, inputs or tool name), or the body "
+                    "is not JSON, nests too deep or does not match the schema")  # fmt: skip
+
+    @each_call("/v1/sessions/{session_id}/decide", no_session, invalid_call, 503)
+    async def decide_call(session_id: str, body: Decide, principal: Agent) -> DecisionResult:
         return await plane.decide(session_id, body.tool, body.args, agent=principal.name)
 
-    @each_call("/v1/sessions/{session_id}/calls")
-    async def call(session_id: str, body: Call, principal: Agent) -> ToolResult:
+    unapproved = (409, "approval_id is not an approval granted for exactly this call")
+
+    @each_call("/v1/sessions/{session_id}/calls", no_session, unapproved, invalid_call, 503)
+    async def call_tool(session_id: str, body: Call, principal: Agent) -> ToolResult:
         inputs = {}
         for name, encoded in body.inputs.items():
             try:
@@ -555,32 +693,44 @@ def _sessions(app: FastAPI, plane: ControlPlane, gate: Gate, per_call: PerCallRo
         return await plane.call(session_id, body.tool, body.args, inputs=inputs, approval_id=body.approval_id,
                                 agent=principal.name)  # fmt: skip
 
-    @each_call("/v1/sessions/{session_id}/reports")
-    async def report(session_id: str, body: Report, principal: Agent) -> ToolResult:
+    no_report = (422, "no call awaiting a report with that id (call.invalid), the output is over the cap, or the "
+                 "body is not JSON, nests too deep or does not match the schema")  # fmt: skip
+
+    @each_call(
+        "/v1/sessions/{session_id}/reports", (404, "no open session of the agent's with that id"), no_report, 503
+    )
+    async def report_output(session_id: str, body: Report, principal: Agent) -> ToolResult:
         return await plane.report(session_id, body.call_id, body.output, agent=principal.name)
 
 
 def _approvals(app: FastAPI, plane: ControlPlane, gate: Gate) -> None:
     Approver = Annotated[ApiPrincipal, Depends(gate.require("approver"))]
 
-    @app.get("/v1/approvals")
+    unusable = (409, "no approval with that id, or it is not pending, or it was asked for by the approver's "
+                "own agent identity")  # fmt: skip
+
+    @app.get("/v1/approvals", tags=["approvals"], responses=problems(503))
     async def list_approvals(_: Approver, status: ApprovalStatus | None = None) -> list[Approval]:
         return await plane.list_approvals(status)
 
-    @app.get("/v1/approvals/{approval_id}")
-    async def show_approval(approval_id: str, _: Approver) -> Approval:
+    @app.get("/v1/approvals/{approval_id}", tags=["approvals"],
+             responses=problems((409, "no approval with that id (unknown, or no longer kept)"), 503))  # fmt: skip
+    async def get_approval(approval_id: str, _: Approver) -> Approval:
         return await plane.get_approval(approval_id)
 
-    @app.post("/v1/approvals/{approval_id}/approve")
-    async def approve(approval_id: str, body: ApprovalNote, principal: Approver) -> Approval:
+    @app.post("/v1/approvals/{approval_id}/approve", tags=["approvals"], responses=problems(unusable, 503))
+    async def approve_approval(approval_id: str, body: ApprovalNote, principal: Approver) -> Approval:
         return await plane.approve(approval_id, principal.name, body.note)
 
-    @app.post("/v1/approvals/{approval_id}/deny")
-    async def deny(approval_id: str, body: ApprovalNote, principal: Approver) -> Approval:
+    @app.post("/v1/approvals/{approval_id}/deny", tags=["approvals"], responses=problems(unusable, 503))
+    async def deny_approval(approval_id: str, body: ApprovalNote, principal: Approver) -> Approval:
         return await plane.deny_approval(approval_id, principal.name, body.note)
 
-    @app.post("/v1/sessions/{session_id}/endorsements", status_code=201)
-    async def endorse(session_id: str, body: EndorsementRequest, principal: Approver) -> Endorsement:
+    @app.post("/v1/sessions/{session_id}/endorsements", status_code=201, tags=["approvals"], responses=problems(
+        (404, "no open session with that id"), (422, "the call left no output in the session, or the body is not "
+                                                     "JSON, nests too deep or does not match the schema"), 503,
+    ))  # fmt: skip
+    async def endorse_output(session_id: str, body: EndorsementRequest, principal: Approver) -> Endorsement:
         """A human endorses the output of an earlier call of the session (see ControlPlane.endorse)."""
         source = await plane.endorse(session_id, body.call_id, by=principal.name, note=body.note)
         return Endorsement(session_id=session_id, call_id=body.call_id, source=source)
@@ -591,46 +741,66 @@ def _audit(app: FastAPI, plane: ControlPlane, gate: Gate) -> None:
     Admin = Annotated[ApiPrincipal, Depends(gate.require("admin"))]
     settings = plane.settings
 
-    @app.get("/v1/audit/events")
-    async def audit_events(
+    @app.get("/v1/audit/events", tags=["audit"], responses=problems(503))
+    async def list_audit_events(
         _: Auditor,
         session_id: str | None = None, agent: str | None = None, tool: str | None = None,
         outcome: str | None = None, kind: str | None = None, decision_id: str | None = None,
-        since: datetime | None = None, until: datetime | None = None,
+        since: Instant | None = None, until: Instant | None = None,
         limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     ) -> list[AuditEvent]:  # fmt: skip
         return await plane.audit.query(AuditFilter(since=since, until=until, session_id=session_id, agent=agent,
                                                    tool=tool, outcome=outcome, decision_id=decision_id, kind=kind,
                                                    limit=limit))  # fmt: skip
 
-    @app.get("/v1/audit/decisions/{decision_id}")
-    async def audit_decision(decision_id: str, _: Auditor) -> list[AuditEvent]:
+    @app.get("/v1/audit/decisions/{decision_id}", tags=["audit"], responses=problems(503))
+    async def get_decision_trail(decision_id: str, _: Auditor) -> list[AuditEvent]:
         """Everything joined to one decision: request, approval, credentials, egress, execution."""
         return await plane.audit.query(AuditFilter(decision_id=decision_id))
 
-    @app.get("/v1/audit/verify")
-    async def audit_verify(_: Auditor) -> Verified:
+    @app.get("/v1/audit/verify", tags=["audit"], responses=problems(503))
+    async def verify_audit_log(_: Auditor) -> Verified:
         report = await plane.audit.verify()
         return Verified(ok=report.ok, events=report.events, head_seq=report.head_seq, head_hash=report.head_hash,
                         broken_seq=report.broken_seq, problem=report.problem)  # fmt: skip
 
-    @app.get("/v1/policy")
-    async def policy_status(_: Auditor) -> PolicyStatus:
+    @app.get("/v1/policy", tags=["audit"])
+    async def get_policy_status(_: Auditor) -> PolicyStatus:
         return PolicyStatus(
             revision=plane.policy.revision, engine=settings.policy.engine, files_problem=plane.policy_problem
         )
 
-    @app.post("/v1/policy/reload")
-    async def policy_reload(principal: Admin, source: Literal["api", "cli"] = "api") -> PolicyStatus:
+    @app.post("/v1/policy/reload", tags=["audit"], responses=problems((503, "the policy did not load: the old one "
+                                                                           "stays in force")))  # fmt: skip
+    async def reload_policy(principal: Admin, source: Literal["api", "cli"] = "api") -> PolicyStatus:
         """Reload the policy directory now; audited (``kind: policy``) whether it loads or not."""
         revision = await plane.reload_policy(source=source, by=principal.name)
         return PolicyStatus(revision=revision, engine=settings.policy.engine)
 
 
+# RFC 7662 §2.1: the form a service posts (the route reads it itself: FastAPI's form parsing
+# needs python-multipart, and the answers are OAuth's, not problem documents).
+_INTROSPECTION_REQUEST = {"required": True, "content": {"application/x-www-form-urlencoded": {"schema": {
+    "type": "object", "required": ["token"], "properties": {
+        "token": {"type": "string", "minLength": 1, "description": "the token to check"},
+        "call_id": {"type": "string", "description": "active only if the token was minted for this call"},
+        "args_sha256": {"type": "string", "description": "active only if minted for arguments of this sha256"},
+    },
+}}}}  # fmt: skip
+
+
 def _credentials(app: FastAPI, plane: ControlPlane) -> None:
     introspectors = [_digest(t.get_secret_value()) for t in plane.settings.introspection_tokens]
+    oauth_error = {"model": OAuthError}
 
-    @app.post("/v1/credentials/introspect")
+    @app.post("/v1/credentials/introspect", tags=["credentials"], response_model=Introspection,
+              openapi_extra={"security": [{INTROSPECTION: []}], "requestBody": _INTROSPECTION_REQUEST},
+              responses={400: {**oauth_error, "description": "the form has no token"},
+                         401: {**oauth_error, "description": "no token from STOCKADE_INTROSPECTION_TOKENS",
+                               "headers": openapi.CHALLENGE},
+                         413: {**oauth_error, **problems(413)[413], "description": "the form is over 16 KiB (OAuth "
+                               "error), or the body over STOCKADE_API_MAX_BODY_BYTES (problem document)"},
+                         **problems(503)})  # fmt: skip
     async def introspect_token(request: Request) -> JSONResponse:
         digest = presented(request)
         # Every configured token is compared, so the time taken says nothing about which matched.
@@ -650,6 +820,6 @@ def _credentials(app: FastAPI, plane: ControlPlane) -> None:
         )
         return JSONResponse(result, headers={"Cache-Control": "no-store"})
 
-    @app.get("/.well-known/jwks.json")
-    async def published_keys() -> dict[str, list[dict[str, Any]]]:
+    @app.get("/.well-known/jwks.json", tags=["credentials"], responses=problems(503))
+    async def get_jwks() -> dict[str, list[dict[str, Any]]]:
         return await jwks(plane.store)

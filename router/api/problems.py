@@ -3,27 +3,62 @@
 Each exception class has a stable ``type`` (``urn:stockade:problem:<code>``) and status (its
 ``code`` and ``http_status``, `router.errors`); the
 ``detail`` names the thing and the fix, and ``errors`` lists field problems where there are any.
+`Problem` is the document, as ``/openapi.json`` describes it (`router.api.openapi`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
 
 from router.errors import StockadeError
+
+MEDIA_TYPE = "application/problem+json"
+
+
+def _absent_if_unset(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)  # the member is left out, not sent as null
+
+
+class FieldError(BaseModel):
+    """One thing wrong with the request: where (``body.tool``, ``args.to``), and what."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    field: str
+    problem: str
+
+
+class Problem(BaseModel):
+    """An RFC 9457 problem document: every error the API answers is one (``application/problem+json``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: str = Field(description="urn:stockade:problem:<code>", examples=["urn:stockade:problem:session.not_found"])
+    title: str
+    status: int = Field(description="the HTTP status, repeated")
+    detail: str = Field(description="what is wrong and how to fix it")
+    instance: str | SkipJsonSchema[None] = Field(
+        default=None, description="not sent yet (RFC 9457 §3.1.5)", json_schema_extra=_absent_if_unset
+    )
+    code: str = Field(description="the stable name of the problem (the reason code, as the Python exceptions)")
+    errors: Annotated[list[FieldError], Field(min_length=1)] | SkipJsonSchema[None] = Field(
+        default=None, description="the fields at fault, where there are any", json_schema_extra=_absent_if_unset
+    )
 
 
 def problem(
     status: int, code: str, title: str, detail: str, *, errors: list[dict[str, Any]] | None = None,
     headers: dict[str, str] | None = None,
 ) -> JSONResponse:  # fmt: skip
-    body: dict[str, Any] = {"type": f"urn:stockade:problem:{code}", "title": title, "status": status,
-                            "detail": detail, "code": code}  # fmt: skip
-    if errors:
-        body["errors"] = errors
-    return JSONResponse(body, status_code=status, media_type="application/problem+json", headers=headers)
+    body = Problem(type=f"urn:stockade:problem:{code}", title=title, status=status, detail=detail, code=code,
+                   errors=[FieldError.model_validate(e) for e in errors] if errors else None)  # fmt: skip
+    return JSONResponse(body.model_dump(exclude_none=True), status_code=status, media_type=MEDIA_TYPE,
+                        headers=headers)  # fmt: skip
 
 
 def from_exception(exc: StockadeError) -> JSONResponse:
