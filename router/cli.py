@@ -112,14 +112,21 @@ def serve(
     ctx: typer.Context,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 8080,
+    tools: Annotated[
+        Path | None, typer.Option(help="Tool specs to register at start: a JSON file (a list) or a directory of them.")
+    ] = None,
 ) -> None:
-    """Serve the HTTP API (OpenAPI at /openapi.json) with settings from STOCKADE_* variables."""
+    """Serve the HTTP API (OpenAPI at /openapi.json) with settings from STOCKADE_* variables.
+
+    With --tools, the tools are registered before the first request (each router of a
+    deployment may pass the same files: the shared store keeps one registry)."""
     import uvicorn  # noqa: PLC0415  (only the server pays for it)
 
     from router.api import create_app  # noqa: PLC0415
     from router.control import ControlPlane  # noqa: PLC0415
 
     settings = _settings(ctx)
+    specs = _tool_specs(tools) if tools else []
     if not settings.api_principals:
         err.print("warning: STOCKADE_API_PRINCIPALS is empty: every /v1 request will be refused (401)")
     try:
@@ -134,12 +141,23 @@ def serve(
     gc.set_threshold(10_000, 10, 10)
     config = uvicorn.Config(application, host=host, port=port, log_level=settings.log_level, access_log=False)
 
+    refused: list[str] = []
+
     async def run() -> None:
+        for i, spec in enumerate(specs):
+            try:
+                await plane.register(spec)
+            except StockadeError as exc:
+                refused.append(f"{tools}: tool #{i} ({str(spec.get('name', '?'))[:64]}) was refused: {exc}")
+                await plane.aclose()
+                return
         async with approval_socket(plane):  # `stockade approvals` reaches an embedded store here
             await uvicorn.Server(config).serve()
 
     with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:  # uvloop, as uvicorn.run picks
         runner.run(run())
+    if refused:
+        raise _fail(refused[0])
 
 
 @app.command()
@@ -207,17 +225,22 @@ def mcp(
 
 
 def _tool_specs(path: Path) -> list[dict[str, Any]]:
-    """The tool specs in a JSON file, each checked as a ToolSpec (exit 2 naming the tool and field)."""
+    """The tool specs in a JSON file (a list), or in each ``*.json`` file of a directory (a list
+    or one spec; by name), each checked as a ToolSpec: exit 2 naming the file, tool and field."""
     from pydantic import ValidationError  # noqa: PLC0415
 
     from router.tools import ToolSpec  # noqa: PLC0415
 
+    if path.is_dir():
+        return [spec for file in sorted(path.glob("*.json")) for spec in _tool_specs(file)]
     try:
         specs = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise _fail(f"cannot read the tool specs in {path}: {exc}") from exc
+    if isinstance(specs, dict):
+        specs = [specs]
     if not isinstance(specs, list) or not all(isinstance(s, dict) for s in specs):
-        raise _fail(f"{path} must hold a JSON list of tool specs (objects)")
+        raise _fail(f"{path} must hold a JSON list of tool specs (objects), or one spec")
     for i, spec in enumerate(specs):
         try:
             ToolSpec.model_validate(spec)

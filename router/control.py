@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import json
 import secrets
 import time
@@ -44,6 +45,7 @@ from router.credentials import REDACTOR, Binding, CredentialBroker, CredentialEr
 from router.credentials.base import CredentialUnavailable
 from router.errors import (
     AuditError,
+    DuplicateTool,
     FieldProblem,
     InvalidCall,
     PolicyError,
@@ -51,6 +53,7 @@ from router.errors import (
     SessionNotFound,
     StockadeError,
     StoreError,
+    ToolNotFound,
     ToolRefused,
 )
 from router.provenance import (
@@ -262,10 +265,76 @@ class ControlPlane:
                 + ")",
                 codes,
             )
+        await self._share(tool, decision.policy_revision)
         self.registry.add(tool)
         self._start_background()
         log.info("tool_registered", tool=tool.spec.name, risk=tool.spec.risk, executor=tool.spec.executor.kind)
         return tool.spec
+
+    async def _share(self, tool: RegisteredTool, revision: str) -> None:
+        """Put a tool in the store's registry, which every router sharing the store serves from
+        (audited when it is added). The same spec already there is fine (each router of a
+        deployment registers its tools at start); another spec under that name is refused.
+
+        Raises:
+            DuplicateTool: the name is registered with another spec. StoreError, AuditError.
+        """
+        name, spec_json = tool.spec.name, tool.spec.model_dump_json()
+        known = await self.store.get_tool(name)
+        if known is None:  # audited before it is added: a registration never goes unrecorded
+            event = AuditEvent(
+                kind="policy", decision_id=str(uuid.uuid4()), timestamp=_now(), tool=name, outcome="tool_registered",
+                labels=self._labels, bundles={"policies": {"revision": revision}},
+                result={"spec_sha256": hashlib.sha256(spec_json.encode()).hexdigest(), "spec": json.loads(spec_json)},
+            )  # fmt: skip
+            if not await self._record(event):
+                raise AuditError(f"the registration of tool {name!r} could not be audited; it is not registered")
+            known, version, added = await self.store.put_tool(name, spec_json)
+            if added:
+                log.info("tool_shared", tool=name, registry_version=version)
+        if ToolSpec.model_validate_json(known) != tool.spec:
+            raise DuplicateTool(
+                f"tool {name!r} is already registered in the shared store with another spec (by another router "
+                "or an earlier run): pick another name, or register exactly the same spec"
+            )
+
+    async def tool(self, name: object) -> RegisteredTool:
+        """The tool called ``name``: this router's, or one another router added to the shared
+        registry (loaded on first use).
+
+        Raises:
+            InvalidCall: not a valid tool name. ToolNotFound: no such tool. StoreError.
+        """
+        try:
+            return self.registry.get(name)
+        except ToolNotFound:
+            stored = await self.store.get_tool(str(name))
+            if stored is None:
+                raise
+        return self._adopt(stored)
+
+    def _adopt(self, stored: str) -> RegisteredTool:
+        """A tool from the shared registry, added to this router's."""
+        spec = ToolSpec.model_validate_json(stored)
+        try:
+            return self.registry.get(spec.name)  # adopted meanwhile
+        except ToolNotFound:
+            tool = self.registry.prepare(spec)
+            self.registry.add(tool)
+            log.info("tool_loaded_from_store", tool=spec.name)
+            return tool
+
+    async def list_tools(self) -> list[ToolSpec]:
+        """Every registered tool, this router's and those added through the shared store.
+
+        Raises:
+            StoreError: the store cannot be read.
+        """
+        mine = set(self.registry.names())
+        for name, stored in (await self.store.list_tools()).items():
+            if name not in mine:
+                self._adopt(stored)
+        return self.registry.list()
 
     async def open_session(self, agent: str, principal: str, trusted_context: list[str] | None = None) -> str:
         """Open a session for one agent task; returns its id. ``trusted_context``: what the user
@@ -358,7 +427,7 @@ class ControlPlane:
         """
         session = await self._load_session(session_id)
         permitted = []
-        for spec in self.registry.list():
+        for spec in await self.list_tools():
             call = _Call(session, self.registry.get(spec.name), {}, "{}")
             try:
                 decision = await self.policy.decide(_policy_input(call))
@@ -665,7 +734,7 @@ class ControlPlane:
                 f"no external call {show(call_id)} is awaiting a report in session {session.id}: "
                 "report only the call_id returned by call() for an external tool, once"
             )
-        tool = self.registry.get(pending.tool)
+        tool = await self.tool(pending.tool)
         event = self._event(
             "execution",
             pending.decision_id,
@@ -706,7 +775,7 @@ class ControlPlane:
         renewed and counted if ``count_call``; its arguments' provenance; its rate windows)."""
         try:
             try:
-                tool = self.registry.get(tool_name)
+                tool = await self.tool(tool_name)
                 args, canonical_args = parse_args(tool.spec.name, raw_args, self.settings.max_args_bytes)
                 validate_args(tool, args)
                 checked_inputs = _check_inputs(inputs or {}, self.settings.max_input_bytes)

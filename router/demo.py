@@ -123,7 +123,7 @@ FORWARDER = {
 async def run_demo(settings: Settings, out: Console, audit_path: Path | None) -> int:
     """Run the demo session; returns the process exit code."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
-    path = audit_path or Path("var") / "demo" / f"audit-{stamp}.jsonl"
+    path = audit_path or settings.audit.path.parent / "demo" / f"audit-{stamp}.jsonl"
     settings = settings.model_copy(update={"audit": settings.audit.model_copy(update={"path": path})})
     failures: list[str] = []
 
@@ -215,10 +215,12 @@ async def run_demo(settings: Settings, out: Console, audit_path: Path | None) ->
             f"\n[bold]9. Verify the chain[/bold]: {report.events} events, "
             f"{'intact' if report.ok else 'BROKEN at seq ' + str(report.broken_seq)}"
         )
-        # Every event is chained: the session's, and the tool refused at register() (no session).
-        expect("hash chain verifies", report.ok and report.events == len(events) + 1)
+        # Every event is chained: the session's, and those of registration (no session): each tool
+        # added to the registry, and the one refused.
+        registry = len(TOOLS) + 1
+        expect("hash chain verifies", report.ok and report.events == len(events) + registry)
 
-    out.print(f"\nQuery it yourself: .venv/bin/stockade audit query --path {path} --json")
+    out.print(f"\nQuery it yourself: stockade audit query --path {path} --json")
     if failures:
         out.print(f"[red]{len(failures)} step(s) did not behave as described[/red]")
         return 1

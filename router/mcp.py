@@ -227,7 +227,7 @@ def build_server(
             ))  # fmt: skip
         name, args = params.name, dict(params.arguments or {})
         try:
-            if isinstance(plane.registry.get(name).spec.executor, ExternalExecutor):
+            if isinstance((await plane.tool(name)).spec.executor, ExternalExecutor):
                 return _refusal("tool.not_served", f"{name} is an external tool: it is not served over MCP")
             answered = bool(params.request_state and params.input_responses)
             if answered:  # the human answered (2026-07-28 flow); dismissed, it is not asked again

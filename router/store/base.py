@@ -149,6 +149,20 @@ class Store(Protocol):
         """The published public keys still in their time, by kid."""
         ...
 
+    async def put_tool(self, name: str, spec_json: str) -> tuple[str, int, bool]:
+        """Add a tool to the shared registry unless one of that name is there. Returns the stored
+        spec (JSON), its registry version and whether this call added it. Tools are never replaced:
+        every router serving a name serves the same tool."""
+        ...
+
+    async def get_tool(self, name: str) -> str | None:
+        """The registered tool's spec (JSON), or None."""
+        ...
+
+    async def list_tools(self) -> dict[str, str]:
+        """Every registered tool's spec (JSON), by name."""
+        ...
+
     async def ping(self) -> None:
         """Raise `StoreError` unless the backend answers."""
         ...

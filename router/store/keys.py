@@ -49,3 +49,10 @@ def lease(lease_id: str) -> str:
 
 JWKS = f"{PREFIX}jwks"
 """Hash: kid -> JSON {"jwk": the public key, "until": epoch}. TTL: the longest-lived key's."""
+
+
+TOOLS = f"{PREFIX}tools"
+"""Hash: tool name -> JSON {"version": n, "spec": the ToolSpec}. No TTL: the shared registry."""
+
+TOOLS_VERSION = f"{PREFIX}tools:version"
+"""Counter: the registry's version, one more per tool added. No TTL."""

@@ -40,6 +40,7 @@ class MemoryStore:
         self._rates = RateCounter(rate_window_s)
         self._leases: dict[str, tuple[str, dict[str, Any], float]] = {}  # id -> (status, record, until)
         self._keys: dict[str, tuple[str, float]] = {}  # kid -> (jwk, until)
+        self._tools: dict[str, tuple[str, int]] = {}  # name -> (spec JSON, registry version)
 
     def _live(self, session_id: str, now: float) -> _Session | None:
         session = self._sessions.get(session_id)
@@ -167,6 +168,19 @@ class MemoryStore:
         now = time.time()
         self._keys = {k: v for k, v in self._keys.items() if v[1] > now}
         return {k: v[0] for k, v in self._keys.items()}
+
+    async def put_tool(self, name: str, spec_json: str) -> tuple[str, int, bool]:
+        if name in self._tools:
+            return (*self._tools[name], False)
+        self._tools[name] = (spec_json, len(self._tools) + 1)
+        return spec_json, len(self._tools), True
+
+    async def get_tool(self, name: str) -> str | None:
+        entry = self._tools.get(name)
+        return None if entry is None else entry[0]
+
+    async def list_tools(self) -> dict[str, str]:
+        return {name: spec for name, (spec, _) in self._tools.items()}
 
     async def ping(self) -> None:
         return None

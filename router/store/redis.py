@@ -86,6 +86,16 @@ if redis.call('EXISTS', KEYS[3]) == 1 then redis.call('HSET', KEYS[3], 'approval
 return 1
 """
 
+# KEYS: tools hash, registry version. ARGV: name, spec JSON. Adds the tool unless the name is
+# taken; returns {the stored entry, 1 if added}. Entries are {"version": n, "spec": ...}.
+_PUT_TOOL = """
+local current = redis.call('HGET', KEYS[1], ARGV[1])
+if current then return {current, 0} end
+local entry = '{"version":' .. redis.call('INCR', KEYS[2]) .. ',"spec":' .. ARGV[2] .. '}'
+redis.call('HSET', KEYS[1], ARGV[1], entry)
+return {entry, 1}
+"""
+
 # KEYS: approval. ARGV: expected status, new JSON. Replaces the approval (keeping its TTL) only
 # if its status is still the expected one. Returns 1 if replaced.
 _SWAP_APPROVAL = """
@@ -173,6 +183,7 @@ class RedisStore:
         self._revoke = self._redis.register_script(_REVOKE_LEASE)
         self._publish = self._redis.register_script(_PUBLISH_KEY)
         self._endorse = self._redis.register_script(_ENDORSE)
+        self._put_tool = self._redis.register_script(_PUT_TOOL)
         self._agents: dict[str, str] = {}
 
     async def _do(self, what: str, operation: Awaitable[T]) -> T:
@@ -357,6 +368,21 @@ class RedisStore:
     async def publish_key(self, kid: str, jwk: str, ttl_s: float) -> None:
         entry = json.dumps({"jwk": jwk, "until": time.time() + ttl_s})
         await self._do("publish a key", self._publish([keys.JWKS], [kid, entry, max(1, int(ttl_s * 1000))]))
+
+    async def put_tool(self, name: str, spec_json: str) -> tuple[str, int, bool]:
+        entry, added = await self._do(
+            "register a tool", self._put_tool([keys.TOOLS, keys.TOOLS_VERSION], [name, spec_json])
+        )
+        document = json.loads(entry)
+        return json.dumps(document["spec"]), int(document["version"]), bool(int(added))
+
+    async def get_tool(self, name: str) -> str | None:
+        entry = await self._do("read a tool", self._redis.hget(keys.TOOLS, name))
+        return None if entry is None else json.dumps(json.loads(entry)["spec"])
+
+    async def list_tools(self) -> dict[str, str]:
+        found = await self._do("list tools", self._redis.hgetall(keys.TOOLS))
+        return {str(name): json.dumps(json.loads(entry)["spec"]) for name, entry in found.items()}
 
     async def public_keys(self) -> dict[str, str]:
         found = await self._do("read the keys", self._redis.hgetall(keys.JWKS))

@@ -10,8 +10,10 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
 from policy import PolicySettings
-from router import ControlPlane, Settings, StockadeError
+from router import AuditError, ControlPlane, Settings, StockadeError
 from router.audit import AuditFilter
 from router.settings import AuditSettings, StoreSettings
 from tests.conftest import copy_policies, edit_catalog, external_tool
@@ -120,9 +122,10 @@ async def test_redis_back_without_its_data_is_a_chain_that_went_backwards(
     spool = (tmp_path / "spool" / "router-a.jsonl").read_text().splitlines()
     assert [json.loads(line)["decision_id"] for line in spool].count(result.decision_id) >= 1
     async with ControlPlane.from_settings(_settings(tmp_path, redis_server.url)) as again:
-        await again.register(external_tool("lookup"))
-        session = await again.open_session("agent-1", "alice@example.com")
-        assert (await again.call(session, "lookup", {})).reasons == ["audit.unavailable"]
+        # The registry went with Redis's data; registering again needs an audit record, refused too.
+        with pytest.raises(AuditError, match="not registered"):
+            await again.register(external_tool("lookup"))
+        assert await again.store.get_tool("lookup") is None
         assert "went backwards" in ((await again.readiness_problems())["audit"] or "")
 
 
@@ -145,7 +148,7 @@ async def test_two_routers_on_one_host_keep_spools_of_their_own(tmp_path: Path, 
         session = await one.open_session("agent-1", "alice@example.com")
         assert (await two.call(session, "lookup", {})).status == "awaiting_report"
         assert (await one.call(session, "lookup", {})).status == "awaiting_report"
-        assert (await one.audit.verify()).events == 2
+        assert (await one.audit.verify()).events == 3  # the registration (once, shared), two decisions
     locks = sorted(p.name for p in (tmp_path / "spool").glob("*.lock"))
     assert locks == ["router-a.1.jsonl.lock", "router-a.jsonl.lock"]
 

@@ -204,19 +204,26 @@ async def test_health_readiness_policy_status_and_openapi(api: tuple[httpx.Async
 
 
 @contextlib.contextmanager
-def serve(env: dict[str, str], log: Path) -> Iterator[str]:
+def serve(env: dict[str, str], log: Path, *args: str) -> Iterator[str]:
     """`stockade serve` as a process, ready."""
-    with stockade_server(["serve"], env, log, "/healthz") as url:
+    with stockade_server(["serve", *args], env, log, "/healthz") as url:
         yield url
 
 
 def test_two_routers_on_one_redis_act_as_one(tmp_path: Path, redis_url: str) -> None:
     env = {"STOCKADE_STORE__URL": redis_url, "STOCKADE_AUDIT__PATH": str(tmp_path / "audit.jsonl"),
            "STOCKADE_API_PRINCIPALS": json.dumps(principals()), "STOCKADE_LOG_LEVEL": "error"}  # fmt: skip
-    with serve(env, tmp_path / "one.log") as one, serve(env, tmp_path / "two.log") as two:
-        for url in (one, two):
-            for tool in (DROP, external_tool("echo")):
-                assert httpx.post(f"{url}/v1/tools", json=tool, headers=auth("root")).status_code == 201
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "echo.json").write_text(json.dumps(external_tool("echo")))  # one spec per file
+    one_log, two_log = tmp_path / "one.log", tmp_path / "two.log"
+    with serve(env, one_log, "--tools", str(tools)) as one, serve(env, two_log, "--tools", str(tools)) as two:
+        # Registered through one router only: the other serves it from the shared registry.
+        assert httpx.post(f"{one}/v1/tools", json=DROP, headers=auth("root")).status_code == 201
+        listed = httpx.get(f"{two}/v1/tools", headers=auth("agent-1")).json()
+        assert sorted(t["name"] for t in listed) == ["drop_table", "echo"]
+        refused = httpx.post(f"{two}/v1/tools", json={**DROP, "risk": "low"}, headers=auth("root"))
+        assert (refused.status_code, refused.json()["code"]) == (409, "tool.duplicate")
         session = httpx.post(f"{one}/v1/sessions", json={"principal": "alice"}, headers=auth("agent-1")).json()
         calls = f"/v1/sessions/{session['session_id']}/calls"
         held = httpx.post(f"{two}{calls}", json={"tool": "drop_table", "args": {}}, headers=auth("agent-1")).json()
@@ -231,7 +238,9 @@ def test_two_routers_on_one_redis_act_as_one(tmp_path: Path, redis_url: str) -> 
         assert (again.status_code, again.json()["code"]) == (409, "approval.invalid")  # used, on the other router
         verify = httpx.get(f"{two}/v1/audit/verify", headers=auth("audit")).json()
         assert verify["ok"] is True
-        assert verify["events"] == 7  # request, approved, allow, redeemed, ran; the refused reuse; one error
+        # two registrations (echo once, by the first router to start; drop_table), then the held
+        # call's require_approval and request, approved, allow, redeemed, ran; the refused reuse
+        assert verify["events"] == 9
 
 
 async def test_metrics_count_calls_and_time_decisions(api: tuple[httpx.AsyncClient, ControlPlane]) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from policy import PolicySettings
 from router import (
+    AuditError,
     ControlPlane,
     DuplicateTool,
     InvalidCall,
@@ -20,9 +21,11 @@ from router import (
     SessionNotFound,
     Settings,
     ToolNotFound,
+    ToolSpec,
 )
 from router.audit import AuditFilter, JsonlAuditLog
 from router.settings import AuditSettings
+from router.store import MemoryStore
 from runner import BwrapSandbox, RunResult, SandboxSpec
 from tests.conftest import ECHO, REPO, external_tool, python_tool
 
@@ -339,8 +342,13 @@ async def test_unwritable_audit_log_denies_and_nothing_runs(settings: Settings) 
     broken = settings.model_copy(update={"audit": AuditSettings(path=Path("/dev/full"))})
     base = ControlPlane.from_settings(broken)
     sandbox = CountingSandbox(settings.runner)
-    plane = ControlPlane(broken, policy=base.policy, sandboxes={**base.sandboxes, "bwrap": sandbox}, audit=base.audit)
-    await plane.register(python_tool("echo", ECHO))
+    store = MemoryStore()  # the tool was registered (and audited) earlier, through another router
+    await store.put_tool("echo", ToolSpec.model_validate(python_tool("echo", ECHO)).model_dump_json())
+    plane = ControlPlane(broken, policy=base.policy, sandboxes={**base.sandboxes, "bwrap": sandbox}, audit=base.audit,
+                         store=store)  # fmt: skip
+    with pytest.raises(AuditError, match="not registered"):  # a registration is never unrecorded
+        await plane.register(python_tool("other", ECHO))
+    assert await store.get_tool("other") is None
     session = await plane.open_session("agent-1", "alice@example.com")
     result = await plane.call(session, "echo", {"a": 1})
     assert (result.status, result.reasons) == ("denied", ["audit.unavailable"])
@@ -352,7 +360,7 @@ async def test_audit_log_in_an_unusable_place_denies(tmp_path: Path, settings: S
     (tmp_path / "dir.jsonl").mkdir()
     broken = settings.model_copy(update={"audit": AuditSettings(path=tmp_path / "dir.jsonl")})
     async with ControlPlane.from_settings(broken) as plane:
-        await plane.register(python_tool("echo", ECHO))
+        await plane.store.put_tool("echo", ToolSpec.model_validate(python_tool("echo", ECHO)).model_dump_json())
         session = await plane.open_session("agent-1", "alice@example.com")
         assert (await plane.call(session, "echo", {})).reasons == ["audit.unavailable"]
 
@@ -406,9 +414,9 @@ async def test_audit_trail_survives_a_restart_as_one_chain(settings: Settings) -
             session = await plane.open_session("agent-1", "alice@example.com")
             await plane.call(session, "echo", {})
     report = await JsonlAuditLog(settings.audit.path).verify()
-    assert (report.ok, report.events) == (True, 4)
+    assert (report.ok, report.events) == (True, 6)  # each run: the registration, a decision, an execution
     seqs = [json.loads(line)["seq"] for line in settings.audit.path.read_text().splitlines()]
-    assert seqs == [1, 2, 3, 4]
+    assert seqs == [1, 2, 3, 4, 5, 6]
 
 
 async def test_python_tool_writing_around_the_harness_is_malformed_output(plane: ControlPlane) -> None:

@@ -65,7 +65,7 @@ async def test_a_changed_policy_is_picked_up_and_a_broken_one_is_refused(tmp_pat
         assert "policy_files" not in await plane.readiness_problems()
         events = await plane.audit.query(AuditFilter(kind="policy"))
         # The watcher may also notice the fixed directory and reload after the CLI: pick the CLI's.
-        [by_cli] = [e for e in events if (e.result or {})["source"] == "cli"]
+        [by_cli] = [e for e in events if (e.result or {}).get("source") == "cli"]  # (not the registration)
         assert (by_cli.outcome, by_cli.agent) == ("reloaded", "admin@example.com")
 
 

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from policy import PolicySettings
-from router import ApprovalError, ApprovalStatus, ControlPlane, SessionNotFound, Settings
+from router import ApprovalError, ApprovalStatus, ControlPlane, DuplicateTool, SessionNotFound, Settings
 from router.audit import AuditFilter
 from router.errors import StoreError
 from router.settings import AuditSettings, StoreSettings
@@ -161,3 +161,61 @@ async def test_when_redis_goes_away_calls_fail_closed_and_are_audited(tmp_path: 
                 ("decision", "allow"), ("execution", "ok"),
                 ("error", "store_unavailable"), ("error", "store_unavailable"),
             ]  # fmt: skip
+
+
+# -- the tool registry is shared ----------------------------------------------------------------
+
+
+@pytest.fixture
+def shared(tmp_path: Path, redis_url: str, policies: Path) -> Settings:
+    return Settings(
+        audit=AuditSettings(path=tmp_path / "audit.jsonl"), policy=PolicySettings(dir=policies),
+        store=StoreSettings(url=redis_url),
+    )  # fmt: skip
+
+
+async def test_a_tool_registered_on_one_router_is_served_by_the_other(shared: Settings) -> None:
+    async with ControlPlane.from_settings(shared) as one, ControlPlane.from_settings(shared) as two:
+        await one.register(python_tool("echo", ECHO))
+        session = await two.open_session("assistant", "alice@example.com")
+        assert "echo" in [s.name for s in await two.permitted_tools(session)]  # listed, as an MCP client sees
+        assert [s.name for s in await two.list_tools()] == ["echo"]
+        result = await two.call(session, "echo", {"word": "hi"})  # never registered on this router
+        assert (result.status, result.output) == ("completed", {"word": "hi"})
+    registered = [e for e in await one.audit.query(AuditFilter(kind="policy")) if e.outcome == "tool_registered"]
+    assert [e.tool for e in registered] == ["echo"]  # audited once, when it was added
+    assert registered[0].result is not None
+    assert registered[0].result["spec"]["name"] == "echo"
+
+
+async def test_the_same_spec_again_is_accepted_and_another_spec_under_the_name_refused(shared: Settings) -> None:
+    async with ControlPlane.from_settings(shared) as one, ControlPlane.from_settings(shared) as two:
+        await one.register(python_tool("echo", ECHO))
+        await two.register(python_tool("echo", ECHO))  # each router of a deployment registers at start
+        await two.register(python_tool("drop", ECHO, risk="critical"))
+        with pytest.raises(DuplicateTool, match="another spec"):
+            await one.register(python_tool("drop", ECHO, risk="low"))
+        with pytest.raises(DuplicateTool, match="another spec"):
+            async with ControlPlane.from_settings(shared) as three:  # a restart with a changed spec
+                await three.register(python_tool("echo", "def main(**kwargs):\n    return 'changed'\n"))
+        session = await one.open_session("assistant", "alice@example.com")
+        assert (await one.call(session, "echo", {"a": 1})).output == {"a": 1}  # the first spec still serves
+    registered = [e.tool for e in await one.audit.query(AuditFilter(kind="policy")) if e.outcome == "tool_registered"]
+    assert sorted(registered) == ["drop", "echo"]
+
+
+async def test_a_tool_lookup_with_redis_down_fails_closed_and_is_audited(tmp_path: Path, policies: Path) -> None:
+    with private_redis(tmp_path) as url:
+        settings = Settings(
+            audit=AuditSettings(path=tmp_path / "audit.jsonl"), policy=PolicySettings(dir=policies),
+            store=StoreSettings(url=url, timeout_s=0.5),
+        )  # fmt: skip
+        async with ControlPlane.from_settings(settings) as one, ControlPlane.from_settings(settings) as two:
+            await one.register(python_tool("echo", ECHO))
+            session = await two.open_session("assistant", "alice@example.com")
+            redis.Redis.from_url(url).shutdown(nosave=True)
+            with pytest.raises(StoreError):
+                await two.call(session, "echo", {})  # two has never loaded echo: it must ask the store
+            events = await two.audit.query(AuditFilter(session_id=session))
+            assert [(e.kind, e.outcome) for e in events] == [("error", "store_unavailable")]
+            assert not await two.audit.query(AuditFilter(kind="execution"))

@@ -536,7 +536,10 @@ async def test_registering_a_trifecta_tool_over_http_is_a_422_problem(api: Api) 
                                    json={"tool": "mail_everything", "args": {}}, headers=auth("agent-1"))  # fmt: skip
     problem_of(called, 404, "tool.not_found")
     events = await api.plane.audit.query(AuditFilter(kind="policy"))
-    assert [(e.outcome, e.tool) for e in events] == [("tool_refused", "mail_everything")]
+    assert [(e.outcome, e.tool) for e in events] == [
+        ("tool_refused", "mail_everything"),
+        ("tool_registered", "read_mailbox"),
+    ]
 
 
 async def test_only_an_approver_may_endorse_over_http(api: Api) -> None:
