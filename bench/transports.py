@@ -1,0 +1,174 @@
+"""Per-call overhead of each way an agent framework reaches stockade, for the same tool.
+
+One trivial python tool (bwrap tier) is called through: the in-process `ControlPlane` (the
+baseline), MCP over stdio (`stockade mcp`, the official `mcp` client), MCP over streamable HTTP
+(`stockade mcp --http`, with a bearer token) and the HTTP API (`stockade serve`, httpx). The
+servers are real processes with the embedded store and their own fsynced audit logs. Rounds
+interleave the four so machine noise falls on all alike. Overhead = p50 minus the in-process
+p50. Targets: MCP stdio within +1 ms, the HTTP API within +2 ms.
+
+Usage: .venv/bin/python bench/transports.py [--iterations N] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+
+import httpx
+from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _stats import report, summarize
+
+from router import ControlPlane, Settings
+from router.logging import configure_logging
+from router.settings import AuditSettings
+
+REPO = Path(__file__).resolve().parent.parent
+STOCKADE = str(Path(sys.executable).parent / "stockade")
+TOOL = {
+    "name": "add", "description": "add two integers", "risk": "low",
+    "input_schema": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                     "required": ["a", "b"]},
+    "executor": {"kind": "python", "source": "def main(a, b):\n    return a + b\n"},
+}  # fmt: skip
+ARGS = {"a": 2, "b": 3}
+Call = Callable[[], Awaitable[None]]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+@contextlib.contextmanager
+def process(argv: list[str], env: dict[str, str], log: Path) -> Iterator[str]:
+    """A `stockade` server on a free port; its base URL once it answers."""
+    port = free_port()
+    with log.open("wb") as stderr:
+        server = subprocess.Popen([*argv, "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.get(url + "/healthz", timeout=1)
+                break
+            if server.poll() is not None:
+                raise RuntimeError(f"{argv[1]} exited: {log.read_text()[-2000:]}")
+            time.sleep(0.05)
+        yield url
+    finally:
+        server.terminate()
+        server.wait(20)
+
+
+@contextlib.asynccontextmanager
+async def transports(tmp: Path) -> AsyncIterator[dict[str, Call]]:
+    """Each transport as a ready call of the tool (each in its own session)."""
+    token = secrets.token_urlsafe(24)
+    principals = [{"name": "bench", "role": "agent", "token_sha256": hashlib.sha256(token.encode()).hexdigest()}]
+    tools = tmp / "tools.json"
+    tools.write_text(json.dumps([TOOL]))
+
+    def env(name: str) -> dict[str, str]:
+        return {**os.environ, "STOCKADE_AUDIT__PATH": str(tmp / name / "audit.jsonl"), "STOCKADE_LOG_LEVEL": "error",
+                "STOCKADE_API_PRINCIPALS": json.dumps(principals)}  # fmt: skip
+
+    mcp_args = ["mcp", "--agent", "bench", "--principal", "alice@example.com", "--tools", str(tools)]
+    settings = Settings(audit=AuditSettings(path=tmp / "inproc" / "audit.jsonl"))
+    async with contextlib.AsyncExitStack() as stack:
+        plane = await stack.enter_async_context(ControlPlane.from_settings(settings))
+        await plane.register(TOOL)
+        session = await plane.open_session("bench", "alice@example.com")
+
+        async def in_process() -> None:
+            result = await plane.call(session, "add", ARGS)
+            assert result.output == 5, result
+
+        stdio = await stack.enter_async_context(
+            Client(StdioServerParameters(command=STOCKADE, args=mcp_args, env=env("stdio")))
+        )
+
+        async def mcp_stdio() -> None:
+            result = await stdio.call_tool("add", ARGS)
+            assert result.content[0].text == "5", result  # type: ignore[union-attr]
+
+        mcp_url = stack.enter_context(process([STOCKADE, *mcp_args, "--http"], env("mcp-http"), tmp / "mcp.log"))
+        http2 = await stack.enter_async_context(create_mcp_http_client(headers={"Authorization": f"Bearer {token}"}))
+        over_http = await stack.enter_async_context(Client(streamable_http_client(mcp_url + "/mcp", http_client=http2)))
+
+        async def mcp_http() -> None:
+            result = await over_http.call_tool("add", ARGS)
+            assert result.content[0].text == "5", result  # type: ignore[union-attr]
+
+        api_url = stack.enter_context(process([STOCKADE, "serve", "--tools", str(tools)], env("api"), tmp / "api.log"))
+        api = await stack.enter_async_context(
+            httpx.AsyncClient(base_url=api_url, headers={"Authorization": f"Bearer {token}"}, timeout=60)
+        )
+        opened = (await api.post("/v1/sessions", json={"principal": "alice@example.com"})).json()
+        calls = f"/v1/sessions/{opened['session_id']}/calls"
+
+        async def http_api() -> None:
+            result = (await api.post(calls, json={"tool": "add", "args": ARGS})).json()
+            assert result["output"] == 5, result
+
+        yield {
+            "in-process ControlPlane.call()": in_process,
+            "MCP stdio (stockade mcp)": mcp_stdio,
+            "MCP streamable HTTP (stockade mcp --http)": mcp_http,
+            "HTTP API (stockade serve)": http_api,
+        }
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iterations", type=int, default=100)
+    parser.add_argument("--json", action="store_true")
+    opts = parser.parse_args()
+    configure_logging("console", "warning")
+    rounds = 5
+    per_round = max(1, opts.iterations // rounds)
+    with tempfile.TemporaryDirectory(dir=REPO) as tmp:  # on the project's disk, not a tmpfs
+        async with transports(Path(tmp)) as ways:
+            samples: dict[str, list[float]] = {name: [] for name in ways}
+            for call in ways.values():  # warm-up: first sandboxes, connections, caches
+                for _ in range(3):
+                    await call()
+            for _ in range(rounds):
+                for name, call in ways.items():
+                    for _ in range(per_round):
+                        started = time.perf_counter()
+                        await call()
+                        samples[name].append(time.perf_counter() - started)
+    rows = {name: summarize(s) for name, s in samples.items()}
+    base = rows["in-process ControlPlane.call()"]["p50_ms"]
+    over = {name: r["p50_ms"] - base for name, r in rows.items()}
+    stdio = over["MCP stdio (stockade mcp)"]
+    api = over["HTTP API (stockade serve)"]
+    report("per-call overhead by transport (same tool, bwrap)", rows, {
+        "baseline": f"in-process p50 {base:.2f} ms",
+        "overhead over in-process (p50)": ", ".join(f"{name.split(' (')[0]} {ms:+.2f} ms" for name, ms in over.items()),
+        "target": f"MCP stdio <= +1 ms: {'met' if stdio <= 1 else 'NOT met'} ({stdio:+.2f}); "
+                  f"HTTP API <= +2 ms: {'met' if api <= 2 else 'NOT met'} ({api:+.2f})",
+    }, opts.json)  # fmt: skip
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
