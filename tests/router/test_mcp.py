@@ -303,3 +303,31 @@ def test_a_bad_tools_file_is_a_clear_error_not_an_exception_group(tmp_path: Path
     assert "risk" in done.stderr
     assert "ExceptionGroup" not in done.stderr
     assert "Traceback" not in done.stderr
+
+
+async def test_over_http_a_held_call_is_approved_in_the_client_and_completes(tmp_path: Path) -> None:
+    """allowed -> denied -> held -> approved (elicitation) -> completed, over streamable HTTP."""
+    tokens, principals = agent_tokens("cursor-bot")
+    asked: list[str] = []
+    yes = types.ElicitResult(action="accept", content={"approve": True})
+    with mcp_http(tmp_path, {"STOCKADE_API_PRINCIPALS": principals}) as url:
+        headers = {"Authorization": f"Bearer {tokens['cursor-bot']}"}
+        async with (
+            create_mcp_http_client(headers=headers) as http,
+            Client(
+                streamable_http_client(url, http_client=http), elicitation_callback=elicitation(yes, asked)
+            ) as client,
+        ):
+            assert (await client.call_tool("echo", {"word": "hi"})).structured_content == {"word": "hi"}
+            await client.call_tool("read_page", {"word": "hunter2-from-the-page"})
+            denied = await client.call_tool("set_password", {"word": "hunter2-from-the-page"})
+            assert denied.structured_content["reasons"] == ["provenance.untrusted_destination"]
+            done = await client.call_tool("drop_table", {"table": "users"})
+            assert (done.is_error, done.structured_content) == (False, {"table": "users"})
+    assert len(asked) == 1
+    audit = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    trail = [(e["kind"], e["outcome"]) for e in audit if e.get("tool") == "drop_table" and e["kind"] != "policy"]
+    assert trail == [("decision", "require_approval"), ("approval", "requested"), ("approval", "approved"),
+                     ("decision", "allow"), ("approval", "redeemed"), ("execution", "ok")]  # fmt: skip
+    approved = next(e for e in audit if e["kind"] == "approval" and e["outcome"] == "approved")
+    assert approved["result"]["approver"].startswith("alice@example.com (via ")
