@@ -2,16 +2,15 @@
 
 The names below are imported on first use (PEP 562), so importing a light part of the package
 (the SDK, `router.client`) does not load the server (the policy engine, the sandboxes, the store).
-Importing the package also gives logging sane defaults if the application has not configured
-structlog (`router.logging.configure_default_logging`).
+Importing the control plane gives logging sane defaults if the application has not configured
+structlog (`router.logging.configure_default_logging`); the SDK does not log, and does not load
+structlog.
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
-
-from router.logging import configure_default_logging
 
 if TYPE_CHECKING:
     from router.control import VERSION, ControlPlane
@@ -92,6 +91,3 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
-
-
-configure_default_logging()

@@ -56,6 +56,7 @@ from router.errors import (
     ToolNotFound,
     ToolRefused,
 )
+from router.logging import configure_default_logging
 from router.provenance import (
     call_keys_async,
     content_keys_async,
@@ -83,6 +84,7 @@ from router.tools import (
 )
 
 log = structlog.get_logger(__name__)
+configure_default_logging()  # in-process use: redacted, on stderr, unless the application configured structlog
 _T = TypeVar("_T")
 _TOOL_REASONS = ("capability.", "risk.", "egress.", "credential.")  # deny reasons about the tool, not the call
 _ITEM = "\x00"  # prefixes the store lookup names of checked values (no argument name may start so)

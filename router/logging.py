@@ -1,7 +1,7 @@
 """structlog, configured once by the entrypoint: JSON in production, console in development.
 
 An application that embeds stockade (`ControlPlane` in process) and configures nothing still gets
-sane logs: `configure_default_logging` runs when the ``router`` package is imported and, unless
+sane logs: `configure_default_logging` runs when `router.control` is imported and, unless
 structlog is configured already, sends redacted events at ``STOCKADE_LOG_LEVEL`` (default
 ``warning``) to stderr, never to stdout (structlog's own default prints everything to stdout,
 unredacted). An application that configures structlog itself, before or after, keeps its own

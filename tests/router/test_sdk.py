@@ -30,8 +30,10 @@ from tests.router.test_api import DROP, TOKENS, principals, serve
 # the pipeline, the sandboxes, the policy package (and JSON Schema, needed on the first spec read only).
 SERVER = ("docker", "regorus", "redis", "fastapi", "starlette", "uvicorn", "router.control", "runner", "policy",
           "jsonschema")  # fmt: skip
+# Importing it does not log, so it does not load structlog either (reading an output path may).
+NOT_ON_IMPORT = (*SERVER, "structlog", "router.logging")
 SDK_MODULES = {"router", "router.client", "router.client.clients", "router.client.endpoints", "router.client.errors",
-               "router.client.tools", "router.errors", "router.logging", "router.results", "router.wire"}  # fmt: skip
+               "router.client.tools", "router.errors", "router.results", "router.wire"}  # fmt: skip
 TIMED_IMPORT = """\
 import json, sys, time
 started = time.perf_counter()
@@ -39,7 +41,7 @@ started = time.perf_counter()
 print(json.dumps({{"seconds": time.perf_counter() - started, "modules": sorted(sys.modules)}}))
 """
 # The SDK's dependencies, as it uses them: pydantic loads its machinery (and plugins) for the first model.
-DEPENDENCIES = "import httpx, structlog\nfrom pydantic import BaseModel\nclass M(BaseModel):\n    x: int"
+DEPENDENCIES = "import httpx\nfrom pydantic import BaseModel\nclass M(BaseModel):\n    x: int"
 # Using the SDK (defining a tool, reading specs) may load JSON Schema and the output-path syntax, not the server.
 SDK_IN_USE = """\
 import json, sys
@@ -76,11 +78,12 @@ def test_importing_the_sdk_loads_nothing_of_the_server_and_little_beyond_its_dep
     sdk, dependencies = [], []
     for _ in range(3):  # interleaved: both see the same load
         seconds, modules = timed_import("import router.client")
-        assert loaded(modules, SERVER) == []
+        assert loaded(modules, NOT_ON_IMPORT) == []
         assert {m for m in modules if m == "router" or m.startswith("router.")} == SDK_MODULES
         sdk.append(seconds)
         dependencies.append(timed_import(DEPENDENCIES)[0])
-    assert min(sdk) < 1.5 * min(dependencies), (sdk, dependencies)
+    # Beyond them: asyncio (the async client) and building ~40 wire models, about as much again.
+    assert min(sdk) < 2.0 * min(dependencies), (sdk, dependencies)
 
 
 def test_using_the_sdk_loads_nothing_of_the_server(tmp_path: Path) -> None:
