@@ -204,13 +204,16 @@ def mcp(
                 except StockadeError as exc:
                     refused.append(f"{tools}: tool #{i} ({spec.get('name', '?')!s:.64}) was refused: {exc}")
                     return
+            # Over HTTP, whoever holds the connection answers elicitations: an agent's token is no proof
+            # of a human. Only the stdio client (the user's own app, which started this server) asks.
             server = build_server(plane, agent=agent, principal=principal, trusted_context=trusted or [],
-                                  tokens=tokens or None, elicitation=elicitation)  # fmt: skip
+                                  tokens=tokens or None, elicitation=elicitation and not http)  # fmt: skip
             async with approval_socket(plane):  # `stockade approvals` reaches an embedded store here
                 if http:
                     asgi = server.streamable_http_app(host=host)
-                    config = uvicorn.Config(require_bearer(asgi, tokens) if tokens else asgi, host=host, port=port,
-                                            log_level=settings.log_level, access_log=False)  # fmt: skip
+                    guarded = require_bearer(asgi, tokens, plane) if tokens else asgi
+                    config = uvicorn.Config(guarded, host=host, port=port, log_level=settings.log_level,
+                                            access_log=False)  # fmt: skip
                     await uvicorn.Server(config).serve()
                     return
                 async with mcp.server.stdio.stdio_server() as (read, write):

@@ -294,6 +294,12 @@ class ControlPlane:
             known, version, added = await self.store.put_tool(name, spec_json)
             if added:
                 log.info("tool_shared", tool=name, registry_version=version)
+            elif ToolSpec.model_validate_json(known) != tool.spec:  # another router's spec won the race
+                await self._record(event.model_copy(update={
+                    "decision_id": event.decision_id, "timestamp": _now(), "outcome": "tool_registration_lost",
+                    "result": {"spec_sha256": event.result["spec_sha256"] if event.result else "",
+                               "registry_version": version},
+                }))  # fmt: skip
         if ToolSpec.model_validate_json(known) != tool.spec:
             raise DuplicateTool(
                 f"tool {name!r} is already registered in the shared store with another spec (by another router "
@@ -916,8 +922,8 @@ class ControlPlane:
         """A call sent again without an approval id: the approval last asked for exactly this call
         in this session, if any, decides how it goes on. Granted: the call redeems it (as if its id
         were given: models and MCP clients cannot carry ids). Pending: the call is held under the
-        same approval, not a new one. Refused by a human: the call stays refused until that
-        approval would have expired (a model cannot wear the approver down by retrying). Used or
+        same approval, not a new one. Refused by a human: the call stays refused for the approval
+        TTL from that refusal (a model cannot wear the approver down by retrying). Used or
         expired: nothing (a new request). The call joins the approval's trail.
 
         Raises:
@@ -936,7 +942,8 @@ class ControlPlane:
         if approval.status is ApprovalStatus.APPROVED:
             call.approval = approval
         elif approval.status is ApprovalStatus.PENDING or (
-            approval.status is ApprovalStatus.DENIED and time.time() < approval.expires_at
+            approval.status is ApprovalStatus.DENIED
+            and time.time() < (approval.decided_at or approval.created_at) + self.settings.approval_ttl_s
         ):
             call.asked = approval
         else:

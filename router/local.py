@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import socket
+import stat
 import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -53,6 +54,7 @@ async def approval_socket(plane: ControlPlane) -> AsyncIterator[Path | None]:
         return
     directory = socket_dir(plane.settings)
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _check_private(directory)
     path = directory / f"{os.getpid()}.sock"
     path.unlink(missing_ok=True)  # a stale one of an earlier process with this pid
 
@@ -81,16 +83,17 @@ async def approval_socket(plane: ControlPlane) -> AsyncIterator[Path | None]:
 
 
 async def _answer(plane: ControlPlane, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> dict[str, Any]:
-    peer = writer.get_extra_info("socket")
-    if peer is not None:
-        _, uid, _ = struct.unpack("3i", peer.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
-        if uid not in (os.getuid(), 0):
-            return _error("auth.forbidden", f"uid {uid} may not decide this router's approvals")
-    line = await asyncio.wait_for(reader.readline(), _TIMEOUT_S)
+    uid = _peer_uid(writer)
+    if uid is not None and uid not in (os.getuid(), 0):
+        return _error("auth.forbidden", f"uid {uid} may not decide this router's approvals")
+    try:
+        line = await asyncio.wait_for(reader.readline(), _TIMEOUT_S)
+    except ValueError:  # over the line limit
+        return _error("request.invalid", f"a request is one JSON line of at most {_MAX_REQUEST} bytes")
     try:
         request = json.loads(line)
         op = request["op"]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         return _error("request.invalid", 'send one JSON object per line: {"op": "list" | "get" | "approve" | "deny"}')
     try:
         if op == "list":
@@ -108,6 +111,31 @@ async def _answer(plane: ControlPlane, reader: asyncio.StreamReader, writer: asy
     return _error("request.invalid", f"unknown op {op!r}: list, get, approve or deny")
 
 
+def _check_private(directory: Path) -> None:
+    """Refuse a socket directory another user could plant sockets in or redirect (a symlink, not
+    ours, or open to group or others): the approver would talk to whoever listens there.
+
+    Raises:
+        StockadeError: naming the directory and what is wrong with it.
+    """
+    found = directory.lstat()
+    if stat.S_ISLNK(found.st_mode) or not stat.S_ISDIR(found.st_mode):
+        raise StockadeError(f"{directory} is not a plain directory: remove it (it holds approval sockets)")
+    if found.st_uid != os.getuid() or found.st_mode & 0o077:
+        raise StockadeError(
+            f"{directory} must be owned by uid {os.getuid()} with mode 0700 (it is uid {found.st_uid}, mode "
+            f"{stat.S_IMODE(found.st_mode):o}): fix it, or point STOCKADE_AUDIT__PATH at a private directory"
+        )
+
+
+def _peer_uid(writer: asyncio.StreamWriter) -> int | None:
+    peer = writer.get_extra_info("socket")
+    if peer is None:
+        return None
+    _, uid, _ = struct.unpack("3i", peer.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return int(uid)
+
+
 def _error(code: str, message: str) -> dict[str, Any]:
     return {"error": {"code": code, "message": message}}
 
@@ -120,9 +148,11 @@ class LocalRouters:
         self._directory = directory
 
     def sockets(self) -> list[Path]:
+        """The sockets in the directory (none if it is missing; refused if it is not private)."""
         try:
+            _check_private(self._directory)
             return sorted(p for p in self._directory.iterdir() if p.suffix == ".sock")
-        except OSError:
+        except FileNotFoundError:
             return []
 
     async def _ask(self, path: Path, request: dict[str, Any]) -> dict[str, Any] | None:
@@ -134,6 +164,9 @@ class LocalRouters:
                 os.unlink(path)  # its router died without cleaning up
             return None
         try:
+            uid = _peer_uid(writer)
+            if uid is not None and uid not in (os.getuid(), 0):  # not a router of ours: never tell it anything
+                return None
             writer.write(json.dumps(request).encode() + b"\n")
             await writer.drain()
             reply: dict[str, Any] = json.loads(await asyncio.wait_for(reader.readline(), _TIMEOUT_S))
@@ -157,19 +190,30 @@ class LocalRouters:
             found.extend(Approval.model_validate(a) for a in reply.get("approvals", []))
         return sorted(found, key=lambda a: a.created_at)
 
-    async def _one(self, request: dict[str, Any]) -> Approval:
-        """The reply of the router that holds the approval (ids are unique across routers)."""
+    async def _holder(self, approval_id: str) -> tuple[Path, Approval]:
+        """The socket of the router that holds the approval, and the approval."""
+        sockets = self.sockets()
+        if not sockets:
+            await self._all({"op": "get", "id": approval_id})  # raises, saying where it looked
         errors = []
-        for reply in await self._all(request):
-            if "approval" in reply:
-                return Approval.model_validate(reply["approval"])
-            errors.append(reply.get("error", {}))
+        for path in sockets:
+            reply = await self._ask(path, {"op": "get", "id": approval_id})
+            if reply is not None and "approval" in reply:
+                return path, Approval.model_validate(reply["approval"])
+            errors.append((reply or {}).get("error", {}))
         known = [e for e in errors if not str(e.get("message", "")).startswith("no approval ")]
-        raise ApprovalError(str((known or errors or [{}])[0].get("message", "no such approval")))
+        raise ApprovalError(str((known or errors or [{}])[0].get("message", f"no approval {approval_id}")))
 
     async def get(self, approval_id: str) -> Approval:
-        return await self._one({"op": "get", "id": approval_id})
+        return (await self._holder(approval_id))[1]
 
     async def decide(self, approval_id: str, *, approver: str, approve: bool, note: str = "") -> Approval:
-        op = "approve" if approve else "deny"
-        return await self._one({"op": op, "id": approval_id, "approver": approver, "note": note})
+        """Decide through the one router that holds it (no other router hears the decision)."""
+        path, _ = await self._holder(approval_id)
+        request = {"op": "approve" if approve else "deny", "id": approval_id, "approver": approver, "note": note}
+        reply = await self._ask(path, request)
+        if reply is None:
+            raise StockadeError(f"the router holding approval {approval_id} stopped answering ({path})")
+        if "approval" not in reply:
+            raise ApprovalError(str(reply.get("error", {}).get("message", "refused")))
+        return Approval.model_validate(reply["approval"])

@@ -32,13 +32,16 @@ import hmac
 import json
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import mcp_types as types
 import structlog
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from router.approvals import Approval, ApprovalStatus
@@ -53,6 +56,9 @@ log = structlog.get_logger(__name__)
 # is kept that long after the last request, then closed.
 HTTP_IDLE_S = 30 * 60.0
 _STDIO = "stdio"
+_MAX_CLOSED = 100_000
+_SHOWN_VALUE = 300  # characters of an argument value the human is shown (the arguments that matter: all)
+_MAX_QUESTION = 8000
 _LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
 _ELICIT_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -116,6 +122,10 @@ class _Session:
     agent: str
     last_seen: float
     lost: bool = False
+    # Approvals this connection's human was asked about and whose answer is awaited (only an
+    # answer to one of these is taken), and all it was ever asked about (each is asked once).
+    awaiting: set[str] = field(default_factory=set)
+    asked: set[str] = field(default_factory=set)
 
 
 class _Sessions:
@@ -126,6 +136,9 @@ class _Sessions:
         self._principal = principal
         self._trusted = trusted_context
         self._open: dict[str, _Session] = {}
+        # Connections whose session was closed (HTTP, idle): asked again, they get session.lost,
+        # never a fresh session that forgot what the model read. Oldest forgotten past a bound.
+        self._closed: dict[str, str] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._keeper: asyncio.Task[None] | None = None
 
@@ -134,6 +147,8 @@ class _Sessions:
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
             session = self._open.get(key)
+            if session is None and key in self._closed:
+                return _Session(self._closed[key], agent, time.monotonic(), lost=True)
             if session is None:
                 sid = await self._plane.open_session(agent, self._principal, self._trusted)
                 session = self._open[key] = _Session(sid, agent, time.monotonic())
@@ -156,6 +171,9 @@ class _Sessions:
                 if not key.endswith("\0") and key != _STDIO and now - session.last_seen > HTTP_IDLE_S:
                     del self._open[key]
                     self._locks.pop(key, None)
+                    self._closed[key] = session.id
+                    while len(self._closed) > _MAX_CLOSED:
+                        del self._closed[next(iter(self._closed))]
                     with contextlib.suppress(StockadeError):  # already expired or closed
                         await self._plane.close_session(session.id)
                     continue
@@ -198,7 +216,9 @@ def build_server(
                 raise PermissionError("no valid bearer token")
         # Handshake-era clients name their MCP session; a 2026-07-28 client over HTTP is stateless,
         # so its task is its bearer token's (one session per agent token, for the server's life).
-        mcp_session = headers.get("mcp-session-id")
+        # (A stateless request's Mcp-Session-Id means nothing to the SDK: never a key, or a client
+        # could fork fresh, untainted sessions at will.)
+        mcp_session = None if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS else headers.get("mcp-session-id")
         return (f"{name}\0{mcp_session}" if mcp_session else f"{name}\0"), name
 
     async def session_for(ctx: ServerRequestContext[Any, Any]) -> _Session:
@@ -222,23 +242,26 @@ def build_server(
         session = await session_for(ctx)
         if session.lost:
             return _refusal("session.lost", (
-                f"stockade session {session.id} is gone (the store lost it): what this conversation read is no "
-                "longer tracked, so no call can be decided safely. Restart the MCP server or reconnect."
+                f"stockade session {session.id} is gone (the store lost it, or the connection idled out): what "
+                "this conversation read is no longer tracked, so no call can be decided safely. Start a new "
+                "conversation (reconnect, or restart the MCP server)."
             ))  # fmt: skip
         name, args = params.name, dict(params.arguments or {})
         try:
             if isinstance((await plane.tool(name)).spec.executor, ExternalExecutor):
                 return _refusal("tool.not_served", f"{name} is an external tool: it is not served over MCP")
-            answered = bool(params.request_state and params.input_responses)
-            if answered:  # the human answered (2026-07-28 flow); dismissed, it is not asked again
-                await _record_answer(ctx, plane, session, principal, name, args, params)
+            if params.request_state is not None or params.input_responses:  # an answer (2026-07-28 flow)
+                await _take_answer(ctx, plane, session, principal, params, elicitation=elicitation)
             result = await plane.call(session.id, name, args, agent=session.agent)
-            if result.status == "pending_approval" and elicitation and not answered and _can_elicit(ctx):
+            if result.status == "pending_approval" and elicitation and _can_elicit(ctx):
                 assert result.approval_id is not None  # noqa: S101  (a held result has one)
                 approval = await plane.get_approval(result.approval_id)
-                ask = types.ElicitRequestFormParams(
-                    message=_question(approval, session, principal), requested_schema=_ELICIT_SCHEMA
-                )
+                question = _question(approval, session, principal, (await plane.tool(name)).spec)
+                if approval.id in session.asked or question is None:  # asked once; or it cannot be shown
+                    return _answer(result)
+                session.asked.add(approval.id)
+                session.awaiting.add(approval.id)
+                ask = types.ElicitRequestFormParams(message=question, requested_schema=_ELICIT_SCHEMA)
                 if not ctx.session.can_send_request:  # the client asks, then sends the call again
                     return types.InputRequiredResult(
                         input_requests={"approval": types.ElicitRequest(params=ask)}, request_state=approval.id
@@ -250,6 +273,7 @@ def build_server(
                 except Exception as exc:  # the client could not ask: out-of-band approval remains
                     log.warning("mcp_elicitation_failed", approval_id=approval.id, error=f"{type(exc).__name__}: {exc}")
                 else:
+                    session.awaiting.discard(approval.id)
                     if await _decide(ctx, plane, approval, principal, answer):
                         # Approved: the retry redeems it. Refused: it is refused (approval.denied), audited.
                         result = await plane.call(session.id, name, args, agent=session.agent)
@@ -264,27 +288,46 @@ def _can_elicit(ctx: ServerRequestContext[Any, Any]) -> bool:
     return ctx.session.check_client_capability(types.ClientCapabilities(elicitation=types.ElicitationCapability()))
 
 
-def _question(approval: Approval, session: _Session, principal: str) -> str:
-    """What the human is asked: who, which tool, the exact arguments, and why it was held."""
-    shown = approval.args if len(approval.args) <= 1500 else approval.args[:1500] + "…"
+def _question(approval: Approval, session: _Session, principal: str, spec: ToolSpec) -> str | None:
+    """What the human is asked: who, which tool, every argument (the ones that decide where things
+    go, how much, or what is set in full and first; others cut per value, so no argument can be
+    pushed out of view), and why it was held. None if it cannot be shown whole."""
+    args = json.loads(approval.args)
+    key = {*spec.destination_args, *spec.amount_args, *spec.sensitive_args}
+    lines = []
+    for name in sorted(args, key=lambda n: (n not in key, n)):
+        value = json.dumps(args[name], ensure_ascii=False)
+        if name not in key and len(value) > _SHOWN_VALUE:
+            value = value[:_SHOWN_VALUE] + f"… ({len(value)} characters)"
+        lines.append(f"  {name} = {value}")
     why = "; ".join(r.get("message") or r["code"] for r in approval.reasons)
-    asked = f"stockade holds a call by {session.agent} for {principal}: {approval.tool} {shown}"
-    return f"{asked}\nWhy: {why}\nAllow it, once?"
+    question = (
+        f"stockade holds a call by {session.agent} for {principal}: {approval.tool}\n" + "\n".join(lines)
+        + f"\nWhy: {why}\nAllow it, once?"
+    )  # fmt: skip
+    return question if len(question) <= _MAX_QUESTION else None
 
 
-async def _record_answer(
-    ctx: ServerRequestContext[Any, Any], plane: ControlPlane, session: _Session, principal: str, tool: str,
-    args: dict[str, Any], params: types.CallToolRequestParams,
+async def _take_answer(
+    ctx: ServerRequestContext[Any, Any], plane: ControlPlane, session: _Session, principal: str,
+    params: types.CallToolRequestParams, *, elicitation: bool,
 ) -> None:  # fmt: skip
-    """Record the answer a client sent back with a retried call, if it is for exactly this call's
-    pending approval (the state a client echoes is not trusted to name another call)."""
+    """Record the answer a client sent back with a retried call, only if this server asked this
+    connection's human about that approval and is awaiting the answer (a client cannot answer a
+    question it was not asked, or answer for another call); any other is ignored, audited."""
     answer = (params.input_responses or {}).get("approval")
-    try:
-        approval = await plane.get_approval(str(params.request_state))
-    except StockadeError:
+    approval_id = params.request_state if isinstance(params.request_state, str) else ""
+    if not elicitation or approval_id not in session.awaiting or not isinstance(answer, types.ElicitResult):
+        await plane.record_refusal(
+            session.agent,
+            f"tools/call {params.name} with an answer for {approval_id[:64]!r}",
+            "an elicitation answer this server did not ask this connection for: ignored",
+            code="approval.unsolicited_answer",
+        )
         return
-    same_call = approval.session_id == session.id and approval.tool == tool and json.loads(approval.args) == args
-    if isinstance(answer, types.ElicitResult) and same_call and approval.status is ApprovalStatus.PENDING:
+    session.awaiting.discard(approval_id)
+    approval = await plane.get_approval(approval_id)
+    if approval.status is ApprovalStatus.PENDING:
         await _decide(ctx, plane, approval, principal, answer)
 
 
@@ -298,7 +341,7 @@ async def _decide(
     if answer.action != "accept" or not isinstance(content.get("approve"), bool):
         return False
     client = ctx.session.client_params.client_info if ctx.session.client_params else None
-    via = f"{client.name} {client.version}" if client else "an MCP client"
+    via = f"{_printable(client.name)} {_printable(client.version)}" if client else "an MCP client"
     approver = f"{principal} (via {via})"
     note = f"answered in {via} (MCP elicitation)"
     said = content.get("note")
@@ -311,6 +354,11 @@ async def _decide(
     return True
 
 
+def _printable(text: str, limit: int = 64) -> str:
+    """A client-given name as it may appear in the audit log: printable, bounded."""
+    return "".join(c for c in text if c.isprintable())[:limit] or "?"
+
+
 def _token_agent(header: str | None, tokens: Mapping[bytes, str]) -> str | None:
     if not header or not header.lower().startswith("bearer "):
         return None
@@ -321,13 +369,20 @@ def _token_agent(header: str | None, tokens: Mapping[bytes, str]) -> str | None:
     return None
 
 
-def require_bearer(app: ASGIApp, tokens: Mapping[bytes, str]) -> ASGIApp:
-    """Wrap the streamable-HTTP app: a request without a known agent's bearer token gets 401."""
+def require_bearer(app: ASGIApp, tokens: Mapping[bytes, str], plane: ControlPlane | None = None) -> ASGIApp:
+    """Wrap the streamable-HTTP app: a request without a known agent's bearer token gets 401
+    (audited on ``plane``). A known one is the request's user, so the SDK binds each MCP session
+    to the credential that opened it: another agent's token cannot use or end it."""
 
     async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
-            if _token_agent(header, tokens) is None:
+            name = _token_agent(header, tokens)
+            if name is None:
+                if plane is not None:
+                    what = f"{scope.get('method', '?')} {scope.get('path', '?')}"
+                    reason = "missing bearer token" if not header else "unknown bearer token"
+                    await plane.record_refusal(None, what, f"MCP over HTTP: {reason}", code="auth.unauthenticated")
                 body = json.dumps({
                     "type": "urn:stockade:problem:auth.unauthenticated", "title": "Unauthorized", "status": 401,
                     "detail": "send Authorization: Bearer <token> of an agent principal (STOCKADE_API_PRINCIPALS)",
@@ -338,6 +393,7 @@ def require_bearer(app: ASGIApp, tokens: Mapping[bytes, str]) -> ASGIApp:
                 ]})  # fmt: skip
                 await send({"type": "http.response.body", "body": body})
                 return
+            scope = {**scope, "user": AuthenticatedUser(AccessToken(token="", client_id=name, scopes=[]))}
         await app(scope, receive, send)
 
     return guarded

