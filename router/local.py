@@ -2,9 +2,11 @@
 
 With the embedded store (the single-process setup: ``stockade mcp`` for Claude Code or Cursor,
 or ``stockade serve`` alone), approvals live in the router's memory, where no other process can
-see them. Such a router listens on a Unix socket, ``routers/<pid>.sock`` beside its audit log
-(the directory 0700, the socket 0600), and answers one JSON request per connection: list, show,
-approve or deny. Only its own OS user (or root) may connect (checked on the peer's credentials).
+see them. Such a router listens on a Unix socket, ``<pid>.sock`` in a private runtime directory
+named after its audit log's (`socket_dir`: ``$XDG_RUNTIME_DIR/stockade/<key>``, or
+``<tmp>/stockade-<uid>/<key>``, each 0700: a socket path must stay under ~100 bytes, which a
+directory beside a deep audit log need not), the socket 0600, and answers one JSON request per
+connection: list, show, approve or deny. Only its own OS user (or root) may connect (checked on the peer's credentials).
 The decisions go through the router's own `ApprovalBook`, so they are audited like any other.
 
 Anyone who can act as that OS user can approve here, the agent included if it has a shell as
@@ -16,11 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import socket
 import stat
 import struct
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,8 +45,15 @@ _TIMEOUT_S = 10.0
 
 
 def socket_dir(settings: Settings) -> Path:
-    """Where the routers sharing these settings (same audit log) put their sockets."""
-    return settings.audit.path.parent / "routers"
+    """Where the routers sharing these settings (the same audit log directory) put their sockets."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    base = (
+        Path(runtime) / "stockade"
+        if os.path.isabs(runtime)
+        else Path(tempfile.gettempdir()) / f"stockade-{os.getuid()}"
+    )
+    key = hashlib.sha256(str(settings.audit.path.parent.resolve()).encode()).hexdigest()[:16]
+    return base / key
 
 
 @contextlib.asynccontextmanager
@@ -53,7 +64,9 @@ async def approval_socket(plane: ControlPlane) -> AsyncIterator[Path | None]:
         yield None
         return
     directory = socket_dir(plane.settings)
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    directory.parent.mkdir(mode=0o700, exist_ok=True)
+    _check_private(directory.parent)  # before anything is made inside it
+    directory.mkdir(mode=0o700, exist_ok=True)
     _check_private(directory)
     path = directory / f"{os.getpid()}.sock"
     path.unlink(missing_ok=True)  # a stale one of an earlier process with this pid
@@ -150,6 +163,7 @@ class LocalRouters:
     def sockets(self) -> list[Path]:
         """The sockets in the directory (none if it is missing; refused if it is not private)."""
         try:
+            _check_private(self._directory.parent)
             _check_private(self._directory)
             return sorted(p for p in self._directory.iterdir() if p.suffix == ".sock")
         except FileNotFoundError:

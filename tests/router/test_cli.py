@@ -13,6 +13,7 @@ from mcp import Client, StdioServerParameters
 
 from router import ControlPlane, Settings
 from router.audit import AuditFilter
+from router.local import socket_dir
 from router.settings import AuditSettings, StoreSettings
 from tests.conftest import ECHO, REPO, python_tool
 
@@ -183,7 +184,7 @@ def test_approvals_with_the_embedded_store_and_no_router_running_say_where_they_
     result = run("approvals", "list", env={"STOCKADE_AUDIT__PATH": str(tmp_path / "audit.jsonl")})
     assert result.returncode == 2
     assert "no running router" in result.stderr
-    assert str(tmp_path / "routers") in result.stderr.replace("\n", "")
+    assert "no running router keeps approvals" in result.stderr
     assert "STOCKADE_STORE__URL" in result.stderr
 
 
@@ -198,9 +199,10 @@ async def test_approvals_reach_an_mcp_server_with_the_embedded_store(tmp_path: P
     async with Client(params) as client:
         held = json.loads((await client.call_tool("drop_table", {"table": "users"})).content[0].text)  # type: ignore[union-attr]
         assert held["status"] == "pending_approval"
-        socket = next((tmp_path / "routers").glob("*.sock"))
+        sockets = socket_dir(Settings(audit=AuditSettings(path=tmp_path / "audit.jsonl")))
+        socket = next(sockets.glob("*.sock"))
         assert socket.stat().st_mode & 0o777 == 0o600
-        assert (tmp_path / "routers").stat().st_mode & 0o777 == 0o700
+        assert sockets.stat().st_mode & 0o777 == sockets.parent.stat().st_mode & 0o777 == 0o700
 
         listed = await asyncio.to_thread(run, "approvals", "list", "--status", "pending", "--json", env=env)
         assert listed.returncode == 0, listed.stderr
@@ -216,7 +218,7 @@ async def test_approvals_reach_an_mcp_server_with_the_embedded_store(tmp_path: P
 
         done = await client.call_tool("drop_table", {"table": "users"})  # the model's plain retry
         assert (done.is_error, done.structured_content) == (False, {"table": "users"})
-    assert not list((tmp_path / "routers").glob("*.sock"))  # removed when the server stopped
+    assert not list(sockets.glob("*.sock"))  # removed when the server stopped
     audit = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
     approvals = [(e["outcome"], (e.get("result") or {}).get("approver")) for e in audit if e["kind"] == "approval"]
     assert approvals == [("requested", None), ("approved", "oncall"), ("redeemed", "oncall")]

@@ -69,6 +69,7 @@ async def test_hostile_requests_get_an_answer_and_the_router_keeps_serving(tmp_p
 async def test_a_socket_directory_others_could_write_to_is_refused(tmp_path: Path) -> None:
     settings = Settings(audit=AuditSettings(path=tmp_path / "audit.jsonl"))
     directory = socket_dir(settings)
+    directory.parent.mkdir(mode=0o700, exist_ok=True)
     directory.mkdir(mode=0o755)
     os.chmod(directory, 0o755)  # noqa: S103  (the hostile case under test)
     async with ControlPlane.from_settings(settings) as plane:
@@ -79,11 +80,24 @@ async def test_a_socket_directory_others_could_write_to_is_refused(tmp_path: Pat
         LocalRouters(directory).sockets()
 
 
+async def test_a_deep_audit_directory_still_gets_a_socket(tmp_path: Path) -> None:
+    """A socket path must stay under ~100 bytes: one beside a deep audit log would not."""
+    deep = tmp_path / ("d" * 60) / ("e" * 60) / "audit.jsonl"
+    async with (
+        ControlPlane.from_settings(Settings(audit=AuditSettings(path=deep))) as plane,
+        approval_socket(plane) as path,
+    ):
+        assert path is not None
+        assert len(str(path)) < 100
+        assert (await ask(path, b'{"op": "list"}\n')) == {"approvals": []}
+
+
 async def test_a_symlinked_socket_directory_is_refused(tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir(mode=0o700)
     settings = Settings(audit=AuditSettings(path=tmp_path / "logs" / "audit.jsonl"))
     (tmp_path / "logs").mkdir()
+    socket_dir(settings).parent.mkdir(mode=0o700, exist_ok=True)
     socket_dir(settings).symlink_to(elsewhere)
     async with ControlPlane.from_settings(settings) as plane:
         with pytest.raises(StockadeError, match="not a plain directory"):
