@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from router import AuditError, ControlPlane, Settings
-from router.api import create_app
 from router.audit import AuditEvent, AuditFilter, JsonlAuditLog, timestamp
+from router.interfaces.api import create_app
 from router.settings import AuditSettings
 from runner import RunnerSettings
 from tests.conftest import external_tool, python_tool

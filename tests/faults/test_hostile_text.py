@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from router import ControlPlane, InvalidCall, Settings, StockadeError
-from router.api import create_app
+from router.interfaces.api import create_app
 from router.settings import ApiPrincipal, AuditSettings
 from runner import RunnerSettings
 from tests.conftest import ECHO, external_tool, python_tool

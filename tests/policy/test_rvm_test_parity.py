@@ -21,7 +21,8 @@ import typer
 
 from policy import EmbeddedEngine, PolicyInput, PolicySettings, load_bundle, run_rego_tests
 from policy.base import ToolInfo
-from router import Settings, cli
+from router import Settings
+from router.interfaces import cli
 from tests.conftest import REPO
 
 CATALOG: dict[str, Any] = load_bundle(REPO / "policies").data["stockade"]["catalog"]

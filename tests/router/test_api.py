@@ -15,8 +15,8 @@ import pytest
 
 from policy import PolicySettings
 from router import ControlPlane, Settings
-from router.api import create_app
 from router.audit import AuditFilter
+from router.interfaces.api import create_app
 from router.settings import ApiPrincipal, AuditSettings
 from tests.conftest import ECHO, REPO, external_tool, python_tool, stockade_server
 

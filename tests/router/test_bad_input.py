@@ -17,9 +17,9 @@ from fastapi.routing import APIRoute
 
 from policy import PolicySettings
 from router import ControlPlane, Settings
-from router.api import create_app
-from router.api.app import MAX_BODY_NESTING
 from router.errors import InvalidCall, InvalidToolSpec
+from router.interfaces.api import create_app
+from router.interfaces.api.app import MAX_BODY_NESTING
 from router.settings import ApiPrincipal, AuditSettings
 from router.tools import MAX_NESTING, CommandExecutor, command_argv, json_too_deep, nesting_depth
 from tests.conftest import REPO, external_tool

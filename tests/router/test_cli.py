@@ -13,7 +13,7 @@ from mcp import Client, StdioServerParameters
 
 from router import ControlPlane, Settings
 from router.audit import AuditFilter
-from router.local import socket_dir
+from router.interfaces.local import socket_dir
 from router.settings import AuditSettings, StoreSettings
 from tests.conftest import ECHO, REPO, python_tool
 

@@ -12,7 +12,6 @@ import pytest
 
 from policy import PolicySettings
 from router import ApprovalError, ApprovalStatus, ControlPlane, InvalidCall, SessionNotFound, Settings, ToolNotFound
-from router.api import create_app
 from router.client import (
     ApiError,
     StockadeClient,
@@ -22,6 +21,7 @@ from router.client import (
     openai_tools,
     sandboxed_tool,
 )
+from router.interfaces.api import create_app
 from router.settings import ApiPrincipal, AuditSettings
 from router.tools import ToolSpec
 from tests.conftest import REPO

@@ -23,12 +23,12 @@ from pydantic import SecretStr
 
 from policy import PolicySettings
 from router import ControlPlane, Settings
-from router.api import create_app
 from router.audit import AuditFilter
 from router.credentials import Binding, CredentialConfig, CredentialUnavailable, Grant, introspect
 from router.credentials.client import TokenIntrospector
 from router.credentials.tokens import TokenIssuer
 from router.errors import ToolNotFound, ToolRefused
+from router.interfaces.api import create_app
 from router.logging import configure_logging
 from router.settings import AuditSettings, StoreSettings
 from runner import RunnerSettings

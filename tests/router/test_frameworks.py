@@ -31,10 +31,10 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from policy import PolicySettings
 from router import ControlPlane, Settings
-from router.api import create_app
 from router.audit import AuditFilter
 from router.client import StockadeClient, SyncStockadeClient
 from router.client.adapters import langchain_tools, openai_agents_tools, pydantic_ai_toolset, run_sync
+from router.interfaces.api import create_app
 from router.settings import ApiPrincipal, AuditSettings
 from router.tools import ToolSpec
 from tests.conftest import REPO, python_tool

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 
 from policy import PolicySettings
 from router import ControlPlane, Settings
-from router.api import create_app
+from router.interfaces.api import create_app
 from router.settings import ApiPrincipal, AuditSettings
 from tests.conftest import REPO, external_tool
 from tests.router.test_api import TOKENS, principals

@@ -1,4 +1,4 @@
-"""The local approval socket (router.local) against hostile neighbours and hostile bytes."""
+"""The local approval socket (router.interfaces.local) against hostile neighbours and hostile bytes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from router import ApprovalError, ApprovalStatus, ControlPlane, Settings, StockadeError
-from router.local import LocalRouters, approval_socket, socket_dir
+from router.interfaces.local import LocalRouters, approval_socket, socket_dir
 from router.settings import AuditSettings
 from tests.conftest import ECHO, python_tool
 

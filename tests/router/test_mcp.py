@@ -23,9 +23,9 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 from router import ApprovalStatus, ControlPlane, Settings
-from router import mcp as mcp_module
 from router.audit import AuditFilter
-from router.mcp import build_server
+from router.interfaces import mcp as mcp_module
+from router.interfaces.mcp import build_server
 from router.settings import AuditSettings
 from tests.conftest import ECHO, external_tool, python_tool, stockade_server
 

@@ -20,7 +20,7 @@ from schemathesis.specs.openapi.checks import ensure_resource_availability, posi
 
 from policy import PolicySettings
 from router import ControlPlane, Settings
-from router.api import create_app
+from router.interfaces.api import create_app
 from router.settings import ApiPrincipal, AuditSettings
 from tests.conftest import REPO, external_tool, stockade_server
 from tests.router.test_api import TOKENS, auth, principals
@@ -32,7 +32,7 @@ UNAUTHENTICATED = {"/healthz", "/readyz", "/metrics", "/.well-known/jwks.json", 
 # Held for approval by the shipped policy (critical and mutating), so approvals exist to list and decide.
 HELD = external_tool("drop_table", risk="critical", capabilities=["mutates_state"])
 
-# "printable" (router.api.app.OpenSession): text str.isprintable accepts, which no regular expression
+# "printable" (router.interfaces.api.app.OpenSession): text str.isprintable accepts, which no regular expression
 # JSON Schema tools share can state. Letters, marks, numbers, punctuation and symbols are printable.
 schemathesis.openapi.format("printable", st.text(st.characters(categories=["L", "M", "N", "P", "S"]), min_size=1,
                                                  max_size=256))  # fmt: skip

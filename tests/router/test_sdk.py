@@ -20,8 +20,8 @@ import router
 import router.client
 from policy import PolicySettings
 from router import ApprovalError, ApprovalStatus, ControlPlane, InvalidCall, SessionNotFound, Settings, ToolNotFound
-from router.api import create_app
 from router.client import ApiUnreachable, IdentityMismatch, StockadeClient, SyncStockadeClient, sandboxed_tool
+from router.interfaces.api import create_app
 from router.settings import ApiPrincipal, AuditSettings
 from tests.conftest import REPO, external_tool
 from tests.router.test_api import DROP, TOKENS, principals, serve

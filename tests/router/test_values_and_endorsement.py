@@ -16,9 +16,9 @@ import pytest
 
 from policy import PolicySettings
 from router import ControlPlane, InvalidCall, InvalidToolSpec, Settings, ToolNotFound, ToolResult
-from router.api import create_app
 from router.audit import AuditEvent, AuditFilter
 from router.errors import ToolRefused
+from router.interfaces.api import create_app
 from router.settings import ApiPrincipal, AuditSettings, StoreSettings
 from tests.conftest import REPO, external_tool
 

@@ -30,11 +30,11 @@ from policy.tooling import check, coverage, explain
 from router.approvals import Approval, ApprovalBook, ApprovalError, ApprovalStatus
 from router.audit import AuditFilter, JsonlAuditLog
 from router.control import VERSION
-from router.demo import run_demo
 from router.errors import AuditError, StockadeError
-from router.local import LocalRouters, approval_socket, socket_dir
+from router.interfaces.demo import run_demo
+from router.interfaces.local import LocalRouters, approval_socket, socket_dir
+from router.interfaces.render import approval_panel, approvals_table, audit_table
 from router.logging import configure_logging
-from router.render import approval_panel, approvals_table, audit_table
 from router.replay import replay
 from router.settings import Settings
 from router.store import make_store
@@ -122,8 +122,8 @@ def serve(
     deployment may pass the same files: the shared store keeps one registry)."""
     import uvicorn  # noqa: PLC0415  (only the server pays for it)
 
-    from router.api import create_app  # noqa: PLC0415
     from router.control import ControlPlane  # noqa: PLC0415
+    from router.interfaces.api import create_app  # noqa: PLC0415
 
     settings = _settings(ctx)
     specs = _tool_specs(tools) if tools else []
@@ -186,7 +186,7 @@ def mcp(
     import uvicorn  # noqa: PLC0415
 
     from router.control import ControlPlane  # noqa: PLC0415
-    from router.mcp import build_server, is_loopback, require_bearer, token_names  # noqa: PLC0415
+    from router.interfaces.mcp import build_server, is_loopback, require_bearer, token_names  # noqa: PLC0415
 
     settings = _settings(ctx)
     specs = _tool_specs(tools) if tools else []
@@ -565,7 +565,7 @@ Note = Annotated[str, typer.Option("--note", help="Why: a ticket, a reason; reco
 
 def _with_approvals(ctx: typer.Context, work: Callable[[ApprovalBook | LocalRouters], Awaitable[T]]) -> T:
     """Run ``work`` against the shared store and the audit log the routers write or, with the
-    embedded store, against the running routers' approval sockets (router.local)."""
+    embedded store, against the running routers' approval sockets (router.interfaces.local)."""
     settings = _settings(ctx)
 
     async def run() -> T:

@@ -1,4 +1,4 @@
-"""The HTTP application: ``create_app(plane)`` (OpenAPI 3.1 at ``/openapi.json``: `router.api.openapi`).
+"""The HTTP application: ``create_app(plane)`` (OpenAPI 3.1 at ``/openapi.json``: `router.interfaces.api.openapi`).
 
 Every ``/v1`` request carries ``Authorization: Bearer <token>``; the token's sha256 names one
 configured principal (``STOCKADE_API_PRINCIPALS``) with one role:
@@ -12,7 +12,7 @@ admin      everything an auditor may, register tools, reload the policy, close a
 =========  =====================================================================================
 
 Unknown or missing tokens get 401, a wrong role 403, another agent's session 404 (its existence
-is not revealed); every refusal is audited. Errors are RFC 9457 problems (`router.api.problems`).
+is not revealed); every refusal is audited. Errors are RFC 9457 problems (`router.interfaces.api.problems`).
 Bodies over ``api_max_body_bytes`` get 413; requests over ``api_request_timeout_s``, 504. No
 recursive parser sees a body that nests too deep: on FastAPI's routes (whose parser, Python's
 json, recurses) the body is read at the door first, and one that is not JSON text or nests lists
@@ -50,14 +50,21 @@ from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router import metrics
-from router.api import openapi
-from router.api.openapi import INTROSPECTION, problems
-from router.api.problems import from_exception, from_http_error, internal_error, invalid_body, invalid_request, problem
 from router.approvals import Approval, ApprovalStatus
 from router.audit import AuditEvent, AuditFilter
 from router.control import VERSION, ControlPlane
 from router.credentials import introspect, jwks
 from router.errors import FieldProblem, InvalidCall, StockadeError
+from router.interfaces.api import openapi
+from router.interfaces.api.openapi import INTROSPECTION, problems
+from router.interfaces.api.problems import (
+    from_exception,
+    from_http_error,
+    internal_error,
+    invalid_body,
+    invalid_request,
+    problem,
+)
 from router.results import DecisionResult, ToolResult
 from router.settings import ApiPrincipal
 from router.tools import MAX_NESTING, TOOL_NAME, ToolSpec, json_too_deep, show
@@ -327,7 +334,7 @@ def checked_route(gate: Gate) -> type[APIRoute]:
     FastAPI parses it: deep nesting and unreadable JSON get a problem document, not a 500 or a
     plain 400. Every route with a body takes a principal: a caller without one is refused (401,
     audited) before its body is read, so strangers cost no parsing. Each route's OpenAPI entry
-    gets the answers and security this implies (`router.api.openapi.describe`)."""
+    gets the answers and security this implies (`router.interfaces.api.openapi.describe`)."""
 
     class CheckedRoute(APIRoute):
         def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
@@ -518,7 +525,7 @@ _SPEC_CHECKS: dict[str, dict[str, dict[str, Any]]] = {ToolSpec.__name__: {
 
 class _Api(FastAPI):
     """FastAPI with `Limits` outermost, `PerCallRoutes` ahead of its own stack, and the OpenAPI
-    document completed (`router.api.openapi`)."""
+    document completed (`router.interfaces.api.openapi`)."""
 
     def __init__(self, *, per_call: PerCallRoutes, max_body: int, timeout_s: float, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -15,7 +15,7 @@ from rich.panel import Panel
 from router.audit import AuditFilter
 from router.control import ControlPlane
 from router.errors import InvalidCall, ToolRefused
-from router.render import audit_table
+from router.interfaces.render import audit_table
 from router.settings import Settings
 
 WORD_COUNT = """

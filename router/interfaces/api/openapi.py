@@ -5,7 +5,7 @@ the router reads, and operationIds that stay put.
 Every route gets, when it is registered (`describe`, called by the app's route class):
 
 ==========================  ================================================================
-every route                 413 (a body over the limit), 500, 504 (`router.api.app.Limits`)
+every route                 413 (a body over the limit), 500, 504 (`router.interfaces.api.app.Limits`)
 a body or parameters        422 (not JSON, nested too deep, or not matching the schema)
 a path parameter            400 (a path with control characters: no route has them)
 a principal required        the ``bearer`` security scheme; 401 with ``WWW-Authenticate``;
@@ -13,7 +13,7 @@ a principal required        the ``bearer`` security scheme; 401 with ``WWW-Authe
 ==========================  ================================================================
 
 Each route adds what its own work can answer (`problems`: 404, 409, 503 ...). Every problem is
-`router.api.problems.Problem` under ``application/problem+json``; FastAPI's own 422 document
+`router.interfaces.api.problems.Problem` under ``application/problem+json``; FastAPI's own 422 document
 (``HTTPValidationError``), which the API never sends, is not described.
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 
 from fastapi.routing import APIRoute
 
-from router.api.problems import MEDIA_TYPE, FieldError, Problem
+from router.interfaces.api.problems import MEDIA_TYPE, FieldError, Problem
 
 BEARER = "bearer"
 """The security scheme of ``/v1``: a token whose sha256 names a principal (STOCKADE_API_PRINCIPALS)."""

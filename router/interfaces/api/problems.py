@@ -3,7 +3,7 @@
 Each exception class has a stable ``type`` (``urn:stockade:problem:<code>``) and status (its
 ``code`` and ``http_status``, `router.errors`); the
 ``detail`` names the thing and the fix, and ``errors`` lists field problems where there are any.
-`Problem` is the document, as ``/openapi.json`` describes it (`router.api.openapi`).
+`Problem` is the document, as ``/openapi.json`` describes it (`router.interfaces.api.openapi`).
 """
 
 from __future__ import annotations
