@@ -281,7 +281,16 @@ def build_server(
             return _refusal(exc.code, str(exc))
         return _answer(result)
 
-    return Server("stockade", version=VERSION, on_list_tools=list_tools, on_call_tool=call_tool)
+    def input_schema(name: str) -> Mapping[str, Any] | None:
+        # What the SDK checks a stateless HTTP call's Mcp-Param-* headers against. Without it,
+        # the SDK runs tools/list (a policy decision per tool) before every such call: ~8 ms.
+        try:
+            return plane.registry.get(name).spec.input_schema
+        except StockadeError:  # unknown here (or a bad name): the call itself says so
+            return None
+
+    return Server("stockade", version=VERSION, on_list_tools=list_tools, on_call_tool=call_tool,
+                  get_tool_input_schema=input_schema)  # fmt: skip
 
 
 def _can_elicit(ctx: ServerRequestContext[Any, Any]) -> bool:

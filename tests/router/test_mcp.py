@@ -408,3 +408,13 @@ async def test_an_idle_http_connection_gets_session_lost_not_a_fresh_session(
     assert (again.id, again.lost) == (first.id, True)
     other = await sessions.get("claude\0mcp-session-2", "claude")  # a new connection: a new session
     assert (other.lost, other.id != first.id) == (False, True)
+
+
+async def test_the_sdk_gets_input_schemas_without_listing_tools(plane: ControlPlane) -> None:
+    """Without a schema lookup, the SDK runs tools/list (a policy decision per tool) before every
+    stateless HTTP call with arguments, to check its Mcp-Param-* headers: +5-8 ms a call."""
+    server = build_server(plane, agent="claude", principal="alice@example.com")
+    assert server.get_tool_input_schema is not None
+    assert server.get_tool_input_schema("echo") == {"type": "object"}
+    assert server.get_tool_input_schema("no-such-tool") is None
+    assert server.get_tool_input_schema("../etc") is None
