@@ -1,8 +1,9 @@
-"""Shared helpers for the benchmarks: percentiles and a uniform report line."""
+"""Shared helpers for the benchmarks: percentiles, a uniform report line, a free loopback port."""
 
 from __future__ import annotations
 
 import json
+import socket
 import statistics
 import sys
 from typing import Any
@@ -35,3 +36,11 @@ def report(title: str, rows: dict[str, dict[str, float]], notes: dict[str, Any],
             f"  {name:52} {r['n']:>6.0f} {r['p50_ms']:>10.4f} {r['p99_ms']:>10.4f} {r['mean_ms']:>10.4f} "
             f"{r['per_s']:>10.0f}\n"
         )
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (now), for a server process the benchmark starts."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port

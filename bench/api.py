@@ -23,7 +23,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,7 +34,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _stats import report, summarize
+from _stats import free_port, report, summarize
 
 from router import ControlPlane, Settings
 from router.logging import configure_logging
@@ -53,13 +52,6 @@ DECIDE_TOOL = {"name": "lookup", "description": "look up", "risk": "low", "input
                "executor": {"kind": "external"}}  # fmt: skip
 CALL_TOOL = {"name": "count", "description": "count", "risk": "low", "input_schema": {"type": "object"},
              "executor": {"kind": "python", "source": "def main(**kw):\n    return len(kw)\n"}}  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
 
 
 @contextlib.contextmanager

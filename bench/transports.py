@@ -21,7 +21,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,7 +35,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _stats import report, summarize
+from _stats import free_port, report, summarize
 
 from policy import PolicySettings
 from router import ControlPlane, Settings
@@ -53,13 +52,6 @@ TOOL = {
 }  # fmt: skip
 ARGS = {"a": 2, "b": 3}
 Call = Callable[[], Awaitable[None]]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
 
 
 @contextlib.contextmanager
