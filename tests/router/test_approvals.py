@@ -36,6 +36,18 @@ async def held(plane: ControlPlane, table: str = "users") -> tuple[str, str]:
     return session, result.approval_id
 
 
+async def assert_ran_once_with_approval(plane: ControlPlane, approval_id: str, decision_id: str) -> None:
+    """The approval is used up, and the call's one trail reads: held, asked, granted, decided
+    again with the approval in its input, redeemed, ran."""
+    assert (await plane.get_approval(approval_id)).status is ApprovalStatus.USED
+    trail = [e.model_dump(mode="json") for e in await plane.audit.query(AuditFilter(decision_id=decision_id))]
+    assert [(e["kind"], e["outcome"]) for e in trail] == [
+        ("decision", "require_approval"), ("approval", "requested"), ("approval", "approved"),
+        ("decision", "allow"), ("approval", "redeemed"), ("execution", "ok"),
+    ]  # fmt: skip
+    assert trail[3]["input"]["approval"]["approver"] == "oncall@example.com"
+
+
 async def test_an_approved_call_runs_once_and_the_whole_trail_shares_one_decision_id(plane: ControlPlane) -> None:
     session, approval_id = await held(plane)
     [pending] = await plane.list_approvals(ApprovalStatus.PENDING)
@@ -45,13 +57,7 @@ async def test_an_approved_call_runs_once_and_the_whole_trail_shares_one_decisio
     result = await plane.call(session, "drop_table", {"table": "users"}, approval_id=approval_id)
     assert result.ok
     assert result.output == {"table": "users"}
-    assert (await plane.get_approval(approval_id)).status is ApprovalStatus.USED
-    trail = [e.model_dump(mode="json") for e in await plane.audit.query(AuditFilter(decision_id=result.decision_id))]
-    assert [(e["kind"], e["outcome"]) for e in trail] == [
-        ("decision", "require_approval"), ("approval", "requested"), ("approval", "approved"),
-        ("decision", "allow"), ("approval", "redeemed"), ("execution", "ok"),
-    ]  # fmt: skip
-    assert trail[3]["input"]["approval"]["approver"] == "oncall@example.com"
+    await assert_ran_once_with_approval(plane, approval_id, result.decision_id)
     with pytest.raises(ApprovalError, match="used"):
         await plane.call(session, "drop_table", {"table": "users"}, approval_id=approval_id)
 
@@ -146,13 +152,7 @@ async def test_a_retry_after_approval_redeems_it_once(plane: ControlPlane) -> No
     await plane.approve(approval_id, "oncall@example.com", note="ticket OPS-9")
     result = await plane.call(session, "drop_table", {"table": "users"})
     assert (result.status, result.output) == ("completed", {"table": "users"})
-    assert (await plane.get_approval(approval_id)).status is ApprovalStatus.USED
-    trail = [e.model_dump(mode="json") for e in await plane.audit.query(AuditFilter(decision_id=result.decision_id))]
-    assert [(e["kind"], e["outcome"]) for e in trail] == [
-        ("decision", "require_approval"), ("approval", "requested"), ("approval", "approved"),
-        ("decision", "allow"), ("approval", "redeemed"), ("execution", "ok"),
-    ]  # fmt: skip
-    assert trail[3]["input"]["approval"]["approver"] == "oncall@example.com"
+    await assert_ran_once_with_approval(plane, approval_id, result.decision_id)
     # Single use: the next identical call asks a human again, under a new approval.
     next_one = await plane.call(session, "drop_table", {"table": "users"})
     assert next_one.status == "pending_approval"
