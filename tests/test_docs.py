@@ -2,11 +2,12 @@
 the docs would: ``python`` blocks run as programs (against a real `stockade serve` when they talk
 to one; an agent framework's LLM replaced by that framework's own test model), shell commands run
 with their placeholders filled in, JSON parsed and validated (an MCP client's configuration is
-started as that client would start it), Rego accepted by `stockade policy check`. A block that is
-neither run, checked nor skipped here with a reason fails
-`test_every_block_is_run_checked_or_skipped_with_a_reason`: the docs cannot grow unverified
-snippets. Test ids name the block: ``docs/interfaces.md#2-python`` is that file's second fenced
-block; a shell block's commands are tested one by one (``README.md#4-sh:stockade policy test``).
+started as that client would start it), Rego accepted by `stockade policy check`; a command run
+elsewhere (scripts/test and the benchmarks by .ci/run, `claude mcp add` by the wheel test) is
+checked to be run there, and a diagram to be no code. A block that is none of these fails
+`test_every_block_is_run_or_checked`: the docs cannot grow unverified snippets. Test ids name
+the block: ``docs/interfaces.md#2-python`` is that file's second fenced block; a
+shell block's commands are tested one by one (``README.md#4-sh:stockade policy test``).
 
 What runs in place of the docs' placeholders:
 
@@ -671,6 +672,32 @@ def sandbox_doctor(command: Command, ctx: Context) -> None:
     assert done.returncode == (0 if all(tier["available"] for tier in report.values()) else 1), done
 
 
+def sandbox_build_image(command: Command, ctx: Context) -> None:
+    """Once per recipe: scripts/test built this recipe's image, so this finds it and builds nothing
+    (nothing is fetched); its tag is the one the docker tier runs."""
+    tag = execute(command.argv(), ctx).strip()
+    assert tag.startswith("stockade-sandbox:recipe-"), tag
+    images = subprocess.run(["docker", "image", "inspect", tag], capture_output=True, timeout=60, check=False)
+    assert images.returncode == 0, images.stderr
+
+
+def _pins(lock: Path) -> dict[str, str]:
+    return dict(re.findall(r"^([A-Za-z0-9_.\-]+)==(\S+)", lock.read_text(), re.MULTILINE))
+
+
+def scripts_demo(command: Command, ctx: Context) -> None:
+    """The README's first command, from the checkout, after the tests' own set-up: it installs
+    the runtime lock into the same .venv (which must change none of the test tools' versions:
+    every runtime pin is the dev lock's) and the demo passes."""
+    runtime, dev = _pins(REPO / "requirements.lock"), _pins(REPO / "requirements-dev.lock")
+    assert {name: (version, dev.get(name)) for name, version in runtime.items() if dev.get(name) != version} == {}
+    done = subprocess.run(["bash", str(REPO / command.words[0])], check=False, cwd=REPO, env=ctx.env(),
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "demo complete: every step behaved as described" in done.stdout
+    assert (ctx.root / "home" / ".local" / "state" / "stockade" / "demo").is_dir()  # state under HOME
+
+
 def principals_export(command: Command, ctx: Context) -> None:
     """The export, ``"…"`` filled with hashes, run by bash: each entry a valid `ApiPrincipal`,
     and what the module's router runs with."""
@@ -699,21 +726,42 @@ COMMANDS: dict[str, Callable[[Command, Context], None]] = {
     "stockade mcp": mcp,
     "stockade api-token": api_token,
     "stockade sandbox doctor": sandbox_doctor,
+    "stockade sandbox build-image": sandbox_build_image,
+    "scripts/demo": scripts_demo,
     "export STOCKADE_API_PRINCIPALS": principals_export,
 }
-# Commands not run here (by the start of their name), and why. Paths they name must exist.
-SKIPPED_COMMANDS = {
-    # CI runs these itself: .ci/run runs scripts/test, which starts with scripts/bootstrap as scripts/demo does.
-    "scripts/demo": "scripts/bootstrap (installs system packages), then `stockade demo`, which runs here",
-    "scripts/test": "installs system packages and runs the whole suite, this test included: CI runs it (.ci/run)",
-    "stockade sandbox build-image": "mmdebstrap fetches Debian packages for a missing image; scripts/test builds it",
-    "python bench/": "benchmarks run for minutes on a shared machine; .ci/run runs them after the tests",
-    "claude mcp add": "needs Claude Code; tests/test_wheel_install.py runs this command with a stand-in `claude`",
+
+
+def ci_runs(command: Command) -> None:
+    """A command CI runs itself: .ci/run has a line running it (scripts/test, each benchmark)."""
+    target = next(w for w in command.words if w.startswith(("scripts/", "bench/")))
+    assert (REPO / target).exists(), f"{command.text!r} names {target}, which does not exist"
+    ci = (REPO / ".ci" / "run").read_text().splitlines()
+    assert any(target in line.split() or f"bin/python {target}" in line for line in ci), f".ci/run never runs {target}"
+
+
+def wheel_test_runs(command: Command) -> None:
+    """`claude mcp add` needs Claude Code: tests/test_wheel_install.py runs this very line (read from
+    the docs) with a stand-in `claude`, against the installed wheel, from /."""
+    assert "claude mcp add" in (REPO / "tests" / "test_wheel_install.py").read_text()
+
+
+# Commands run elsewhere (by the start of their name): the check that the other place runs them.
+# scripts/test runs the whole suite, this test included; the benchmarks run for minutes after it.
+RUN_ELSEWHERE: dict[str, Callable[[Command], None]] = {
+    "scripts/test": ci_runs,
+    "python bench/": ci_runs,
+    "claude mcp add": wheel_test_runs,
 }
-# Blocks that are not code at all.
-SKIPPED_BLOCKS = {
-    ("README.md", "agent ─► ControlPlane.call"): "a diagram of one call's path, not code",
-}
+
+
+def not_code(block: Block) -> None:
+    """A diagram: a fence without a language, nothing to run."""
+    assert block.lang == "", f"{block.id} has a language: run or check it"
+
+
+# Blocks that are not code at all (by a marker in their text).
+NOT_CODE = {("README.md", "agent ─► ControlPlane.call")}
 
 
 # -- JSON and Rego ----------------------------------------------------------------------------------
@@ -769,15 +817,14 @@ class Case:
     id: str
     block: Block
     run: Callable[[Context], None] | None = None
-    skip: str = ""
     problem: str = ""
     uses: list[str] = field(default_factory=list)  # the table entries it uses (for the stale check)
 
 
 def plan(block: Block) -> list[Case]:
-    for (file, marker), reason in SKIPPED_BLOCKS.items():
+    for file, marker in NOT_CODE:
         if block.file == file and marker in block.text:
-            return [Case(block.id, block, skip=reason, uses=[f"block {file} {marker}"])]
+            return [Case(block.id, block, lambda _: not_code(block), uses=[f"block {file} {marker}"])]
     if block.lang == "python":
         if is_program(block):
             return [Case(block.id, block, lambda ctx: run_program(block, ctx))]
@@ -801,13 +848,11 @@ def command_case(command: Command) -> Case:
     if command.name in COMMANDS:
         check = COMMANDS[command.name]
         return Case(case_id, command.block, lambda ctx: check(command, ctx), uses=[f"command {command.name}"])
-    for prefix, reason in SKIPPED_COMMANDS.items():
+    for prefix, elsewhere in RUN_ELSEWHERE.items():
         if command.name.startswith(prefix):
-            missing = [w for w in command.words[:2] if w.startswith(("scripts/", "bench/")) and not (REPO / w).exists()]
-            problem = f"{command.text!r} names {missing}, which do not exist" if missing else ""
-            return Case(case_id, command.block, skip=reason, problem=problem, uses=[f"skip {prefix}"])
-    return Case(case_id, command.block, problem=f"{command.text!r} is neither run (COMMANDS) nor skipped with a "
-                "reason (SKIPPED_COMMANDS)")  # fmt: skip
+            return Case(case_id, command.block, lambda _, check=elsewhere: check(command), uses=[f"elsewhere {prefix}"])
+    return Case(case_id, command.block, problem=f"{command.text!r} is neither run here (COMMANDS) nor shown to run "
+                "elsewhere (RUN_ELSEWHERE)")  # fmt: skip
 
 
 BLOCKS = [block for file in DOC_FILES for block in fenced_blocks(file)]
@@ -826,19 +871,17 @@ def workdir() -> Iterator[Path]:
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
 def test_the_docs_snippet_works_as_documented(case: Case, request: pytest.FixtureRequest, workdir: Path) -> None:
     assert not case.problem, f"{case.id}: {case.problem}"
-    if case.skip:
-        pytest.skip(case.skip)
     assert case.run is not None
     case.run(Context(request, workdir))
 
 
-def test_every_block_is_run_checked_or_skipped_with_a_reason() -> None:
+def test_every_block_is_run_or_checked() -> None:
     """No block or command goes unverified, and no entry of the tables names one that is gone."""
     unplanned = [f"{case.id}: {case.problem}" for case in CASES if case.problem]
     assert not unplanned, "\n".join(unplanned)
     used = {use for case in CASES for use in case.uses}
-    entries = {f"command {name}" for name in COMMANDS} | {f"skip {prefix}" for prefix in SKIPPED_COMMANDS}
-    entries |= {f"fragment {f.marker}" for f in FRAGMENTS} | {f"block {f} {m}" for f, m in SKIPPED_BLOCKS}
+    entries = {f"command {name}" for name in COMMANDS} | {f"elsewhere {prefix}" for prefix in RUN_ELSEWHERE}
+    entries |= {f"fragment {f.marker}" for f in FRAGMENTS} | {f"block {f} {m}" for f, m in NOT_CODE}
     assert entries <= used, f"entries for snippets the docs no longer have: {sorted(entries - used)}"
     assert len({case.id for case in CASES}) == len(CASES), "two cases share an id"
 
