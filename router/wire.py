@@ -303,8 +303,8 @@ class AuditEvent(BaseModel):
     outcome: str
     escaped: list[str] | None = Field(default=None, exclude_if=lambda value: value is None)
     """Where a string held code points no UTF-8 text can (lone surrogates, such as an undecodable
-    file name): JSON paths whose strings are recorded with those escaped as ``\\udXXX``. Absent
-    when nothing was escaped."""
+    file name): JSON paths whose strings are recorded with those escaped (``\\udc80`` and the
+    like). Absent when nothing was escaped."""
     seq: int = 0
     prev_hash: str = ""
     hash: str = ""
