@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import hmac
 import json
 import time
 from collections.abc import Mapping
@@ -47,6 +45,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from router.approvals import Approval, ApprovalStatus
 from router.control import VERSION, ControlPlane
 from router.errors import SessionNotFound, StockadeError
+from router.interfaces import bearer
 from router.results import ToolResult
 from router.tools import ExternalExecutor, ToolSpec
 
@@ -369,13 +368,8 @@ def _printable(text: str, limit: int = 64) -> str:
 
 
 def _token_agent(header: str | None, tokens: Mapping[bytes, str]) -> str | None:
-    if not header or not header.lower().startswith("bearer "):
-        return None
-    digest = hashlib.sha256(header[7:].strip().encode()).digest()
-    for known, name in tokens.items():
-        if hmac.compare_digest(known, digest):
-            return name
-    return None
+    """The agent whose token the ``Authorization`` header carries, if any."""
+    return bearer.match(bearer.presented(header), tokens.items())
 
 
 def require_bearer(app: ASGIApp, tokens: Mapping[bytes, str], plane: ControlPlane | None = None) -> ASGIApp:

@@ -29,8 +29,6 @@ token from ``STOCKADE_INTROSPECTION_TOKENS``) and ``GET /.well-known/jwks.json``
 import asyncio
 import base64
 import binascii
-import hashlib
-import hmac
 import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
@@ -55,6 +53,7 @@ from router.audit import AuditEvent, AuditFilter
 from router.control import VERSION, ControlPlane
 from router.credentials import introspect, jwks
 from router.errors import FieldProblem, InvalidCall, StockadeError
+from router.interfaces import bearer
 from router.interfaces.api import openapi
 from router.interfaces.api.openapi import INTROSPECTION, problems
 from router.interfaces.api.problems import (
@@ -197,10 +196,6 @@ class Verified(_Body):
     problem: str = ""
 
 
-def _digest(token: str) -> bytes:
-    return hashlib.sha256(token.encode()).digest()
-
-
 class _Refused(Exception):
     """A request turned away at the door; its (audited) answer is ready."""
 
@@ -250,11 +245,7 @@ class Gate:
         return await self.turn_away(request, invalid_body(code, detail), f"{code}: {detail}")
 
     def lookup(self, digest: bytes | None) -> ApiPrincipal | None:
-        found = None
-        for known, principal in self._principals:  # every entry compared: timing says nothing about which
-            if digest is not None and hmac.compare_digest(digest, known):
-                found = principal
-        return found
+        return bearer.match(digest, self._principals)
 
     def require(self, *roles: Role) -> Callable[[Request], Awaitable[ApiPrincipal]]:
         """A FastAPI dependency: the caller's principal, if it has one of ``roles``."""
@@ -362,8 +353,7 @@ def checked_route(gate: Gate) -> type[APIRoute]:
 
 def presented(request: Request) -> bytes | None:
     """The sha256 of the request's bearer token, if it has one."""
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    return _digest(token) if scheme.lower() == "bearer" and token else None
+    return bearer.presented(request.headers.get("authorization"))
 
 
 class Limits:
@@ -797,7 +787,7 @@ _INTROSPECTION_REQUEST = {"required": True, "content": {"application/x-www-form-
 
 
 def _credentials(app: FastAPI, plane: ControlPlane) -> None:
-    introspectors = [_digest(t.get_secret_value()) for t in plane.settings.introspection_tokens]
+    introspectors = [(bearer.digest(t.get_secret_value()), True) for t in plane.settings.introspection_tokens]
     oauth_error = {"model": OAuthError}
 
     @app.post("/v1/credentials/introspect", tags=["credentials"], response_model=Introspection,
@@ -811,7 +801,7 @@ def _credentials(app: FastAPI, plane: ControlPlane) -> None:
     async def introspect_token(request: Request) -> JSONResponse:
         digest = presented(request)
         # Every configured token is compared, so the time taken says nothing about which matched.
-        if digest is None or sum(hmac.compare_digest(digest, a) for a in introspectors) == 0:
+        if bearer.match(digest, introspectors) is None:
             return JSONResponse({"error": "invalid_client", "error_description": "send a bearer token from "
                                  "STOCKADE_INTROSPECTION_TOKENS"}, status_code=401,
                                 headers={"WWW-Authenticate": 'Bearer realm="stockade"'})  # fmt: skip
