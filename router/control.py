@@ -282,25 +282,26 @@ class ControlPlane:
             DuplicateTool: the name is registered with another spec. StoreError, AuditError.
         """
         name, spec_json = tool.spec.name, tool.spec.model_dump_json()
+        spec_sha256 = hashlib.sha256(spec_json.encode()).hexdigest()
         known = await self.store.get_tool(name)
+        raced = False
         if known is None:  # audited before it is added: a registration never goes unrecorded
             event = AuditEvent(
                 kind="policy", decision_id=str(uuid.uuid4()), timestamp=_now(), tool=name, outcome="tool_registered",
                 labels=self._labels, bundles={"policies": {"revision": revision}},
-                result={"spec_sha256": hashlib.sha256(spec_json.encode()).hexdigest(), "spec": json.loads(spec_json)},
+                result={"spec_sha256": spec_sha256, "spec": json.loads(spec_json)},
             )  # fmt: skip
             if not await self._record(event):
                 raise AuditError(f"the registration of tool {name!r} could not be audited; it is not registered")
             known, version, added = await self.store.put_tool(name, spec_json)
-            if added:
-                log.info("tool_shared", tool=name, registry_version=version)
-            elif ToolSpec.model_validate_json(known) != tool.spec:  # another router's spec won the race
-                await self._record(event.model_copy(update={
-                    "decision_id": event.decision_id, "timestamp": _now(), "outcome": "tool_registration_lost",
-                    "result": {"spec_sha256": event.result["spec_sha256"] if event.result else "",
-                               "registry_version": version},
-                }))  # fmt: skip
+            log.info("tool_shared", tool=name, registry_version=version, added=added)
+            raced = not added
         if ToolSpec.model_validate_json(known) != tool.spec:
+            if raced:  # another router's spec won: the registration audited above did not take effect
+                await self._record(event.model_copy(update={
+                    "timestamp": _now(), "outcome": "tool_registration_lost",
+                    "result": {"spec_sha256": spec_sha256, "registry_version": version},
+                }))  # fmt: skip
             raise DuplicateTool(
                 f"tool {name!r} is already registered in the shared store with another spec (by another router "
                 "or an earlier run): pick another name, or register exactly the same spec"

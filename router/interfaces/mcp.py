@@ -247,7 +247,8 @@ def build_server(
             ))  # fmt: skip
         name, args = params.name, dict(params.arguments or {})
         try:
-            if isinstance((await plane.tool(name)).spec.executor, ExternalExecutor):
+            spec = (await plane.tool(name)).spec
+            if isinstance(spec.executor, ExternalExecutor):
                 return _refusal("tool.not_served", f"{name} is an external tool: it is not served over MCP")
             if params.request_state is not None or params.input_responses:  # an answer (2026-07-28 flow)
                 await _take_answer(ctx, plane, session, principal, params, elicitation=elicitation)
@@ -255,7 +256,7 @@ def build_server(
             if result.status == "pending_approval" and elicitation and _can_elicit(ctx):
                 assert result.approval_id is not None  # noqa: S101  (a held result has one)
                 approval = await plane.get_approval(result.approval_id)
-                question = _question(approval, session, principal, (await plane.tool(name)).spec)
+                question = _question(approval, session, principal, spec)
                 if approval.id in session.asked or question is None:  # asked once; or it cannot be shown
                     return _answer(result)
                 session.asked.add(approval.id)
