@@ -37,10 +37,10 @@ import runner.base
 import runner.files
 from policy import Decision, Outcome, PolicyEngine, PolicyInput, SessionInfo, SubjectInfo, ValueSources
 from policy.bundle import fingerprint
-from router import metrics
+from router import metrics, telemetry
 from router.approvals import Approval, ApprovalBook, ApprovalError, ApprovalStatus, binding
-from router.audit import AuditEvent, AuditLog, JsonlAuditLog, sha256_hex, timestamp
-from router.audit.redis import RedisAuditLog
+from router.audit import AuditEvent, AuditLog, sha256_hex, timestamp
+from router.audit import factory as audit_factory
 from router.credentials import REDACTOR, Binding, CredentialBroker, CredentialError, Lease, redact
 from router.credentials.base import CredentialUnavailable
 from router.errors import (
@@ -201,6 +201,7 @@ class ControlPlane:
             sandboxes = runner_pkg.make_sandboxes(settings.runner)
         except runner_pkg.SandboxUnavailable as exc:
             raise SandboxUnavailable(str(exc)) from exc
+        telemetry.configure_tracing(settings, version=VERSION)
         return cls(
             settings, policy=engine, sandboxes=sandboxes, audit=make_audit_log(settings), store=make_store(settings)
         )
@@ -586,14 +587,18 @@ class ControlPlane:
     ) -> DecisionResult:
         """Decide a call without running it. The decision is audited like any other. ``agent``: the
         caller's identity, when it is authenticated (HTTP): another agent's session is not found."""
-        call = await self._prepare(session_id, tool, args, count_call=False, agent=agent)
-        try:
-            decision, _ = await self._decide(call, mode="decide")
-        except _Refused as refusal:
-            return DecisionResult(decision_id=call.decision_id, outcome="deny", reasons=refusal.reasons)
-        return DecisionResult(
-            decision_id=call.decision_id, outcome=decision.outcome.value, reasons=decision.reason_codes
-        )
+        with telemetry.decide_span() as span:
+            call = await self._prepare(session_id, tool, args, count_call=False, agent=agent)
+            telemetry.started(call.tool.spec, call.session, call.call_id)
+            try:
+                decision, _ = await self._decide(call, mode="decide")
+            except _Refused as refusal:
+                telemetry.ended(span, "deny", refusal.reasons)
+                return DecisionResult(decision_id=call.decision_id, outcome="deny", reasons=refusal.reasons)
+            telemetry.ended(span, decision.outcome.value, decision.reason_codes)
+            return DecisionResult(
+                decision_id=call.decision_id, outcome=decision.outcome.value, reasons=decision.reason_codes
+            )
 
     async def call(
         self,
@@ -615,14 +620,16 @@ class ControlPlane:
             InvalidCall, ToolNotFound: the call is malformed (audited; nothing ran).
             ApprovalError: ``approval_id`` is not a granted approval for exactly this call (audited).
         """
-        try:
-            result = await self._call(session_id, tool, args, inputs, approval_id, agent)
-        except StockadeError as exc:
-            name = tool if isinstance(tool, str) and tool in self.registry.names() else "unknown"  # bounded labels
-            metrics.CALLS.labels(name, exc.code).inc()
-            raise
-        metrics.CALLS.labels(result.tool, result.status).inc()
-        return result
+        with telemetry.tool_call_span() as span:
+            try:
+                result = await self._call(session_id, tool, args, inputs, approval_id, agent)
+            except StockadeError as exc:
+                name = tool if isinstance(tool, str) and tool in self.registry.names() else "unknown"  # bounded labels
+                metrics.CALLS.labels(name, exc.code).inc()
+                raise
+            metrics.CALLS.labels(result.tool, result.status).inc()
+            telemetry.ended(span, result.status, result.reasons, result.verdict)
+            return result
 
     async def _call(
         self,
@@ -641,6 +648,7 @@ class ControlPlane:
         shutdown; or a fault in the router) still closes the trail with an execution event.
         """
         call = await self._prepare(session_id, tool, args, inputs, count_call=True, agent=agent)
+        telemetry.started(call.tool.spec, call.session, call.call_id)
         with structlog.contextvars.bound_contextvars(session_id=call.session.id, tool=call.tool.spec.name):
             if approval_id is not None:
                 await self._check_approval(call, approval_id)
@@ -690,13 +698,22 @@ class ControlPlane:
         if decision.outcome is Outcome.REQUIRE_APPROVAL:
             if call.asked is not None and call.asked.status is ApprovalStatus.DENIED:
                 raise _Refused(["approval.denied"], self.approvals.event(call.asked, "retry_refused"))
-            return await self._hold(call, decision)
+            with telemetry.step("stockade.approval") as span:
+                action = "requested" if call.asked is None else "asked_again"
+                held = await self._hold(call, decision)
+                telemetry.approval(span, held.approval_id, ApprovalStatus.PENDING.value, action)
+            return held
         call.going_ahead = True
         if call.approval is not None:
-            await self._redeem(call)
+            with telemetry.step("stockade.approval") as span:
+                await self._redeem(call)
+                telemetry.approval(span, call.approval.id, ApprovalStatus.USED.value, "redeemed")
         if decision.obligations.credentials:
             call.stage = "credentials"
-            await self._mint(call, decision)
+            with telemetry.step("stockade.credentials.mint") as span:
+                telemetry.minting(span, decision.obligations.credentials)
+                await self._mint(call, decision)
+                telemetry.minted(span, call.leases)
         if isinstance(call.tool.spec.executor, ExternalExecutor):
             call.stage = "awaiting_report"
             await self._store_step(call, self.store.expect_report(
@@ -961,18 +978,23 @@ class ControlPlane:
         call.stage = "deciding"
         spec = call.tool.spec
         policy_input = _policy_input(call)
-        started = time.perf_counter_ns()
-        try:
-            decision = await self.policy.decide(policy_input)
-        except Exception as exc:  # a backend that breaks its contract still fails closed
-            log.exception("policy_engine_raised")
-            decision = policy_pkg.deny("policy.error", f"policy engine raised: {exc}", revision=self.policy.revision)
-        elapsed = time.perf_counter_ns() - started
-        tier = None
-        if decision.outcome is not Outcome.DENY and not isinstance(spec.executor, ExternalExecutor):
-            tier, problem = self._select_tier(spec, decision)
-            if problem is not None:
-                decision = policy_pkg.deny("sandbox.unavailable", problem, revision=decision.policy_revision)
+        with telemetry.step("stockade.policy.decide") as span:
+            started = time.perf_counter_ns()
+            try:
+                decision = await self.policy.decide(policy_input)
+            except Exception as exc:  # a backend that breaks its contract still fails closed
+                log.exception("policy_engine_raised")
+                telemetry.failed(span, "policy.error", exc)
+                decision = policy_pkg.deny(
+                    "policy.error", f"policy engine raised: {exc}", revision=self.policy.revision
+                )
+            elapsed = time.perf_counter_ns() - started
+            tier = None
+            if decision.outcome is not Outcome.DENY and not isinstance(spec.executor, ExternalExecutor):
+                tier, problem = self._select_tier(spec, decision)
+                if problem is not None:
+                    decision = policy_pkg.deny("sandbox.unavailable", problem, revision=decision.policy_revision)
+            telemetry.decided(span, decision, tier, call.decision_id)
         metrics.DECISIONS.labels(decision.outcome.value).observe(elapsed / 1e9)
         await self._audit(self._event(
             "decision", call.decision_id, call.session, spec.name, call.call_id,
@@ -1107,18 +1129,20 @@ class ControlPlane:
         spec = call.tool.spec
         job = self._job(call, decision)
         call.stage, call.tier = "running", tier
-        started = time.perf_counter_ns()
-        try:
-            run = await self.sandboxes[tier].run(job)
-        except runner_pkg.SandboxError as exc:
-            code = "sandbox.unavailable" if isinstance(exc, runner_pkg.SandboxUnavailable) else "sandbox.error"
-            log.error("sandbox_failed", error=str(exc))
-            call.closed = True
-            raise _Refused([code], self._event(
-                "execution", call.decision_id, call.session, spec.name, call.call_id,
-                outcome="error", result={"code": code, "message": str(exc), "tier": tier},
-            ), status="error") from exc  # fmt: skip
-        elapsed = time.perf_counter_ns() - started
+        with telemetry.step("stockade.sandbox.run", {"stockade.tier": tier}) as span:
+            started = time.perf_counter_ns()
+            try:
+                run = await self.sandboxes[tier].run(job)
+            except runner_pkg.SandboxError as exc:  # the refusal marks the step failed, with exc as its cause
+                code = "sandbox.unavailable" if isinstance(exc, runner_pkg.SandboxUnavailable) else "sandbox.error"
+                log.error("sandbox_failed", error=str(exc))
+                call.closed = True
+                raise _Refused([code], self._event(
+                    "execution", call.decision_id, call.session, spec.name, call.call_id,
+                    outcome="error", result={"code": code, "message": str(exc), "tier": tier},
+                ), status="error") from exc  # fmt: skip
+            elapsed = time.perf_counter_ns() - started
+            telemetry.ran(span, run)
         metrics.RUNS.labels(run.tier).observe(elapsed / 1e9)
 
         # A secret the tool got hold of (an upstream echoing it back) never reaches the agent.
@@ -1202,14 +1226,17 @@ class ControlPlane:
         """Append ``event`` (the log redacts and escapes it); False (logged) if the log failed, so the
         caller fails closed. Never raises: whatever breaks inside an append is an audit failure."""
         started = time.perf_counter()
-        try:
-            await self.audit.append(event)
-        except AuditError as exc:
-            log.error("audit_append_failed", error=str(exc), kind=event.kind, decision_id=event.decision_id)
-            return False
-        except Exception:  # a log that breaks its contract still fails the call closed
-            log.exception("audit_append_raised", kind=event.kind, decision_id=event.decision_id)
-            return False
+        with telemetry.step("stockade.audit.append", {"stockade.audit.kind": event.kind}) as span:
+            try:
+                await self.audit.append(event)
+            except AuditError as exc:
+                log.error("audit_append_failed", error=str(exc), kind=event.kind, decision_id=event.decision_id)
+                telemetry.failed(span, "audit.unavailable", exc)
+                return False
+            except Exception as exc:  # a log that breaks its contract still fails the call closed
+                log.exception("audit_append_raised", kind=event.kind, decision_id=event.decision_id)
+                telemetry.failed(span, "audit.unavailable", exc)
+                return False
         metrics.AUDIT_APPEND.observe(time.perf_counter() - started)
         return True
 
@@ -1272,14 +1299,7 @@ def make_audit_log(settings: Settings) -> AuditLog:
     Raises:
         AuditError: the Redis stream is chosen without a store URL.
     """
-    if settings.audit.backend == "redis":
-        if settings.store.url is None:
-            raise AuditError("STOCKADE_AUDIT__BACKEND=redis needs the store's Redis: set STOCKADE_STORE__URL")
-        spool = settings.audit.spool_dir or settings.audit.path.parent / "audit-spool"
-        return RedisAuditLog(
-            settings.store.url, timeout_s=settings.store.timeout_s, spool_dir=spool, instance=settings.instance
-        )
-    return JsonlAuditLog(settings.audit.path, durability=settings.audit.durability)
+    return audit_factory.make_audit_log(settings)
 
 
 def _policy_input(call: _Call) -> PolicyInput:

@@ -52,6 +52,26 @@ def _default_audit_path() -> Path:
     return directory / "audit.jsonl"
 
 
+def config_dir() -> Path:
+    """Where stockade's own keys live, apart from its state: ``$XDG_CONFIG_HOME/stockade``, or
+    ``/etc/stockade`` for a root service without a home."""
+    if os.environ.get("XDG_CONFIG_HOME"):
+        return Path(os.environ["XDG_CONFIG_HOME"]) / "stockade"
+    if os.geteuid() == 0 and os.environ.get("HOME", "") in ("", "/"):
+        return Path("/etc/stockade")
+    return Path.home() / ".config" / "stockade"
+
+
+class MaskRule(BaseModel):
+    """One masking rule: a JSON-pointer-like path into the event (``/input/args/card``, ``*``
+    matching any key or list item); its value is erased or, with ``hash``, replaced by its sha256."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: str = Field(pattern=r"^/(input|result)(/[^/]+)+$")
+    hash: bool = False
+
+
 class AuditSettings(BaseModel):
     """Where the audit log lives and how durable each append is."""
 
@@ -69,6 +89,29 @@ class AuditSettings(BaseModel):
     # file here. Put it on a disk that survives the router, not a tmpfs. None: ``audit-spool``
     # beside ``path``.
     spool_dir: Path | None = None
+    # The Ed25519 key that signs checkpoints (PKCS8 PEM, mode 0600; made on first use, with its
+    # public key beside it as ``<key>.pub``). Keep it off the log's volume: whoever can rewrite
+    # the log must not be able to sign for it. Default: stockade's config directory.
+    signing_key: Path = Field(default_factory=lambda: config_dir() / "audit-signing.key")
+    # The name checkpoints carry: which log they vouch for.
+    log_name: str = Field(default="stockade", min_length=1, max_length=200)
+    # A checkpoint is signed this long after an append (at most one per interval), every
+    # ``checkpoint_every`` events, when a segment is sealed, and on shutdown.
+    checkpoint_interval_s: float = Field(default=1.0, gt=0)
+    checkpoint_every: int = Field(default=10_000, gt=0)
+    # Also publish each checkpoint as a new file here: somewhere the router cannot rewrite (an
+    # object-lock bucket mount, a SIEM inbox). The Redis backend also keeps them in Redis.
+    publish_dir: Path | None = None
+    # A segment is sealed at this size, and at UTC midnight if ``rotate_daily``.
+    segment_max_bytes: int = Field(default=64 << 20, ge=4096)
+    rotate_daily: bool = True
+    # Sealed segments older than this many days are deleted (each leaves a signed tombstone).
+    # None: kept forever.
+    retention_days: int | None = Field(default=None, ge=1)
+    # OPA-style masking: paths into ``input`` / ``result`` (``/input/args/password``) whose values
+    # are erased, or replaced by their sha256 (``{"path": ..., "hash": true}``), before the event
+    # is hashed and written: masked data never enters the log.
+    mask: list[MaskRule] = Field(default_factory=list)
 
 
 class StoreSettings(BaseModel):
@@ -81,6 +124,20 @@ class StoreSettings(BaseModel):
     url: str | None = None
     # A store slower than this fails the call closed rather than hanging it.
     timeout_s: float = Field(default=2.0, gt=0)
+
+
+class TelemetrySettings(BaseModel):
+    """Where the spans of tool calls go (OpenTelemetry, OTLP/HTTP): nowhere unless set (router.telemetry)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # A collector's OTLP/HTTP URL (STOCKADE_TELEMETRY__OTLP_ENDPOINT): its base, ``http://collector:4318``
+    # (``/v1/traces`` is added), or the traces URL itself. A malformed one is logged, and nothing exported.
+    otlp_endpoint: str | None = None
+    # Without otlp_endpoint: export where the OTel SDK's standard variables say
+    # (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, OTEL_EXPORTER_OTLP_ENDPOINT; http://localhost:4318 by default).
+    enabled: bool = False
+    service_name: str = Field(default="stockade", min_length=1)
 
 
 class ApiPrincipal(BaseModel):
@@ -105,6 +162,7 @@ class Settings(BaseSettings):
     runner: RunnerSettings = Field(default_factory=RunnerSettings)
     audit: AuditSettings = Field(default_factory=AuditSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
+    telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     log_format: Literal["console", "json"] = "console"
     log_level: Literal["debug", "info", "warning", "error"] = "warning"
     max_args_bytes: int = Field(default=1 << 20, gt=0)

@@ -598,7 +598,8 @@ def audit_verify(command: Command, ctx: Context) -> None:
 def audit_query(command: Command, ctx: Context) -> None:
     denied = ctx.demo.denied()
     argv = command.argv({"s-…": denied["session_id"], "…": denied["tool"]})
-    events = json.loads(execute(argv, ctx, ctx.env(STOCKADE_AUDIT__PATH=str(ctx.demo.log))))
+    said = execute(argv, ctx, ctx.env(STOCKADE_AUDIT__PATH=str(ctx.demo.log)))
+    events = [json.loads(line) for line in said.splitlines() if line.strip()]  # --json: one event per line
     assert denied["decision_id"] in [e["decision_id"] for e in events]
     assert {(e["session_id"], e["tool"], e["outcome"]) for e in events} == {
         (denied["session_id"], denied["tool"], "deny")}  # fmt: skip

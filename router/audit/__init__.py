@@ -1,7 +1,7 @@
 """The audit log: every decision and every output, hash-chained, verifiable and queryable."""
 
 from router.audit.base import GENESIS_HASH, AuditEvent, AuditFilter, AuditLog, EventKind, VerifyReport, timestamp
-from router.audit.chain import canonical, event_hash, sha256_hex
+from router.audit.chain import canonical, line_hash, sha256_hex
 from router.audit.jsonl import JsonlAuditLog
 
 __all__ = [
@@ -13,7 +13,7 @@ __all__ = [
     "JsonlAuditLog",
     "VerifyReport",
     "canonical",
-    "event_hash",
+    "line_hash",
     "sha256_hex",
     "timestamp",
 ]

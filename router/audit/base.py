@@ -3,18 +3,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol, runtime_checkable
 
+from router.audit.chain import GENESIS_HASH as GENESIS_HASH  # noqa: PLC0414  (re-exported)
 from router.audit.chain import Unsealed
+from router.audit.checkpoint import Checkpoint
+from router.audit.masking import Rule, mask
 from router.errors import AuditError
 from router.redact import REDACTOR
 from router.text import escape_invalid_text
 from router.wire import AuditEvent as AuditEvent  # noqa: PLC0414  (re-exported; defined in router.wire for the SDK)
 from router.wire import EventKind as EventKind  # noqa: PLC0414  (re-exported, as AuditEvent)
-
-GENESIS_HASH = "0" * 64
 
 
 def timestamp() -> str:
@@ -39,7 +41,10 @@ class AuditFilter:
 
 @dataclass(frozen=True, slots=True)
 class VerifyReport:
-    """The result of checking the chain. ``broken_seq`` is the first seq that does not check out."""
+    """The result of checking the log. ``broken_seq`` is the first seq that does not check out;
+    ``line`` its line in the segment the problem names. ``signed``: the largest size a signed
+    checkpoint vouches for; ``retired``: events retention deleted (each range under a signed
+    tombstone); ``notes``: what was not checked, or not yet signed."""
 
     ok: bool
     events: int
@@ -48,6 +53,10 @@ class VerifyReport:
     broken_seq: int | None = None
     line: int | None = None
     problem: str = ""
+    signed: int = 0
+    checkpoints: int = 0
+    retired: int = 0
+    notes: tuple[str, ...] = ()
 
 
 @runtime_checkable
@@ -65,6 +74,10 @@ class AuditLog(Protocol):
 
     async def verify(self) -> VerifyReport:
         """Check every event's hash, sequence and link to its predecessor."""
+        ...
+
+    async def checkpoints(self) -> list[Checkpoint]:
+        """The signed checkpoints published so far, oldest first."""
         ...
 
     async def check(self) -> str | None:
@@ -97,9 +110,10 @@ def matches(document: dict[str, Any], where: AuditFilter) -> bool:
     return True
 
 
-def as_written(event: AuditEvent) -> tuple[AuditEvent, Unsealed]:
-    """``event`` as an audit log writes it, serialised but for its chain fields: every secret the
-    process has registered redacted, and every string that UTF-8 cannot hold escaped (both here,
+def as_written(event: AuditEvent, masks: Sequence[Rule] = ()) -> tuple[AuditEvent, Unsealed]:
+    """``event`` as an audit log writes it, serialised but for its chain fields: the operator's
+    masking rules applied (recorded in ``labels.masked``), every secret the
+    process has registered redacted, and every string that UTF-8 cannot hold escaped (all here,
     where each log serialises the event, so no path to the log skips them). Escaping costs a walk of
     the document, so it is done only when the serialised text shows it is needed.
 
@@ -114,6 +128,10 @@ def as_written(event: AuditEvent) -> tuple[AuditEvent, Unsealed]:
             event = AuditEvent.model_validate(escape_invalid_text(event.model_dump(), "", paths))
             document = event.model_dump(mode="json")
             document["escaped"] = sorted(set(paths))
+        if masks:
+            document, masked = mask(document, masks)
+            if masked:
+                document["labels"] = {**document.get("labels", {}), "masked": ",".join(masked)[:2000]}
         written = REDACTOR.deep(document)
         unsealed = Unsealed(written)
         if not unsealed.encodable:

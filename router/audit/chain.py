@@ -1,13 +1,16 @@
-"""The hash chain: canonical JSON and the event hash.
+"""The hash chain, as written: one line per event, hashed as bytes.
 
-``hash = sha256(canonical JSON of the event without "hash")``, where canonical JSON sorts keys,
-uses no whitespace and keeps non-ASCII characters as UTF-8. Each event carries its
-predecessor's hash in ``prev_hash``; the first carries 64 zeros.
+A line is ``{"seq":N,"prev_hash":"<hex>",<the event's other fields>}``: the chain fields first,
+then the rest of the event as canonical JSON (sorted keys, no whitespace, non-ASCII kept as
+UTF-8). An event's ``hash`` is the RFC 6962 leaf hash of its line's bytes (without the newline),
+``SHA-256(0x00 || line)``, so the same digest chains the events and is the leaf of the log's
+Merkle tree (`router.audit.merkle`), and checking either reads the bytes and never re-serialises.
+``prev_hash`` is the predecessor's hash; the first event's is 64 zeros. The hash is not stored in
+its own line: the next line (or, for the last one, a signed checkpoint's Merkle root) holds it.
 """
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import json
 import re
@@ -15,77 +18,88 @@ from typing import Any
 
 from router.text import encodable
 
+GENESIS_HASH = "0" * 64
+_LEAF = hashlib.sha256(b"\x00")  # copied per line: the 0x00 prefix is hashed once
+
 
 def canonical(value: Any) -> str:
-    """The one serialisation that is hashed and written."""
+    """The one serialisation of an event's fields."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
-def event_hash(document: dict[str, Any]) -> str:
-    """sha256 over the canonical JSON of ``document`` without its ``hash`` field."""
-    body = {k: v for k, v in document.items() if k != "hash"}
-    return hashlib.sha256(canonical(body).encode()).hexdigest()
+def line_hash(line: bytes) -> bytes:
+    """The event hash (and Merkle leaf hash) of one line's bytes, without its newline."""
+    digest = _LEAF.copy()
+    digest.update(line)
+    return digest.digest()
+
+
+_CHAIN_FIELDS = ("seq", "prev_hash", "hash")
+_HEAD = re.compile(rb'\{"seq":([1-9][0-9]{0,18}),"prev_hash":"([0-9a-f]{64})"[,}]')
 
 
 class Unsealed:
-    """An event serialised but for its chain fields, which `seal` fills in under the log's lock:
-    there, only a few strings are joined and hashed (canonical JSON sorts keys, so the fields
-    between the chain fields serialise apart, once, and join in order)."""
+    """An event serialised but for its chain fields, which `seal` puts in front under the log's
+    lock: there, only two strings are joined and one digest is taken."""
 
-    __slots__ = ("_parts", "encodable")
+    __slots__ = ("_rest", "encodable")
 
     def __init__(self, document: dict[str, Any]) -> None:
-        segments: list[dict[str, Any]] = [{}, {}, {}, {}]
-        for key, value in document.items():
-            if key not in _CHAIN:
-                segments[bisect.bisect(_CHAIN, key)][key] = value
-        self._parts = [canonical(segment) if segment else "{}" for segment in segments]
-        # Whether UTF-8 can hold the text (a lone surrogate cannot): checked in C, part by part.
-        self.encodable = all(part.isascii() or encodable(part) for part in self._parts)
+        body = canonical({k: v for k, v in document.items() if k not in _CHAIN_FIELDS})
+        self._rest = "}" if body == "{}" else "," + body[1:]
+        # Whether UTF-8 can hold the text (a lone surrogate cannot): checked in C.
+        self.encodable = body.isascii() or encodable(body)
 
-    def seal(self, seq: int, prev_hash: str) -> tuple[str, str]:
-        """The event's hash and its canonical JSON, chained as ``seq`` after ``prev_hash``."""
-        before_hash, before_prev, before_seq, after_seq = self._parts
-        # A head read back from the file is a digest, unless the file was tampered with: then quote it.
-        quoted = f'"{prev_hash}"' if _DIGEST.fullmatch(prev_hash) else canonical(prev_hash)
-        prev = f'{{"prev_hash":{quoted}}}'
-        number = f'{{"seq":{int(seq)}}}'
-        digest = hashlib.sha256(_join(before_hash, before_prev, prev, before_seq, number, after_seq).encode())
-        hashed = f'{{"hash":"{digest.hexdigest()}"}}'
-        return digest.hexdigest(), _join(before_hash, hashed, before_prev, prev, before_seq, number, after_seq)
+    def seal(self, seq: int, prev_hash: str) -> tuple[str, bytes]:
+        """The event's hash and its line (without newline), chained as ``seq`` after ``prev_hash``."""
+        if not _HEX.fullmatch(prev_hash):
+            raise ValueError(f"prev_hash must be 64 lowercase hex digits, not {prev_hash[:80]!r}")
+        line = f'{{"seq":{int(seq)},"prev_hash":"{prev_hash}"{self._rest}'.encode()
+        return line_hash(line).hex(), line
 
 
-_CHAIN = ("hash", "prev_hash", "seq")  # sorted
-_DIGEST = re.compile(r"[0-9a-f]{64}")
+_HEX = re.compile(r"[0-9a-f]{64}")
 
 
-def seal(document: dict[str, Any]) -> tuple[str, str]:
-    """The hash of ``document`` (every field but ``hash``) and its canonical JSON with ``hash`` in place."""
-    return Unsealed(document).seal(document["seq"], document["prev_hash"])
+def head_of(line: bytes) -> tuple[int, str] | None:
+    """A line's seq and prev_hash, read from its fixed head without parsing the event (None: the
+    line does not start as an event of this chain does)."""
+    found = _HEAD.match(line)
+    if found is None:
+        return None
+    return int(found.group(1)), found.group(2).decode()
 
 
-def _join(*objects: str) -> str:
-    """JSON objects' text as one object, keys in the order given."""
-    return "{" + ",".join(o[1:-1] for o in objects if o != "{}") + "}"
+def document_of(line: bytes) -> dict[str, Any] | None:
+    """The event a line records, with its ``hash`` (None: not a JSON object)."""
+    try:
+        value = json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(value, dict):
+        return None
+    value["hash"] = line_hash(line.rstrip(b"\n")).hex()
+    return value
 
 
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def check_link(document: dict[str, Any] | None, expected_seq: int, prev: str) -> tuple[str, int]:
-    """What is wrong with ``document`` as the event at ``expected_seq`` after ``prev`` ("" if nothing),
-    and the seq to blame."""
-    if document is None:
-        return "line is not a JSON event (truncated or overwritten)", expected_seq
-    seq = document.get("seq")
-    if not isinstance(seq, int):
-        return "event has no integer seq", expected_seq
-    if document.get("hash") != event_hash(document):
-        return f"event seq {seq} was modified: its hash does not match its content", seq
+def check_link(line: bytes, expected_seq: int, prev: str) -> tuple[str, int]:
+    """What is wrong with ``line`` as the event at ``expected_seq`` after ``prev`` ("" if nothing),
+    and the seq to blame. An event edited in place shows as its successor's broken link: the
+    successor records the hash the event had when it was written."""
+    head = head_of(line)
+    if head is None:
+        return "line is not a chained event (truncated, overwritten or not written by stockade)", expected_seq
+    seq, prev_hash = head
     if seq != expected_seq:
         kind = "deleted or reordered" if seq > expected_seq else "inserted, duplicated or reordered"
         return f"expected seq {expected_seq}, found {seq}: events were {kind}", expected_seq
-    if document.get("prev_hash") != prev:
-        return f"event seq {seq} does not link to seq {seq - 1} (prev_hash mismatch)", seq
+    if prev_hash != prev:
+        return (
+            f"event seq {seq - 1} was modified or replaced: seq {seq} records a different hash for it",
+            max(seq - 1, 1),
+        )
     return "", seq

@@ -1,7 +1,10 @@
 """`RedisAuditLog`: one hash chain for routers on different hosts, in a Redis stream.
 
-Each event is one stream entry (``stockade:audit``, field ``event``: the canonical JSON with its
-chain fields); ``stockade:audit:head`` holds the last seq and hash. The router computes the next
+Each event is one stream entry (``stockade:audit``, field ``event``: its line as the JSONL log
+writes it, `router.audit.chain`; field ``hash``: its hash); ``stockade:audit:head`` holds the last
+seq and hash and the Merkle tree state after it, and the latest signed checkpoint, which is also
+added to ``stockade:audit:checkpoints`` (any router signs the head every ``checkpoint_interval_s``
+if it moved, and on shutdown). The router computes the next
 event's hash from the head it knows, and one Lua script appends it only if that is still the
 head (XADD and the head update together, atomically); if another router appended first, the
 script answers with the current head and the router chains onto that instead. Neither key
@@ -25,9 +28,11 @@ Two faults the stream cannot see by itself are handled here:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import json
 import os
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +41,11 @@ import redis.exceptions
 import structlog
 
 from router.audit.base import GENESIS_HASH, AuditEvent, AuditFilter, VerifyReport, as_written, matches
-from router.audit.chain import Unsealed, check_link
-from router.audit.jsonl import JsonlAuditLog
+from router.audit.chain import Unsealed, document_of
+from router.audit.checkpoint import Checkpoint, VerifyKey, sign_checkpoint
+from router.audit.jsonl import JsonlAuditLog, LogOptions, publish_file
+from router.audit.merkle import CompactRange
+from router.audit.verify import Walk, gather_checkpoints
 from router.errors import AuditError
 from router.store import keys
 
@@ -47,26 +55,39 @@ STREAM = f"{keys.PREFIX}audit"
 HEAD = f"{keys.PREFIX}audit:head"
 _MAX_RETRIES = 64
 
-# KEYS: stream, head. ARGV: expected seq, expected hash, the event's canonical JSON (chained to them),
-# the genesis hash, then the last event this router appended: its seq, stream entry id and hash
-# ("0", "", "" if none). Appends and moves the head if the head is still the expected one; returns
-# {1, entry id}, or {0, seq, hash} if another router moved it, or {2, seq, hash} if the stream no
-# longer holds what this router appended (its head is behind it, or that entry is gone or
-# different: Redis lost data, even if other routers have since appended past it).
+# KEYS: stream, head. ARGV: expected seq, expected hash, the event's line (chained to them), the
+# genesis hash, then the last event this router appended: its seq, stream entry id and hash ("0",
+# "", "" if none), then the new event's seq, hash and the Merkle tree state after it (JSON).
+# Appends and moves the head if the head is still the expected one; returns {1, entry id}, or
+# {0, seq, hash, tree} if another router moved it, or {2, seq, hash} if the stream no longer holds
+# what this router appended (its head is behind it, or that entry is gone or different: Redis lost
+# data, even if other routers have since appended past it).
 _APPEND = """
-local head = redis.call('HMGET', KEYS[2], 'seq', 'hash')
+local head = redis.call('HMGET', KEYS[2], 'seq', 'hash', 'tree')
 local seq, hash = head[1] or '0', head[2] or ARGV[4]
 if tonumber(seq) < tonumber(ARGV[5]) then return {2, seq, hash} end
 if ARGV[6] ~= '' then
   local mine = redis.call('XRANGE', KEYS[1], ARGV[6], ARGV[6])
-  if #mine == 0 or not string.find(mine[1][2][2], ARGV[7], 1, true) then return {2, seq, hash} end
+  if #mine == 0 or mine[1][2][4] ~= ARGV[7] then return {2, seq, hash} end
 end
-if seq ~= ARGV[1] or hash ~= ARGV[2] then return {0, seq, hash} end
-local document = cjson.decode(ARGV[3])
-local id = redis.call('XADD', KEYS[1], '*', 'event', ARGV[3])
-redis.call('HSET', KEYS[2], 'seq', tostring(document['seq']), 'hash', document['hash'])
+if seq ~= ARGV[1] or hash ~= ARGV[2] then return {0, seq, hash, head[3] or ''} end
+local id = redis.call('XADD', KEYS[1], '*', 'event', ARGV[3], 'hash', ARGV[9])
+redis.call('HSET', KEYS[2], 'seq', ARGV[8], 'hash', ARGV[9], 'tree', ARGV[10])
 return {1, id}
 """
+
+# KEYS: head, checkpoints stream. ARGV: the checkpoint (JSON), its size, the digest of the
+# checkpoint it follows ("" for the first). Publishes it if the head's checkpoint is still that one
+# and it is not smaller; returns 1 if published, 0 if another router published first.
+_CHECKPOINT = """
+local current = redis.call('HGET', KEYS[1], 'checkpoint_digest') or ''
+if current ~= ARGV[3] then return 0 end
+redis.call('XADD', KEYS[2], '*', 'checkpoint', ARGV[1])
+redis.call('HSET', KEYS[1], 'checkpoint', ARGV[1], 'checkpoint_digest', ARGV[4])
+return 1
+"""
+CHECKPOINTS = f"{keys.PREFIX}audit:checkpoints"
+_READ_CHUNK = 2000
 
 
 class RedisAuditLog:
@@ -74,8 +95,19 @@ class RedisAuditLog:
     spool for what the stream cannot take (see the module docstring)."""
 
     def __init__(
-        self, url: str, *, timeout_s: float = 2.0, spool_dir: Path | None = None, instance: str = "router"
+        self,
+        url: str,
+        *,
+        timeout_s: float = 2.0,
+        spool_dir: Path | None = None,
+        instance: str = "router",
+        options: LogOptions | None = None,
     ) -> None:
+        self._options = options or LogOptions()
+        self._signer = self._options.signer
+        self._timer: asyncio.TimerHandle | None = None
+        self._checkpoint_task: asyncio.Task[None] | None = None
+        self._tree = CompactRange()
         self._spool_lock: int | None = None
         spool: Path | None = None
         if spool_dir is not None:
@@ -84,6 +116,7 @@ class RedisAuditLog:
             url, decode_responses=True, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
         )
         self._append = self._redis.register_script(_APPEND)
+        self._publish = self._redis.register_script(_CHECKPOINT)
         self._lock = asyncio.Lock()
         self._seq, self._head = 0, GENESIS_HASH
         self._spool = JsonlAuditLog(spool) if spool is not None else None
@@ -95,7 +128,7 @@ class RedisAuditLog:
         self.regressed: str | None = None  # why the stream is refused, once it went backwards
 
     async def append(self, event: AuditEvent) -> AuditEvent:
-        event, unsealed = as_written(event)
+        event, unsealed = as_written(event, self._options.masks)
         async with self._lock:
             try:
                 if self.regressed is not None:
@@ -115,15 +148,18 @@ class RedisAuditLog:
         try:
             for _ in range(_MAX_RETRIES):
                 chain: dict[str, Any] = {"seq": self._seq + 1, "prev_hash": self._head}
-                chain["hash"], text = unsealed.seal(self._seq + 1, self._head)
+                chain["hash"], line = unsealed.seal(self._seq + 1, self._head)
+                tree = self._tree.copy()
+                tree.append(bytes.fromhex(chain["hash"]))
                 answer = await self._append(
                     [STREAM, HEAD],
-                    [str(self._seq), self._head, text, GENESIS_HASH, str(self._appended), self._appended_id,
-                     self._appended_hash],
+                    [str(self._seq), self._head, line.decode(), GENESIS_HASH, str(self._appended), self._appended_id,
+                     self._appended_hash, str(chain["seq"]), chain["hash"], json.dumps(tree.to_json())],
                 )  # fmt: skip
                 if int(answer[0]) == 1:
-                    self._seq, self._head = chain["seq"], chain["hash"]
+                    self._seq, self._head, self._tree = chain["seq"], chain["hash"], tree
                     self._remember(self._seq, str(answer[1]), self._head)
+                    self._schedule_checkpoint()
                     return event.model_copy(update=chain)
                 seq, head = int(answer[1]), str(answer[2])  # another router appended first
                 if int(answer[0]) == 2:
@@ -134,9 +170,69 @@ class RedisAuditLog:
                     )
                     raise AuditError(self.regressed)
                 self._seq, self._head = seq, head
+                self._tree = CompactRange.from_json(json.loads(answer[3])) if answer[3] else CompactRange()
+                if self._tree.size != seq:
+                    raise AuditError(f"the audit stream's head (seq {seq}) holds no matching Merkle tree state")
         except (redis.exceptions.RedisError, OSError) as exc:
             raise AuditError(f"cannot append to the audit stream: {exc}; check that Redis is up") from exc
         raise AuditError(f"the audit stream's head moved {_MAX_RETRIES} times in a row; retry")
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def _schedule_checkpoint(self) -> None:
+        if self._signer is None or self._timer is not None:
+            return
+        self._timer = asyncio.get_running_loop().call_later(self._options.checkpoint_interval_s, self._timed)
+
+    def _timed(self) -> None:
+        self._timer = None
+        self._checkpoint_task = asyncio.get_running_loop().create_task(self._checkpoint_quietly())
+
+    async def _checkpoint_quietly(self) -> None:
+        try:
+            await self.checkpoint()
+        except (AuditError, redis.exceptions.RedisError, OSError) as exc:  # the next timer tries again
+            log.error("audit_checkpoint_failed", error=str(exc))
+
+    async def checkpoint(self) -> Checkpoint | None:
+        """Sign the stream's head as it stands now, unless it is signed already, and publish the
+        checkpoint on the head, in the checkpoints stream and in the publish directory. Any
+        router may sign; the first to publish for a given predecessor wins."""
+        if self._signer is None:
+            return None
+        seq, tree_json, current = await self._redis.hmget(HEAD, ["seq", "tree", "checkpoint"])
+        previous = Checkpoint.model_validate_json(current) if current else None
+        if seq is None or tree_json is None or (previous is not None and previous.size >= int(seq)):
+            return previous
+        tree = CompactRange.from_json(json.loads(tree_json))
+        name = self._options.log_name
+        prev = previous if previous is not None and previous.log == name else None
+        checkpoint = sign_checkpoint(self._signer, log=name, size=tree.size, root=tree.root(), prev=prev)
+        published = await self._publish(
+            [HEAD, CHECKPOINTS],
+            [checkpoint.signed_text().decode(), str(checkpoint.size), previous.digest() if previous else "",
+             checkpoint.digest()],
+        )  # fmt: skip
+        if int(published) and self._options.publish_dir is not None:
+            await asyncio.to_thread(publish_file, self._options.publish_dir, checkpoint)
+        return checkpoint
+
+    async def checkpoints(self) -> list[Checkpoint]:
+        """Every checkpoint published on the stream, oldest first."""
+        return [c for c in await self._read_checkpoints() if c is not None]
+
+    async def _read_checkpoints(self) -> list[Checkpoint | None]:
+        found: list[Checkpoint | None] = []
+        try:
+            entries = await self._redis.xrange(CHECKPOINTS)
+        except (redis.exceptions.RedisError, OSError) as exc:
+            raise AuditError(f"cannot read the audit checkpoints: {exc}") from exc
+        for _, fields in entries or []:
+            try:
+                found.append(Checkpoint.model_validate_json((fields or {})["checkpoint"]))
+            except (KeyError, ValueError):
+                found.append(None)
+        return found
 
     async def _to_spool(self, event: AuditEvent, why: AuditError) -> None:
         """Keep ``event`` in the local spool; if that fails too, say so in ``why``'s message."""
@@ -225,39 +321,59 @@ class RedisAuditLog:
                     return f"spooled audit events cannot be chained into the stream: {exc}"
         return None
 
-    async def _documents(self) -> list[dict[str, Any] | None]:
-        try:
-            entries = await self._redis.xrange(STREAM)
-        except (redis.exceptions.RedisError, OSError) as exc:
-            raise AuditError(f"cannot read the audit stream: {exc}") from exc
-        documents: list[dict[str, Any] | None] = []
-        for _, fields in entries or []:
+    async def _chunks(self) -> AsyncIterator[list[bytes]]:
+        """The stream's lines, oldest first, a chunk at a time (never the whole stream in memory)."""
+        after = "-"
+        while True:
             try:
-                value = json.loads((fields or {})["event"])
-            except (KeyError, ValueError, TypeError):
-                value = None
-            documents.append(value if isinstance(value, dict) else None)
-        return documents
+                entries = await self._redis.xrange(STREAM, min=after, count=_READ_CHUNK)
+            except (redis.exceptions.RedisError, OSError) as exc:
+                raise AuditError(f"cannot read the audit stream: {exc}") from exc
+            if not entries:
+                return
+            yield [str((fields or {}).get("event", "")).encode(errors="surrogateescape") for _, fields in entries]
+            if len(entries) < _READ_CHUNK:
+                return
+            after = "(" + str(entries[-1][0])
 
     async def query(self, where: AuditFilter) -> list[AuditEvent]:
         found = []
-        for document in await self._documents():
-            if document is not None and matches(document, where):
-                found.append(AuditEvent.model_validate(document))
-                if where.limit is not None and len(found) >= where.limit:
-                    break
+        async for chunk in self._chunks():
+            for line in chunk:
+                document = document_of(line)
+                if document is not None and matches(document, where):
+                    found.append(AuditEvent.model_validate(document))
+                    if where.limit is not None and len(found) >= where.limit:
+                        return found
         return found
 
-    async def verify(self) -> VerifyReport:
-        expected_seq, prev = 1, GENESIS_HASH
-        for index, document in enumerate(await self._documents(), start=1):
-            problem, seq = check_link(document, expected_seq, prev)
-            if problem or document is None:
-                return VerifyReport(False, expected_seq - 1, expected_seq - 1, prev, seq, index, problem)
-            prev, expected_seq = document["hash"], expected_seq + 1
-        return VerifyReport(True, expected_seq - 1, expected_seq - 1, prev)
+    async def verify(self, *, keys: Sequence[VerifyKey] = (), trusted: Sequence[Checkpoint] = ()) -> VerifyReport:
+        """Check the stream against its checkpoints (and ``trusted``), a chunk at a time, hashing in
+        a worker thread so the event loop keeps serving."""
+        if not keys and self._signer is not None:
+            keys = [VerifyKey.from_pem(self._signer.public_pem())]
+        checkpoints = await self._read_checkpoints()
+        found = gather_checkpoints([("stream checkpoints", checkpoints), ("the auditor's checkpoint", trusted)], keys,
+                                   chained="stream checkpoints")  # fmt: skip
+        walk = Walk(found)
+        number = 0
+        async for chunk in self._chunks():
+            numbered = list(enumerate(chunk, start=number + 1))
+            number += len(chunk)
+            await asyncio.to_thread(walk.feed, numbered, STREAM)
+            if walk.report is not None:
+                break
+        return walk.finish(found)
 
     async def aclose(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._checkpoint_task is not None:
+            await asyncio.gather(self._checkpoint_task, return_exceptions=True)
+        if self._signer is not None and not self.regressed:
+            with contextlib.suppress(AuditError, redis.exceptions.RedisError, OSError):
+                await self.checkpoint()  # the tail is signed at shutdown
         await self._redis.aclose()
         if self._spool is not None:
             await self._spool.aclose()

@@ -23,17 +23,23 @@ from typing import Annotated, Any, TypeVar
 import httpx
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 import runner as runner_pkg
 from policy import EmbeddedEngine, PolicyBundleError, PolicyInput, PolicySettings, RegoTestResult, run_rego_tests
 from policy.tooling import check, coverage, explain
 from router.approvals import Approval, ApprovalBook, ApprovalError, ApprovalStatus
-from router.audit import AuditFilter, JsonlAuditLog
+from router.audit import AuditFilter, JsonlAuditLog, VerifyReport
+from router.audit.chain import head_of
+from router.audit.checkpoint import Checkpoint, VerifyKey
+from router.audit.layout import lines, read_checkpoint_source
+from router.audit.redis import RedisAuditLog
+from router.audit.verify import inclusion_proofs, proof_document, verify_log
 from router.control import VERSION
 from router.errors import AuditError, StockadeError
 from router.interfaces.demo import run_demo
 from router.interfaces.local import LocalRouters, approval_socket, socket_dir
-from router.interfaces.render import approval_panel, approvals_table, audit_table
+from router.interfaces.render import approval_panel, approvals_table
 from router.logging import configure_logging
 from router.replay import replay
 from router.settings import Settings
@@ -50,6 +56,7 @@ policy_app = typer.Typer(help="Test and evaluate the Rego policies.", no_args_is
 audit_app = typer.Typer(help="Verify and query the audit log.", no_args_is_help=True)
 app.add_typer(policy_app, name="policy")
 app.add_typer(audit_app, name="audit")
+
 sandbox_app = typer.Typer(help="Build the sandbox image and check which tiers work here.", no_args_is_help=True)
 app.add_typer(sandbox_app, name="sandbox")
 approvals_app = typer.Typer(
@@ -476,37 +483,140 @@ def _audit_log(ctx: typer.Context, path: Path | None) -> JsonlAuditLog:
     return JsonlAuditLog(target, durability=settings.durability)
 
 
-@audit_app.command("verify")
-def audit_verify(ctx: typer.Context, path: AuditPath = None, as_json: JsonFlag = False) -> None:
-    """Check every event's hash, sequence and link; exit 1 and name the first broken seq if tampered."""
-    log = _audit_log(ctx, path)
+PublicKey = Annotated[
+    Path | None,
+    typer.Option("--public-key", help="The log's Ed25519 public key (PEM). Default: the signing key's .pub "
+                 "(STOCKADE_AUDIT__SIGNING_KEY); an auditor passes the copy they were given."),
+]  # fmt: skip
+Trusted = Annotated[
+    list[Path] | None,
+    typer.Option("--checkpoint", help="A checkpoint you kept (JSON, or a directory or JSON-lines file of them); the "
+                 "log must still match it. Repeatable."),
+]  # fmt: skip
+
+
+def _verify_keys(settings: Settings, public_key: Path | None) -> list[VerifyKey]:
+    source = public_key or settings.audit.signing_key.with_name(settings.audit.signing_key.name + ".pub")
+    if public_key is None and not source.exists():
+        return []
     try:
-        report = log.verify_sync()
+        return [VerifyKey.load(source)]
+    except (OSError, ValueError) as exc:
+        raise _fail(f"--public-key {source}: {exc}") from exc
+
+
+def _trusted(paths: list[Path] | None) -> list[Checkpoint]:
+    found: list[Checkpoint] = []
+    for path in paths or []:
+        if not path.exists():
+            raise _fail(f"--checkpoint {path}: no such file or directory")
+        for checkpoint in read_checkpoint_source(path):
+            if checkpoint is None:
+                raise _fail(f"--checkpoint {path}: not a stockade checkpoint (JSON with log, size, root, signature)")
+            found.append(checkpoint)
+    return found
+
+
+@audit_app.command("verify")
+def audit_verify(
+    ctx: typer.Context,
+    path: AuditPath = None,
+    public_key: PublicKey = None,
+    checkpoint: Trusted = None,
+    from_seq: Annotated[
+        int | None,
+        typer.Option(
+            "--from-seq",
+            min=1,
+            help="Check only the segments from the one "
+            "holding this seq on (incremental: the tree resumes from the signed segment before).",
+        ),
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Check the log: every line's hash and link, the Merkle tree against every signed checkpoint
+    (the log's, the publish directory's and yours), segments and tombstones. Exit 1 and name the
+    first broken seq if anything was modified, removed, inserted, renumbered or cut off."""
+    settings = _settings(ctx)
+    keys, trusted = _verify_keys(settings, public_key), _trusted(checkpoint)
+    where: str
+    try:
+        if settings.audit.backend == "redis" and path is None:
+            where = f"the Redis stream at {settings.store.url}"
+            report = asyncio.run(_verify_redis(settings, keys, trusted))
+        else:
+            log = _audit_log(ctx, path)
+            where = str(log.path)
+            report = verify_log(log.layout, keys=keys, publish_dir=settings.audit.publish_dir, trusted=trusted,
+                                from_seq=from_seq, workers=2)  # fmt: skip
     except AuditError as exc:
         raise _fail(str(exc)) from exc
     if as_json:
-        _emit_json(
-            {
-                "ok": report.ok,
-                "events": report.events,
-                "head_seq": report.head_seq,
-                "head_hash": report.head_hash,
-                "broken_seq": report.broken_seq,
-                "line": report.line,
-                "problem": report.problem,
-            }
-        )
+        _emit_json({"ok": report.ok, "events": report.events, "head_seq": report.head_seq,
+                    "head_hash": report.head_hash, "broken_seq": report.broken_seq, "line": report.line,
+                    "problem": report.problem, "signed": report.signed, "checkpoints": report.checkpoints,
+                    "retired": report.retired, "notes": list(report.notes)})  # fmt: skip
     elif report.ok:
-        out.print(
-            f"[green]OK[/green] {log.path}: {report.events} events, chain intact, "
-            f"head seq {report.head_seq} {report.head_hash[:16]}…"
-        )
+        out.print(f"[green]OK[/green] {escape(where)}: {report.events} events, chain and Merkle tree intact, "
+                  f"{report.signed} vouched for by {report.checkpoints} signed checkpoints"
+                  f"{f', {report.retired} retired under signed tombstones' if report.retired else ''}; "
+                  f"head seq {report.head_seq} {report.head_hash[:16]}…")  # fmt: skip
+        for note in report.notes:
+            out.print(f"  note: {escape(note)}")
     else:
-        out.print(
-            f"[red]BROKEN[/red] {log.path}: at seq {report.broken_seq} (line {report.line}): "
-            f"{report.problem}. {report.events} events before it verify."
-        )
+        out.print(f"[red]BROKEN[/red] {escape(where)}: at seq {report.broken_seq}: {escape(report.problem)}. "
+                  f"{max((report.broken_seq or 1) - 1, 0)} events before it verify.")  # fmt: skip
     raise typer.Exit(0 if report.ok else 1)
+
+
+async def _verify_redis(settings: Settings, keys: list[VerifyKey], trusted: list[Checkpoint]) -> VerifyReport:
+    if settings.store.url is None:
+        raise AuditError("STOCKADE_AUDIT__BACKEND=redis needs the store's Redis: set STOCKADE_STORE__URL")
+    stream = RedisAuditLog(settings.store.url, timeout_s=settings.store.timeout_s)
+    try:
+        return await stream.verify(keys=keys, trusted=trusted)
+    finally:
+        await stream.aclose()
+
+
+@audit_app.command("prove")
+def audit_prove(
+    ctx: typer.Context,
+    seq: Annotated[list[int], typer.Option("--seq", min=1, help="The event to prove (repeatable).")],
+    path: AuditPath = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Print an RFC 9162 inclusion proof of each event against the latest signed checkpoint: the
+    event's line, its leaf hash, the audit path and the checkpoint. Anyone with the public key can
+    check it (`router.audit.merkle.verify_inclusion`; see docs/audit.md)."""
+    log = _audit_log(ctx, path)
+    try:
+        checkpoint, proofs = inclusion_proofs(log.layout, seq)
+        found = dict(_lines_at(log, set(seq)))
+    except AuditError as exc:
+        raise _fail(str(exc), 1) from exc
+    documents = [proof_document(checkpoint, s, found[s], proofs[s]) for s in seq]
+    if as_json:
+        _emit_json(documents if len(documents) > 1 else documents[0])
+        return
+    for document in documents:
+        out.print(f"seq {document['seq']} leaf {document['leaf_hash']} in tree of size {checkpoint.size} "
+                  f"root {checkpoint.root} (checkpoint {checkpoint.time}, key {checkpoint.key_id})",
+                  markup=False)  # fmt: skip
+        for node in document["proof"]:  # type: ignore[attr-defined]
+            out.print(f"  {node}", markup=False)
+
+
+def _lines_at(log: JsonlAuditLog, seqs: set[int]) -> list[tuple[int, bytes]]:
+    found = []
+    for part in log.layout.parts():
+        if part.kind == "tombstone":
+            continue
+        for _, line in lines(part.path):
+            head = head_of(line)
+            if head is not None and head[0] in seqs:
+                found.append((head[0], line))
+    return found
 
 
 def _when(value: str | None, option: str) -> datetime | None:
@@ -519,36 +629,6 @@ def _when(value: str | None, option: str) -> datetime | None:
     if parsed.tzinfo is None:
         raise _fail(f"{option} {value!r} needs a timezone, e.g. 2026-11-22T10:00:00Z")
     return parsed
-
-
-@audit_app.command("query")
-def audit_query(
-    ctx: typer.Context,
-    path: AuditPath = None,
-    since: Annotated[str | None, typer.Option(help="Only events at or after this ISO 8601 time.")] = None,
-    until: Annotated[str | None, typer.Option(help="Only events at or before this ISO 8601 time.")] = None,
-    session: Annotated[str | None, typer.Option(help="Only this session id.")] = None,
-    agent: Annotated[str | None, typer.Option(help="Only this agent.")] = None,
-    tool: Annotated[str | None, typer.Option(help="Only this tool.")] = None,
-    outcome: Annotated[str | None, typer.Option(help="Only this outcome (allow, deny, ok, timeout, ...).")] = None,
-    decision_id: Annotated[str | None, typer.Option("--decision-id", help="Only this decision.")] = None,
-    kind: Annotated[str | None, typer.Option(help="Only this kind (decision, execution, error, ...).")] = None,
-    limit: Annotated[int | None, typer.Option(min=1, help="At most this many events.")] = None,
-    as_json: JsonFlag = False,
-) -> None:
-    """List audit events matching every given filter, oldest first."""
-    where = AuditFilter(
-        since=_when(since, "--since"), until=_when(until, "--until"), session_id=session, agent=agent,
-        tool=tool, outcome=outcome, decision_id=decision_id, kind=kind, limit=limit,
-    )  # fmt: skip
-    try:
-        events = _audit_log(ctx, path).query_sync(where)
-    except AuditError as exc:
-        raise _fail(str(exc)) from exc
-    if as_json:
-        _emit_json([e.model_dump(mode="json") for e in events])
-        return
-    out.print(audit_table(events))
 
 
 # -- approvals ----------------------------------------------------------------------------
@@ -672,6 +752,11 @@ def sandbox_doctor(ctx: typer.Context, as_json: JsonFlag = False) -> None:
             out.print(f"{tier:8} {mark}")
     raise typer.Exit(0 if all(p is None for p in report.values()) else 1)
 
+
+# The auditor's read commands live in their own module (it imports this one's helpers).
+from router.interfaces.audit_cli import register as _register_audit_commands  # noqa: E402
+
+_register_audit_commands(audit_app)
 
 if __name__ == "__main__":
     app()

@@ -49,7 +49,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router import metrics
 from router.approvals import Approval, ApprovalStatus
-from router.audit import AuditEvent, AuditFilter
+from router.audit.checkpoint import Checkpoint
 from router.control import VERSION, ControlPlane
 from router.credentials import introspect, jwks
 from router.errors import FieldProblem, InvalidCall, StockadeError
@@ -188,12 +188,18 @@ class OAuthError(_Body):
 
 
 class Verified(_Body):
+    """The log checked against its signed checkpoints (see `stockade audit verify`)."""
+
     ok: bool
     events: int
     head_seq: int
     head_hash: str
-    broken_seq: int | None = None
+    broken_seq: int | None = Field(default=None, description="the first seq that does not check out")
     problem: str = ""
+    signed: int = Field(default=0, description="events a signed checkpoint vouches for")
+    checkpoints: int = Field(default=0, description="signed checkpoints checked")
+    retired: int = Field(default=0, description="events deleted by retention, each range under a signed tombstone")
+    notes: list[str] = Field(default_factory=list, description="what was not checked, or not signed yet")
 
 
 class _Refused(Exception):
@@ -558,6 +564,7 @@ def create_app(plane: ControlPlane, *, close_plane: bool = False) -> FastAPI:
     _sessions(app, plane, gate, per_call)
     _approvals(app, plane, gate)
     _audit(app, plane, gate)
+    _checkpoints(app, plane, gate)
     _credentials(app, plane)
     return app
 
@@ -733,33 +740,37 @@ def _approvals(app: FastAPI, plane: ControlPlane, gate: Gate) -> None:
         return Endorsement(session_id=session_id, call_id=body.call_id, source=source)
 
 
+def _checkpoints(app: FastAPI, plane: ControlPlane, gate: Gate) -> None:
+    Auditor = Annotated[ApiPrincipal, Depends(gate.require("auditor", "admin"))]
+
+    @app.get("/v1/audit/checkpoints", tags=["audit"], responses=problems(503))
+    async def list_audit_checkpoints(
+        _: Auditor,
+        after_size: Annotated[int, Query(ge=0, description="only checkpoints of larger trees")] = 0,
+        limit: Annotated[int, Query(ge=1, le=100_000)] = 1000,
+    ) -> list[Checkpoint]:
+        """The log's signed checkpoints (tree heads), oldest first: size, Merkle root, time, the
+        checkpoint before, key id and Ed25519 signature. Keep the latest: `stockade audit verify
+        --checkpoint` checks that the log still matches it."""
+        found = [c for c in await plane.audit.checkpoints() if c.size > after_size]
+        return found[:limit]
+
+
 def _audit(app: FastAPI, plane: ControlPlane, gate: Gate) -> None:
     Auditor = Annotated[ApiPrincipal, Depends(gate.require("auditor", "admin"))]
     Admin = Annotated[ApiPrincipal, Depends(gate.require("admin"))]
     settings = plane.settings
 
-    @app.get("/v1/audit/events", tags=["audit"], responses=problems(503))
-    async def list_audit_events(
-        _: Auditor,
-        session_id: str | None = None, agent: str | None = None, tool: str | None = None,
-        outcome: str | None = None, kind: str | None = None, decision_id: str | None = None,
-        since: Instant | None = None, until: Instant | None = None,
-        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
-    ) -> list[AuditEvent]:  # fmt: skip
-        return await plane.audit.query(AuditFilter(since=since, until=until, session_id=session_id, agent=agent,
-                                                   tool=tool, outcome=outcome, decision_id=decision_id, kind=kind,
-                                                   limit=limit))  # fmt: skip
+    from router.interfaces.api.audit_query import add_query_routes  # noqa: PLC0415  (it imports this module)
 
-    @app.get("/v1/audit/decisions/{decision_id}", tags=["audit"], responses=problems(503))
-    async def get_decision_trail(decision_id: str, _: Auditor) -> list[AuditEvent]:
-        """Everything joined to one decision: request, approval, credentials, egress, execution."""
-        return await plane.audit.query(AuditFilter(decision_id=decision_id))
+    add_query_routes(app, plane, gate)
 
     @app.get("/v1/audit/verify", tags=["audit"], responses=problems(503))
     async def verify_audit_log(_: Auditor) -> Verified:
         report = await plane.audit.verify()
         return Verified(ok=report.ok, events=report.events, head_seq=report.head_seq, head_hash=report.head_hash,
-                        broken_seq=report.broken_seq, problem=report.problem)  # fmt: skip
+                        broken_seq=report.broken_seq, problem=report.problem, signed=report.signed,
+                        checkpoints=report.checkpoints, retired=report.retired, notes=list(report.notes))  # fmt: skip
 
     @app.get("/v1/policy", tags=["audit"])
     async def get_policy_status(_: Auditor) -> PolicyStatus:

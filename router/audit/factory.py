@@ -1,0 +1,61 @@
+"""The audit log the settings name, with its signing key, checkpoints, segments and masks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import structlog
+
+from router.audit.base import AuditLog
+from router.audit.checkpoint import SigningKey
+from router.audit.jsonl import JsonlAuditLog, LogOptions
+from router.audit.redis import RedisAuditLog
+from router.errors import AuditError
+from router.settings import Settings
+
+log = structlog.get_logger(__name__)
+
+
+def log_options(settings: Settings, *, index: bool = True) -> LogOptions:
+    """`LogOptions` from ``settings.audit``: loads (or makes, on first use) the signing key.
+
+    Raises:
+        AuditError: the key cannot be read or made, or is not a private Ed25519 key of mode 0600.
+    """
+    audit = settings.audit
+    try:
+        signer = SigningKey.load_or_create(audit.signing_key)
+    except (OSError, ValueError) as exc:
+        raise AuditError(f"the audit signing key {audit.signing_key} cannot be used: {exc}") from exc
+    return LogOptions(
+        signer=signer, log_name=audit.log_name, checkpoint_interval_s=audit.checkpoint_interval_s,
+        checkpoint_every=audit.checkpoint_every, publish_dir=audit.publish_dir,
+        segment_max_bytes=audit.segment_max_bytes, rotate_daily=audit.rotate_daily,
+        retention_days=audit.retention_days, masks=tuple((rule.path, rule.hash) for rule in audit.mask),
+        on_sealed=_index_in_background if index else None,
+    )  # fmt: skip
+
+
+def _index_in_background(path: Path) -> None:
+    """After a seal: the indexer, in its own low-priority process (never this one)."""
+    from router.audit.index import spawn_indexer  # noqa: PLC0415  (only when a segment is sealed)
+
+    spawn_indexer(path)
+
+
+def make_audit_log(settings: Settings) -> AuditLog:
+    """The audit log ``settings`` name: the JSONL file, or the Redis stream of the store's server.
+
+    Raises:
+        AuditError: the Redis stream is chosen without a store URL, or the signing key is unusable.
+    """
+    options = log_options(settings)
+    if settings.audit.backend == "redis":
+        if settings.store.url is None:
+            raise AuditError("STOCKADE_AUDIT__BACKEND=redis needs the store's Redis: set STOCKADE_STORE__URL")
+        spool = settings.audit.spool_dir or settings.audit.path.parent / "audit-spool"
+        return RedisAuditLog(
+            settings.store.url, timeout_s=settings.store.timeout_s, spool_dir=spool, instance=settings.instance,
+            options=options,
+        )  # fmt: skip
+    return JsonlAuditLog(settings.audit.path, durability=settings.audit.durability, options=options)

@@ -1,0 +1,1197 @@
+"""The auditor's index of a JSONL audit log, and `AuditQuery`: SQL over it and over the live tail.
+
+Queries never run inside the router's process. After the writer seals a segment it calls
+`spawn_indexer`, which starts ``python -m router.audit.index <log>`` as a detached, niced process;
+that process turns each sealed segment into day-partitioned Parquet (and snapshots the active
+segment's first lines). `AuditQuery` reads the Parquet files plus whatever they do not cover yet
+(sealed segments not indexed, the active segment past its snapshot) as one view, ``events``.
+DuckDB is imported only by the indexer and the readers, never at import time.
+
+The index (default ``<audit path>.index/``, `index_dir_of`)::
+
+    day=2026-11-22/000000000001-000000041234.parquet      sealed segment 1..41234's events stamped that day
+    segments/000000000001-000000041234.json               its marker, written last: the manifest's sha256, files
+    active/day=2026-11-23/000000041235-000000043210.parquet  a snapshot of the active segment's first lines
+    active.json                                           the snapshot's marker: its file, inode, bytes, seqs
+    .indexer.lock                                         held by the one indexer at work
+    .pending                                              a byte per `spawn_indexer` call: segments to look at
+    .tmp/                                                 staging and DuckDB's spill space while indexing
+
+A marker whose sha256 is not the segment's manifest's (the segment was replaced) makes the files
+stale: readers ignore them and the next indexer run re-indexes the segment and reports it. Every
+row holds the promoted columns (`COLUMNS`) and the line as written (``event``), byte for byte; a
+row's ``hash`` is computed from those bytes (`router.audit.chain`), never read from the line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+import structlog
+
+from router.audit.chain import head_of, line_hash
+from router.audit.layout import LogLayout, Part, lines, write_json_atomically
+from router.errors import AuditError
+from router.text import escape_invalid_text
+
+if TYPE_CHECKING:
+    import duckdb
+
+log = structlog.get_logger(__name__)
+
+__all__ = [
+    "COLUMNS",
+    "AuditQuery",
+    "EventFilter",
+    "IndexReport",
+    "event_with_hash",
+    "follow",
+    "index_dir_of",
+    "index_log",
+    "index_sealed",
+    "matches",
+    "promote",
+    "snapshot_active",
+    "spawn_indexer",
+]
+
+COLUMNS: dict[str, str] = {
+    "seq": "BIGINT",
+    "hash": "VARCHAR",
+    "timestamp": "TIMESTAMP",
+    "day": "DATE",
+    "kind": "VARCHAR",
+    "outcome": "VARCHAR",
+    "decision_id": "VARCHAR",
+    "call_id": "VARCHAR",
+    "session_id": "VARCHAR",
+    "agent": "VARCHAR",
+    "principal": "VARCHAR",
+    "tool": "VARCHAR",
+    "reason_codes": "VARCHAR[]",
+    "approver": "VARCHAR",
+    "approval_id": "VARCHAR",
+    "credential": "VARCHAR[]",
+    "lease": "VARCHAR[]",
+    "egress_host": "VARCHAR",
+    "taint": "VARCHAR[]",
+    "policy_revision": "VARCHAR",
+    "instance": "VARCHAR",
+    "event": "VARCHAR",
+}
+"""The columns of the ``events`` view and their DuckDB types (docs/audit-query.md says where each
+comes from). ``day`` is the UTC date of ``timestamp`` (1970-01-01 if it does not parse); ``event``
+is the line as written."""
+
+_FORMAT = 1  # of the markers and files: a marker of another format is re-indexed
+_MAX_LINE = 64 << 20  # longer lines are not readable events here: a segment holding one stays unindexed
+_ROW_GROUP = 8192  # rows: groups small enough that min/max and bloom filters skip most of a file
+_INDEX_MEMORY = "256MB"
+_QUERY_MEMORY = "128MB"
+_EPOCH_DAY = "1970-01-01"
+_MARKER = re.compile(r"(\d{12})-(\d{12})\.json")
+
+# One JSON parse per line: every path at once. Scalars come back as text; the lists as JSON.
+_SCALARS = (
+    "$.seq", "$.timestamp", "$.kind", "$.outcome", "$.decision_id", "$.call_id", "$.session_id", "$.agent",
+    "$.input.subject.principal", "$.result.principal", "$.tool", "$.input.tool.name", "$.result.code",
+    "$.result.approver", "$.input.approval.approver", "$.result.id", "$.input.approval.id", "$.result.name",
+    "$.result.lease_id", "$.result.host", "$.bundles.policies.revision", "$.labels.instance",
+)  # fmt: skip
+_LISTS = (
+    "$.result.reasons", "$.result.obligations.credentials", "$.result.injected", "$.result.credentials",
+    "$.input.session.taint",
+)  # fmt: skip
+
+
+def _paths(paths: Sequence[str]) -> str:
+    return "[" + ", ".join(f"'{p}'" for p in paths) + "]"
+
+
+_NOT_NULL = "lambda x: x IS NOT NULL"
+# Over a relation with one VARCHAR column ``line``: the promoted columns. Mirrored in Python by `promote`.
+_PROJECTION = f"""
+SELECT
+  TRY_CAST(s[1] AS BIGINT) AS seq,
+  sha256('\\x00'::BLOB || encode(line)) AS hash,
+  CAST(TRY_CAST(s[2] AS TIMESTAMPTZ) AS TIMESTAMP) AS timestamp,
+  coalesce(CAST(CAST(TRY_CAST(s[2] AS TIMESTAMPTZ) AS TIMESTAMP) AS DATE), DATE '{_EPOCH_DAY}') AS day,
+  s[3] AS kind, s[4] AS outcome, s[5] AS decision_id, s[6] AS call_id, s[7] AS session_id, s[8] AS agent,
+  coalesce(s[9], s[10]) AS principal,
+  coalesce(s[11], s[12]) AS tool,
+  list_filter(list_concat(coalesce(json_extract_string(l[1], '$[*].code'), []), [s[13]]), {_NOT_NULL})
+    AS reason_codes,
+  coalesce(s[14], s[15]) AS approver,
+  CASE WHEN s[3] = 'approval' THEN s[16] ELSE s[17] END AS approval_id,
+  list_filter(CASE s[3] WHEN 'credential' THEN [s[18]]
+                        WHEN 'decision' THEN coalesce(json_extract_string(l[2], '$[*].name'), [])
+                        WHEN 'egress' THEN coalesce(json_extract_string(l[3], '$[*]'), [])
+                        ELSE [] END, {_NOT_NULL}) AS credential,
+  list_filter(CASE s[3] WHEN 'credential' THEN [s[19]]
+                        WHEN 'execution' THEN coalesce(json_extract_string(l[4], '$[*]'), [])
+                        ELSE [] END, {_NOT_NULL}) AS lease,
+  CASE WHEN s[3] = 'egress' THEN s[20] END AS egress_host,
+  list_filter(coalesce(json_extract_string(l[5], '$[*]'), []), {_NOT_NULL}) AS taint,
+  s[21] AS policy_revision, s[22] AS instance,
+  line AS event
+FROM (
+  SELECT line, json_extract_string(line, {_paths(_SCALARS)}) AS s, json_extract(line, {_paths(_LISTS)}) AS l
+  FROM ({{source}}) WHERE json_valid(line)
+)
+"""  # noqa: S608  (constant SQL: no value of an event or a caller in it)
+_EMPTY = "SELECT " + ", ".join(f"CAST(NULL AS {kind}) AS {name}" for name, kind in COLUMNS.items()) + " WHERE false"
+
+
+def _csv_source(files: Sequence[Path]) -> str:
+    """Whole lines of JSONL files as one VARCHAR column: no delimiter or quote a line can hold
+    (canonical JSON escapes every control character), bad lines skipped (a torn last line)."""
+    listed = ", ".join(_literal(str(f)) for f in files)
+    return (
+        f"SELECT line FROM read_csv([{listed}], columns={{'line': 'VARCHAR'}}, delim=E'\\x01', quote='', "  # noqa: S608  (paths quoted by _literal)
+        f"escape='', header=false, auto_detect=false, new_line='\\n', max_line_size={_MAX_LINE}, "
+        "ignore_errors=true, parallel=true)"
+    )
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def index_dir_of(audit_path: Path) -> Path:
+    """Where the index of the log at ``audit_path`` lives: ``<audit path>.index/``."""
+    return audit_path.with_name(audit_path.name + ".index")
+
+
+# -- what a row holds, and which rows a filter selects ----------------------------------------
+
+
+def _text(value: Any) -> str | None:
+    """A JSON value as DuckDB's ``json_extract_string`` gives it."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _at(document: Any, *keys: str) -> Any:
+    for key in keys:
+        if not isinstance(document, dict):
+            return None
+        document = document.get(key)
+    return document
+
+
+def _texts(value: Any, key: str | None = None) -> list[str]:
+    if not isinstance(value, list):
+        return []
+    items = [_at(item, key) if key is not None else item for item in value]
+    return [text for text in map(_text, items) if text is not None]
+
+
+def _utc(text: str | None) -> datetime | None:
+    if text is None:
+        return None
+    try:
+        at = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if at.tzinfo is not None:
+        at = at.astimezone(UTC).replace(tzinfo=None)
+    return at
+
+
+def promote(line: bytes) -> dict[str, Any] | None:
+    """The promoted columns of one line, as the index holds them (None: not a JSON object). The
+    Python twin of the SQL projection, for readers without DuckDB (the Redis stream)."""
+    try:
+        document = json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(document, dict):
+        return None
+    kind = _text(document.get("kind"))
+    result, policy_input = document.get("result"), document.get("input")
+    seq = document.get("seq")
+    at = _utc(_text(document.get("timestamp")))
+    credential: list[str] = []
+    lease: list[str] = []
+    if kind == "credential":
+        credential = [t for t in (_text(_at(result, "name")),) if t is not None]
+        lease = [t for t in (_text(_at(result, "lease_id")),) if t is not None]
+    elif kind == "decision":
+        credential = _texts(_at(result, "obligations", "credentials"), "name")
+    elif kind == "egress":
+        credential = _texts(_at(result, "injected"))
+    if kind == "execution":
+        lease = _texts(_at(result, "credentials"))
+    code = _text(_at(result, "code"))
+    return {
+        "seq": seq if isinstance(seq, int) and not isinstance(seq, bool) else None,
+        "hash": line_hash(line.rstrip(b"\n")).hex(),
+        "timestamp": at,
+        "day": at.date() if at is not None else date.fromisoformat(_EPOCH_DAY),
+        "kind": kind,
+        "outcome": _text(document.get("outcome")),
+        "decision_id": _text(document.get("decision_id")),
+        "call_id": _text(document.get("call_id")),
+        "session_id": _text(document.get("session_id")),
+        "agent": _text(document.get("agent")),
+        "principal": _first(_at(policy_input, "subject", "principal"), _at(result, "principal")),
+        "tool": _first(document.get("tool"), _at(policy_input, "tool", "name")),
+        "reason_codes": _texts(_at(result, "reasons"), "code") + ([code] if code is not None else []),
+        "approver": _first(_at(result, "approver"), _at(policy_input, "approval", "approver")),
+        "approval_id": _text(_at(result, "id") if kind == "approval" else _at(policy_input, "approval", "id")),
+        "credential": credential,
+        "lease": lease,
+        "egress_host": _text(_at(result, "host")) if kind == "egress" else None,
+        "taint": _texts(_at(policy_input, "session", "taint")),
+        "policy_revision": _text(_at(document, "bundles", "policies", "revision")),
+        "instance": _text(_at(document, "labels", "instance")),
+        "event": line.rstrip(b"\n").decode(),
+    }
+
+
+def _first(*values: Any) -> str | None:
+    for value in values:
+        text = _text(value)
+        if text is not None:
+            return text
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class EventFilter:
+    """Which events a query selects: every field that is set must match (docs/audit-query.md).
+    Times are compared in UTC; ``after_seq`` is a cursor (events after it), ``to_seq`` inclusive."""
+
+    since: datetime | None = None
+    until: datetime | None = None
+    after_seq: int | None = None
+    to_seq: int | None = None
+    session_id: str | None = None
+    agent: str | None = None
+    tool: str | None = None
+    outcome: str | None = None
+    decision_id: str | None = None
+    kind: str | None = None
+    call_id: str | None = None
+    principal: str | None = None
+    approver: str | None = None
+    approval_id: str | None = None
+    egress_host: str | None = None
+    credential: str | None = None
+    """A credential's name the event names (minted, obligated, injected)."""
+    lease: str | None = None
+    reason: str | None = None
+    """A reason code (``provenance.untrusted_destination``) or error code."""
+    taint: str | None = None
+    args: tuple[tuple[str, str], ...] = ()
+    """``(key, value)``: the call's argument ``key`` (recorded in ``input.args``) is ``value``
+    (strings as they are; other JSON values as their compact JSON text)."""
+
+
+_EQUAL = ("session_id", "agent", "tool", "outcome", "decision_id", "kind", "call_id", "principal", "approver",
+          "approval_id", "egress_host")  # fmt: skip
+_CONTAINS = {"credential": "credential", "lease": "lease", "reason": "reason_codes", "taint": "taint"}
+
+
+def _naive_utc(at: datetime) -> datetime:
+    return at.astimezone(UTC).replace(tzinfo=None) if at.tzinfo is not None else at
+
+
+def _recorded(text: str) -> str:
+    """A filter's text as the log records text: what UTF-8 cannot hold (a lone surrogate) escaped
+    as the log escapes it, so it matches what was written and can be bound at all."""
+    value: str = escape_invalid_text(text, "", [])
+    return value
+
+
+def _arg_pointer(key: str) -> str:
+    """The JSON pointer (RFC 6901) of argument ``key``: any key, with no way to leave ``input.args``."""
+    return "/input/args/" + key.replace("~", "~0").replace("/", "~1")
+
+
+def where_sql(where: EventFilter) -> tuple[str, list[Any]]:
+    """``where`` as a SQL condition over ``events`` with its parameters (every value bound, never spliced)."""
+    terms: list[str] = []
+    params: list[Any] = []
+    if where.since is not None:
+        since = _naive_utc(where.since)
+        terms += ["day >= ?", "timestamp >= ?"]  # the day prunes whole partitions
+        params += [since.date(), since]
+    if where.until is not None:
+        until = _naive_utc(where.until)
+        terms += ["day <= ?", "timestamp <= ?"]
+        params += [until.date(), until]
+    if where.after_seq is not None:
+        terms.append("seq > ?")
+        params.append(where.after_seq)
+    if where.to_seq is not None:
+        terms.append("seq <= ?")
+        params.append(where.to_seq)
+    for name in _EQUAL:
+        value = getattr(where, name)
+        if value is not None:
+            terms.append(f"{name} = ?")
+            params.append(_recorded(value))
+    for name, column in _CONTAINS.items():
+        value = getattr(where, name)
+        if value is not None:
+            terms.append(f"list_contains({column}, ?)")
+            params.append(_recorded(value))
+    for key, value in where.args:
+        terms.append("json_extract_string(event, ?) = ?")
+        params += [_arg_pointer(_recorded(key)), _recorded(value)]
+    return (" AND ".join(terms) or "true"), params
+
+
+def matches(row: dict[str, Any], where: EventFilter) -> bool:
+    """Whether a row (`promote`) is selected by ``where``: `where_sql`, in Python."""
+    seq, at = row["seq"], row["timestamp"]
+    if where.since is not None and (at is None or at < _naive_utc(where.since)):
+        return False
+    if where.until is not None and (at is None or at > _naive_utc(where.until)):
+        return False
+    if where.after_seq is not None and (seq is None or seq <= where.after_seq):
+        return False
+    if where.to_seq is not None and (seq is None or seq > where.to_seq):
+        return False
+    for name in _EQUAL:
+        value = getattr(where, name)
+        if value is not None and row[name] != _recorded(value):
+            return False
+    for name, column in _CONTAINS.items():
+        value = getattr(where, name)
+        if value is not None and _recorded(value) not in row[column]:
+            return False
+    if where.args:
+        args = _at(json.loads(row["event"]), "input", "args")
+        for key, value in where.args:
+            if not isinstance(args, dict) or _text(args.get(_recorded(key))) != _recorded(value):
+                return False
+    return True
+
+
+def event_with_hash(line: str, digest: str) -> str:
+    """The event a line records, as JSON text with its ``hash`` (the line is not parsed)."""
+    return f'{line[:-1]},"hash":"{digest}"}}' if line.endswith("}") else line
+
+
+# -- the indexer ----------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class IndexReport:
+    """What one `index_sealed` run did."""
+
+    indexed: list[str] = field(default_factory=list)  # segments indexed now ("<first>-<last>")
+    replaced: list[str] = field(default_factory=list)  # ... of them, ones whose index was of other bytes
+    removed: list[str] = field(default_factory=list)  # segments gone from the log (retention): index dropped
+    problems: list[str] = field(default_factory=list)  # segments left unindexed, and why
+    unchanged: int = 0
+    events: int = 0  # rows written now
+    active_events: int = 0  # rows of the active snapshot, if one was taken
+    seconds: float = 0.0
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "indexed": self.indexed, "replaced": self.replaced, "removed": self.removed, "problems": self.problems,
+            "unchanged": self.unchanged, "events": self.events, "active_events": self.active_events,
+            "seconds": round(self.seconds, 3),
+        }  # fmt: skip
+
+
+def _connect(*, memory_limit: str, threads: int, temp: Path | None) -> duckdb.DuckDBPyConnection:
+    import duckdb  # noqa: PLC0415  (only the indexer and the readers load DuckDB)
+
+    config: dict[str, Any] = {
+        "threads": threads, "memory_limit": memory_limit,
+        "autoinstall_known_extensions": False, "autoload_known_extensions": False,
+    }  # fmt: skip
+    if temp is not None:
+        config["temp_directory"] = str(temp)
+    connection = duckdb.connect(":memory:", config=config)
+    connection.execute("SET TimeZone = 'UTC'")  # timestamps are UTC, read and shown
+    return connection
+
+
+def _name(first: int, last: int) -> str:
+    return f"{first:012d}-{last:012d}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Marker:
+    first_seq: int
+    last_seq: int
+    sha256: str
+    files: tuple[str, ...]  # relative to the index directory
+
+    @classmethod
+    def read(cls, path: Path) -> _Marker | None:
+        try:
+            raw = json.loads(path.read_bytes())
+            if raw.get("format") != _FORMAT:
+                return None
+            return cls(int(raw["first_seq"]), int(raw["last_seq"]), str(raw["sha256"]), tuple(map(str, raw["files"])))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+
+
+class _Lock:
+    """The indexer's flock on ``<index>/.indexer.lock``: one indexer at work per log."""
+
+    def __init__(self, index_dir: Path) -> None:
+        index_dir.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(index_dir / ".indexer.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+
+    def take(self, *, wait: bool) -> bool:
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            return False
+        return True
+
+    def close(self) -> None:
+        os.close(self._fd)  # releases the lock
+
+
+def index_sealed(
+    layout: LogLayout,
+    index_dir: Path | None = None,
+    *,
+    progress: Callable[[str], None] | None = None,
+    snapshot: bool = True,
+    wait: bool = True,
+) -> IndexReport:
+    """Index every sealed segment not indexed yet (or indexed from other bytes), drop the index of
+    segments no longer in the log, and (``snapshot``) snapshot the active segment. Idempotent; takes
+    the indexer lock (waiting for another indexer, or, without ``wait``, raising if one is at work).
+
+    Raises:
+        AuditError: another indexer holds the lock (only without ``wait``).
+    """
+    index_dir = index_dir or index_dir_of(layout.active)
+    lock = _Lock(index_dir)
+    try:
+        if not lock.take(wait=wait):
+            raise AuditError(f"another indexer is at work on {index_dir}; try again when it is done")
+        return _index_locked(layout, index_dir, progress or (lambda _: None), snapshot=snapshot)
+    finally:
+        lock.close()
+
+
+def _index_locked(
+    layout: LogLayout, index_dir: Path, progress: Callable[[str], None], *, snapshot: bool
+) -> IndexReport:
+    started = time.perf_counter()
+    report = IndexReport()
+    markers_dir = index_dir / "segments"
+    markers_dir.mkdir(parents=True, exist_ok=True)
+    temp = index_dir / ".tmp"
+    shutil.rmtree(temp, ignore_errors=True)  # left by an indexer that died: nothing in it is needed
+    temp.mkdir()
+    parts = layout.parts()
+    sealed = {_name(p.first_seq, p.last_seq): p for p in parts if p.kind == "sealed"}
+    markers = {m.group(0)[:-5]: markers_dir / m.group(0) for m in map(_MARKER.fullmatch, os.listdir(markers_dir)) if m}
+    for name in sorted(set(markers) - set(sealed)):
+        _drop(index_dir, markers[name])
+        report.removed.append(name)
+        progress(f"dropped the index of {name}: the segment is no longer in the log")
+    _drop_orphans(index_dir, {name for name in markers if name in sealed})
+    connection = _connect(memory_limit=_INDEX_MEMORY, threads=2, temp=temp / "spill")
+    try:
+        for name, part in sorted(sealed.items()):
+            try:
+                manifest = part.manifest()
+            except (OSError, ValueError) as exc:
+                report.problems.append(f"{name}: its manifest is unreadable ({type(exc).__name__}): not indexed")
+                continue
+            marker = _Marker.read(markers_dir / f"{name}.json")
+            if marker is not None and marker.sha256 == manifest.sha256 and _present(index_dir, marker):
+                report.unchanged += 1
+                continue
+            if marker is not None and marker.sha256 != manifest.sha256:
+                report.replaced.append(name)
+                log.warning("audit_index_segment_replaced", segment=name, indexed=marker.sha256, now=manifest.sha256)
+            if markers_dir.joinpath(f"{name}.json").exists():
+                _drop(index_dir, markers_dir / f"{name}.json")
+            problem = _index_segment(connection, part, manifest.sha256, index_dir, temp)
+            if problem:
+                report.problems.append(f"{name}: {problem}")
+                log.error("audit_index_segment_refused", segment=name, problem=problem)
+                continue
+            count = part.last_seq - part.first_seq + 1
+            report.indexed.append(name)
+            report.events += count
+            progress(f"indexed {name} ({count} events)")
+        if snapshot:
+            report.active_events = _snapshot(connection, layout, index_dir, temp)
+            if report.active_events:
+                progress(f"snapshotted the active segment ({report.active_events} events)")
+    finally:
+        connection.close()
+        shutil.rmtree(temp, ignore_errors=True)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _present(index_dir: Path, marker: _Marker | _Snapshot) -> bool:
+    return all(index_dir.joinpath(f).is_file() for f in marker.files)
+
+
+def _drop(index_dir: Path, marker_path: Path) -> None:
+    """Remove an index marker, then its files (readers trust only files a current marker names)."""
+    marker = _Marker.read(marker_path)
+    marker_path.unlink(missing_ok=True)
+    for name in marker.files if marker is not None else ():
+        index_dir.joinpath(name).unlink(missing_ok=True)
+
+
+def _drop_orphans(index_dir: Path, kept: set[str]) -> None:
+    """Files of segments with no marker: an indexer died before writing one, or the segment is gone."""
+    for day in index_dir.glob("day=*"):
+        for file in day.glob("*.parquet"):
+            if file.stem not in kept:
+                file.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            day.rmdir()  # only if empty
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+_COPY_OPTIONS = (
+    f"FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE {_ROW_GROUP}, PARTITION_BY (day), "
+    # Dictionaries (and so bloom filters) for every column whose distinct values fit: ids repeat
+    # within a row group, and a bloom filter lets a point query skip the groups without its id.
+    f"DICTIONARY_SIZE_LIMIT {_ROW_GROUP}, WRITE_PARTITION_COLUMNS true, OVERWRITE_OR_IGNORE"
+)
+
+
+def _write_days(
+    connection: duckdb.DuckDBPyConnection, query: str, stage: Path, expected: tuple[int, int, int]
+) -> tuple[dict[str, Path], str]:
+    """Write the rows of ``query`` (the projection) into ``stage/day=*/``; the file of each day, and
+    what is wrong ("" if nothing). ``expected``: the count, first and last seq the rows must hold."""
+    shutil.rmtree(stage, ignore_errors=True)
+    connection.execute(f"COPY (SELECT * FROM ({query}) ORDER BY seq) TO {_literal(str(stage))} ({_COPY_OPTIONS})")  # noqa: S608  (our projection and a quoted path)
+    files = sorted(stage.glob("day=*/*.parquet"))
+    if not files:
+        return {}, "no line is a readable event"
+    listed = ", ".join(_literal(str(f)) for f in files)
+    got = connection.execute(
+        f"SELECT count(*), count(DISTINCT seq), min(seq), max(seq) FROM read_parquet([{listed}])"  # noqa: S608  (quoted paths)
+    ).fetchone()
+    assert got is not None  # noqa: S101  (an aggregate always answers)
+    count, distinct, first, last = got
+    if (count, distinct, first, last) != (expected[0], expected[0], *expected[1:]):
+        return {}, (
+            f"{count} readable events (seq {first}..{last}) where the manifest says {expected[0]} "
+            f"(seq {expected[1]}..{expected[2]}): a line is corrupt, or longer than {_MAX_LINE} bytes; "
+            "run `stockade audit verify`. Queries read it line by line until it is indexed"
+        )
+    days: dict[str, Path] = {}
+    for file in files:
+        day = file.parent.name.removeprefix("day=")
+        if day in days:
+            return {}, f"DuckDB wrote more than one file for day {day}"
+        days[day] = file
+    return days, ""
+
+
+def _index_segment(connection: duckdb.DuckDBPyConnection, part: Part, sha256: str, index_dir: Path, temp: Path) -> str:
+    """Index one sealed segment; what is wrong with it ("" when indexed)."""
+    name = _name(part.first_seq, part.last_seq)
+    actual = _file_sha256(part.path)
+    if actual != sha256:
+        return (
+            f"its bytes (sha256 {actual[:16]}…) are not those its manifest records ({sha256[:16]}…): "
+            "run `stockade audit verify`. Not indexed; queries read it line by line"
+        )
+    expected = (part.last_seq - part.first_seq + 1, part.first_seq, part.last_seq)
+    query = _PROJECTION.replace("{source}", _csv_source([part.path]))
+    days, problem = _write_days(connection, query, temp / "stage", expected)
+    if problem:
+        return problem
+    placed: list[str] = []
+    for day, file in days.items():
+        target = index_dir / f"day={day}" / f"{name}.parquet"
+        target.parent.mkdir(exist_ok=True)
+        os.replace(file, target)
+        placed.append(str(target.relative_to(index_dir)))
+    # The marker last: readers use only files a marker names.
+    write_json_atomically(index_dir / "segments" / f"{name}.json", {
+        "format": _FORMAT, "first_seq": part.first_seq, "last_seq": part.last_seq, "sha256": sha256,
+        "files": sorted(placed), "indexed_at": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+    }, sync=False)  # fmt: skip
+    return ""
+
+
+# -- the active segment's snapshot ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    """What ``active.json`` records: the active segment's first ``offset`` bytes, seq
+    ``first_seq``..``last_seq``, are in ``files``, as long as the segment is still inode ``ino``
+    starting with the line whose seq and prev_hash are ``first_seq`` and ``first_prev``."""
+
+    ino: int
+    first_seq: int
+    first_prev: str
+    offset: int
+    last_seq: int
+    files: tuple[str, ...]
+
+    @classmethod
+    def read(cls, path: Path) -> _Snapshot | None:
+        try:
+            raw = json.loads(path.read_bytes())
+            if raw.get("format") != _FORMAT:
+                return None
+            return cls(int(raw["ino"]), int(raw["first_seq"]), str(raw["first_prev"]), int(raw["offset"]),
+                       int(raw["last_seq"]), tuple(map(str, raw["files"])))  # fmt: skip
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+
+    def covers(self, active: Path) -> bool:
+        """Whether this snapshot is of ``active`` as it is now (its first line, its inode, no shorter)."""
+        try:
+            stat = active.stat()
+        except OSError:
+            return False
+        if stat.st_ino != self.ino or stat.st_size < self.offset:
+            return False
+        return _first_head(active) == (self.first_seq, self.first_prev)
+
+
+def _first_head(path: Path) -> tuple[int, str] | None:
+    try:
+        with path.open("rb") as handle:
+            start = handle.read(120)
+    except OSError:
+        return None
+    return head_of(start)
+
+
+def _last_newline(handle: BinaryIO, end: int) -> int:
+    """The offset of the last newline before byte ``end`` of an open file (-1: none)."""
+    while end > 0:
+        start = max(0, end - (1 << 16))
+        handle.seek(start)
+        cut = handle.read(end - start).rfind(b"\n")
+        if cut != -1:
+            return start + cut
+        end = start
+    return -1
+
+
+def _complete_end(path: Path, size: int) -> tuple[int, int]:
+    """Where the last complete line within the first ``size`` bytes ends, and its seq (0, 0: none)."""
+    with path.open("rb") as handle:
+        newline = _last_newline(handle, size)
+        if newline < 0:
+            return 0, 0
+        handle.seek(_last_newline(handle, newline) + 1)
+        head = head_of(handle.read(128))  # a line's head: seq (≤ 19 digits) and prev_hash
+    return (newline + 1, head[0]) if head is not None else (0, 0)
+
+
+def snapshot_active(layout: LogLayout, index_dir: Path | None = None, *, min_new_bytes: int = 0) -> int:
+    """Snapshot the active segment's complete lines into the index (under the indexer lock) if it
+    grew by at least ``min_new_bytes`` since the last snapshot; the events snapshotted now (0: none)."""
+    index_dir = index_dir or index_dir_of(layout.active)
+    lock = _Lock(index_dir)
+    try:
+        lock.take(wait=True)
+        temp = index_dir / ".tmp"
+        temp.mkdir(exist_ok=True)
+        connection = _connect(memory_limit=_INDEX_MEMORY, threads=2, temp=temp / "spill")
+        try:
+            return _snapshot(connection, layout, index_dir, temp, min_new_bytes=min_new_bytes)
+        finally:
+            connection.close()
+    finally:
+        lock.close()
+
+
+def _snapshot(
+    connection: duckdb.DuckDBPyConnection, layout: LogLayout, index_dir: Path, temp: Path, *, min_new_bytes: int = 0
+) -> int:
+    marker_path = index_dir / "active.json"
+    previous = _Snapshot.read(marker_path)
+    active = layout.active
+    try:
+        stat = active.stat()
+    except FileNotFoundError:
+        stat = None
+    head = _first_head(active) if stat is not None else None
+    if stat is None or head is None:
+        _drop_snapshot(index_dir, marker_path)
+        return 0
+    if previous is not None and previous.covers(active) and stat.st_size - previous.offset < max(min_new_bytes, 1):
+        return 0
+    end, last_seq = _complete_end(active, stat.st_size)
+    if end == 0 or last_seq < head[0]:
+        _drop_snapshot(index_dir, marker_path)
+        return 0
+    # Lines past ``end`` (appended meanwhile) are left to the readers: only seqs up to last_seq.
+    query = f"SELECT * FROM ({_PROJECTION.replace('{source}', _csv_source([active]))}) WHERE seq <= {int(last_seq)}"  # noqa: S608  (constant SQL, a quoted path and an int)
+    days, problem = _write_days(connection, query, temp / "stage", (last_seq - head[0] + 1, head[0], last_seq))
+    if problem:
+        log.warning("audit_index_snapshot_skipped", problem=problem)
+        _drop_snapshot(index_dir, marker_path)
+        return 0
+    name = _name(head[0], last_seq)
+    placed = []
+    for day, file in days.items():
+        target = index_dir / "active" / f"day={day}" / f"{name}.parquet"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(file, target)
+        placed.append(str(target.relative_to(index_dir)))
+    old = _Snapshot.read(marker_path)
+    write_json_atomically(marker_path, {
+        "format": _FORMAT, "ino": stat.st_ino, "first_seq": head[0], "first_prev": head[1], "offset": end,
+        "last_seq": last_seq, "files": sorted(placed),
+    }, sync=False)  # fmt: skip
+    for stale in old.files if old is not None else ():
+        if stale not in placed:
+            index_dir.joinpath(stale).unlink(missing_ok=True)  # a reader holding the old marker retries
+    return last_seq - head[0] + 1
+
+
+def _drop_snapshot(index_dir: Path, marker_path: Path) -> None:
+    old = _Snapshot.read(marker_path)
+    marker_path.unlink(missing_ok=True)
+    for stale in old.files if old is not None else ():
+        index_dir.joinpath(stale).unlink(missing_ok=True)
+
+
+# -- running it in the background -------------------------------------------------------------
+
+
+def index_log(
+    audit_path: Path, index_dir: Path | None = None, *, progress: Callable[[str], None] | None = None
+) -> IndexReport:
+    """`index_sealed` for the log at ``audit_path``, going on while `spawn_indexer` was called
+    during the run (segments sealed meanwhile). Returns the last run's report, with the earlier
+    runs' work added."""
+    layout = LogLayout(audit_path)
+    index_dir = index_dir or index_dir_of(audit_path)
+    index_dir.mkdir(parents=True, exist_ok=True)
+    pending = index_dir / ".pending"
+    total = IndexReport()
+    while True:
+        seen = _size(pending)
+        report = index_sealed(layout, index_dir, progress=progress)
+        total.indexed += report.indexed
+        total.replaced += report.replaced
+        total.removed += report.removed
+        total.problems = report.problems
+        total.unchanged = report.unchanged
+        total.events += report.events
+        total.active_events = report.active_events
+        total.seconds += report.seconds
+        if _size(pending) == seen:
+            return total
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def follow(
+    audit_path: Path,
+    index_dir: Path | None = None,
+    *,
+    interval_s: float = 5.0,
+    snapshot_bytes: int = 1 << 20,
+    stop: threading.Event | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> None:
+    """Keep the index current until ``stop`` is set: index sealed segments as they appear, and
+    re-snapshot the active segment each time it grew by ``snapshot_bytes``."""
+    stop = stop or threading.Event()
+    layout = LogLayout(audit_path)
+    index_dir = index_dir or index_dir_of(audit_path)
+    known: set[str] = set()
+    while not stop.is_set():
+        sealed = {p.path.name for p in layout.parts() if p.kind == "sealed"}
+        if sealed != known:
+            index_sealed(layout, index_dir, progress=progress, snapshot=False)
+            known = sealed
+        count = snapshot_active(layout, index_dir, min_new_bytes=snapshot_bytes)
+        if count and progress is not None:
+            progress(f"snapshotted the active segment ({count} events)")
+        stop.wait(interval_s)
+
+
+def spawn_indexer(audit_path: Path) -> None:
+    """Start ``python -m router.audit.index <audit_path>`` in its own session, niced, unless an
+    indexer holds the lock (that one is told to look again); returns at once. For the writer, after
+    it seals a segment: no DuckDB in the caller's process, nothing waited for."""
+    index_dir = index_dir_of(audit_path)
+    try:
+        index_dir.mkdir(parents=True, exist_ok=True)
+        # Told first: an indexer finishing now sees it and runs once more (see index_log).
+        fd = os.open(index_dir / ".pending", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        try:
+            os.write(fd, b".")
+        finally:
+            os.close(fd)
+        lock = _Lock(index_dir)
+        try:
+            if not lock.take(wait=False):
+                return
+        finally:
+            lock.close()
+        root = str(Path(__file__).resolve().parents[2])  # where `router` is importable from
+        with (index_dir / "indexer.log").open("ab") as stderr:
+            child = subprocess.Popen(
+                [sys.executable, "-m", "router.audit.index", "--background", str(audit_path)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr, cwd=index_dir,
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": root},
+                start_new_session=True, close_fds=True,
+            )  # fmt: skip
+    except OSError as exc:
+        log.error("audit_indexer_not_started", path=str(audit_path), error=str(exc))
+        return
+    # Reaped when it exits, so no zombie is left behind in a long-lived router.
+    threading.Thread(target=child.wait, name="audit-indexer-reaper", daemon=True).start()
+
+
+# -- reading ----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Fed:
+    """Lines of one part of the log that `AuditQuery` holds in its ``fed`` table: a sealed segment
+    not indexed (all of it), or the active segment (inode ``ino``, first seq ``first_seq``) from
+    byte ``start`` to ``end``."""
+
+    ino: int
+    first_seq: int
+    start: int
+    end: int
+
+
+_READ_ONLY = "only one SELECT (or WITH … SELECT) statement, over the view `events`"
+_BATCH = 500  # rows per fetch
+_SPAN = 4096  # events read per query once their seqs are known: a row group or two
+_FEED_CHUNK = 4 << 20  # bytes of active lines per insert
+
+
+class AuditQuery:
+    """SQL over one log's index and what it does not cover yet, as the view ``events`` (`COLUMNS`).
+
+    One in-memory DuckDB database per instance, few threads and a memory cap. Every query first
+    brings the view up to date (`refresh`): the Parquet files of indexed segments and of the active
+    segment's snapshot are read where they are; the rest (a sealed segment not indexed yet, active
+    lines past the snapshot) is parsed once into the table ``fed``, and a long-lived instance (the
+    API) adds only new lines each time. No query can read files outside the log and its index,
+    write any, or change a setting."""
+
+    def __init__(
+        self,
+        audit_path: Path,
+        index_dir: Path | None = None,
+        *,
+        threads: int = 2,
+        memory_limit: str = _QUERY_MEMORY,
+        writable: Sequence[Path] = (),
+    ) -> None:
+        """``writable``: files `copy_parquet` may write (no query can write any other)."""
+        self.layout = LogLayout(audit_path)
+        self.index_dir = index_dir or index_dir_of(audit_path)
+        self.unindexed: list[str] = []
+        """Sealed segments read line by line at the last refresh (not indexed, or indexed from other bytes)."""
+        self._spill = Path(tempfile.mkdtemp(prefix="stockade-audit-"))
+        self._db = _connect(memory_limit=memory_limit, threads=threads, temp=self._spill)
+        self._db.execute(f"CREATE TABLE fed AS SELECT '' AS part, * FROM ({_EMPTY})")  # noqa: S608  (constant SQL)
+        self._lock = threading.Lock()
+        self._view_sql = ""
+        self._fed: dict[str, _Fed] = {}
+        readable = [str(self.layout.segments_dir) + "/", str(self.index_dir) + "/", str(self._spill) + "/"]
+        self._db.execute("SET allowed_directories = ?", [readable])
+        self._db.execute("SET allowed_paths = ?", [[str(self.layout.active), *map(str, writable)]])
+        self._db.execute("SET enable_external_access = false")
+        # Footers read once per file, not per query (an index file is never rewritten under its name).
+        self._db.execute("SET parquet_metadata_cache = true")
+        self._db.execute("SET lock_configuration = true")
+        self.refresh()
+
+    def close(self) -> None:
+        self._db.close()
+        shutil.rmtree(self._spill, ignore_errors=True)
+
+    def __enter__(self) -> AuditQuery:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    # -- the view --
+
+    def refresh(self) -> None:
+        """Point ``events`` at what the log and its index hold now."""
+        with self._lock:
+            view = self._view()
+            if view != self._view_sql:
+                self._db.execute("CREATE OR REPLACE VIEW events AS " + view)
+                self._view_sql = view
+
+    def _view(self) -> str:
+        indexed: list[str] = []
+        unindexed: list[Part] = []
+        for part in self.layout.parts():
+            if part.kind != "sealed":
+                continue
+            marker = _Marker.read(self.index_dir / "segments" / f"{_name(part.first_seq, part.last_seq)}.json")
+            if marker is not None and marker.sha256 == _manifest_sha256(part) and _present(self.index_dir, marker):
+                indexed += [str(self.index_dir / f) for f in marker.files]
+            else:
+                unindexed.append(part)
+        snapshot = _Snapshot.read(self.index_dir / "active.json")
+        if snapshot is not None and snapshot.covers(self.layout.active) and _present(self.index_dir, snapshot):
+            indexed += [str(self.index_dir / f) for f in snapshot.files]
+        else:
+            snapshot = None
+        self._feed_sealed(unindexed)
+        self._feed_active(snapshot)
+        self.unindexed = [_name(p.first_seq, p.last_seq) for p in unindexed]
+        view = f"SELECT {_columns()} FROM fed"  # noqa: S608  (constant SQL)
+        if indexed:
+            listed = ", ".join(_literal(f) for f in indexed)
+            view = f"SELECT {_columns()} FROM read_parquet([{listed}]) UNION ALL {view}"  # noqa: S608  (quoted paths)
+        return view
+
+    def _feed_sealed(self, unindexed: list[Part]) -> None:
+        """``fed`` holds exactly the sealed segments that are not indexed."""
+        wanted = {_name(p.first_seq, p.last_seq): p for p in unindexed}
+        for name in [n for n in self._fed if n != "active" and n not in wanted]:
+            self._db.execute("DELETE FROM fed WHERE part = ?", [name])
+            del self._fed[name]
+        for name, part in wanted.items():
+            if name not in self._fed:
+                projected = _PROJECTION.replace("{source}", _csv_source([part.path]))
+                self._db.execute(f"INSERT INTO fed SELECT ? AS part, {_columns()} FROM ({projected})", [name])  # noqa: S608  (quoted path)
+                self._fed[name] = _Fed(0, part.first_seq, 0, 0)
+
+    def _feed_active(self, snapshot: _Snapshot | None) -> None:
+        """``fed`` holds the active segment's complete lines past the snapshot (if any)."""
+        active = self.layout.active
+        head = _first_head(active)
+        try:
+            ino = active.stat().st_ino
+        except FileNotFoundError:
+            head = None
+        fed = self._fed.get("active")
+        start, after = (snapshot.offset, snapshot.last_seq) if snapshot is not None else (0, 0)
+        if fed is not None and (head is None or (fed.ino, fed.first_seq) != (ino, head[0]) or fed.start > start):
+            self._db.execute("DELETE FROM fed WHERE part = 'active'")
+            fed = None
+            del self._fed["active"]
+        if head is None:
+            return
+        if fed is None:
+            fed = self._fed["active"] = _Fed(ino, head[0], start, start)
+        elif after:
+            # Lines the snapshot has taken over since they were fed.
+            self._db.execute("DELETE FROM fed WHERE part = 'active' AND seq <= ?", [after])
+            fed.start = start
+        batch: list[str] = []
+        size = 0
+        for offset, line in lines(active, max(fed.end, start)):
+            fed.end = offset + len(line) + 1
+            batch.append(line.decode(errors="replace"))  # UTF-8 as written; anything else fails json_valid
+            size += len(line)
+            if size >= _FEED_CHUNK:
+                self._insert(batch)
+                batch, size = [], 0
+        self._insert(batch)
+
+    def _insert(self, batch: list[str]) -> None:
+        if batch:
+            projected = _PROJECTION.replace("{source}", "SELECT unnest(?::VARCHAR[]) AS line")
+            self._db.execute(f"INSERT INTO fed SELECT 'active' AS part, {_columns()} FROM ({projected})", [batch])  # noqa: S608  (constant SQL)
+
+    # -- queries --
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """A connection of its own to this database (after `refresh`), for one query at a time."""
+        self.refresh()
+        return self._db.cursor()
+
+    def events(
+        self, where: EventFilter, *, limit: int | None = None, columns: Sequence[str] = ("seq", "hash", "event")
+    ) -> Iterator[tuple[Any, ...]]:
+        """The selected events' ``columns``, lowest seq first, fetched as they are read: their seqs
+        first (a small sort), then the events a batch at a time, each batch read from the few row
+        groups its seq range touches (so no query ever sorts the events themselves)."""
+        unknown = [c for c in columns if c not in COLUMNS]
+        if unknown:
+            raise ValueError(f"no column {unknown[0]!r} in events")
+        condition, params = where_sql(where)
+        select_seqs = f"SELECT seq FROM events WHERE seq IS NOT NULL AND {condition} ORDER BY seq"  # noqa: S608  (bound values)
+        if limit is not None:
+            select_seqs += f" LIMIT {int(limit)}"
+        select_rows = f"SELECT {', '.join(columns)} FROM events WHERE seq BETWEEN ? AND ? AND {condition} ORDER BY seq"  # noqa: S608  (known columns, bound values)
+        seqs, rows = self.cursor(), self._db.cursor()
+        try:
+            for batch in _batches(seqs, select_seqs, params, _SPAN):
+                yield from _stream(rows, select_rows, [batch[0][0], batch[-1][0], *params])
+        finally:
+            seqs.close()
+            rows.close()
+
+    def copy_parquet(self, where: EventFilter, target: Path) -> None:
+        """Write the selected events, every column, to the Parquet file ``target`` (one of the
+        ``writable`` files), in the order the index holds them: by seq, segment by segment (a
+        sort of whole events would not fit the memory cap)."""
+        condition, params = where_sql(where)
+        select = f"SELECT {_columns()} FROM events WHERE seq IS NOT NULL AND {condition}"  # noqa: S608  (bound values)
+        options = f"FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE {_ROW_GROUP}"
+        cursor = self.cursor()
+        try:
+            cursor.execute(f"COPY ({select}) TO {_literal(str(target))} ({options})", params)
+        except Exception as exc:  # DuckDB's errors, whatever their class
+            raise AuditError(f"cannot write {target}: {_message(exc)}") from exc
+        finally:
+            cursor.close()
+
+    def sql(self, statement: str, params: Sequence[Any] = ()) -> tuple[list[str], Iterator[tuple[Any, ...]]]:
+        """Run one read-only query; its column names and its rows, fetched as they are read.
+
+        Raises:
+            AuditError: not a single SELECT, or DuckDB refused it (the message says why).
+        """
+        import duckdb  # noqa: PLC0415
+
+        cursor = self.cursor()
+        try:
+            statements = cursor.extract_statements(statement)
+            if len(statements) != 1 or statements[0].type != duckdb.StatementType.SELECT:
+                found = ", ".join(s.type.name for s in statements) or "nothing"
+                raise AuditError(f"audit sql runs {_READ_ONLY}; this is {found}")
+            cursor.execute(statement, list(params))
+        except duckdb.Error as exc:
+            cursor.close()
+            raise AuditError(_message(exc)) from exc
+        except AuditError:
+            cursor.close()
+            raise
+        names = [d[0] for d in cursor.description or []]
+        return names, _drain(cursor)
+
+
+def _message(exc: Exception) -> str:
+    """DuckDB's message without its advice on raising limits (a reader cannot)."""
+    return str(exc).split("\n\nPossible solutions", 1)[0].split("\n\nLINE", 1)[0]
+
+
+def _batches(
+    cursor: duckdb.DuckDBPyConnection, sql: str, params: list[Any], size: int
+) -> Iterator[list[tuple[Any, ...]]]:
+    import duckdb  # noqa: PLC0415
+
+    try:
+        cursor.execute(sql, params)
+        while batch := cursor.fetchmany(size):
+            yield batch
+    except duckdb.Error as exc:
+        raise AuditError(_message(exc)) from exc
+
+
+def _stream(cursor: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> Iterator[tuple[Any, ...]]:
+    import duckdb  # noqa: PLC0415
+
+    try:
+        cursor.execute(sql, params)
+        while rows := cursor.fetchmany(_BATCH):
+            yield from rows
+    except duckdb.Error as exc:
+        raise AuditError(_message(exc)) from exc
+
+
+def _drain(cursor: duckdb.DuckDBPyConnection) -> Iterator[tuple[Any, ...]]:
+    import duckdb  # noqa: PLC0415
+
+    try:
+        while rows := cursor.fetchmany(_BATCH):
+            yield from rows
+    except duckdb.Error as exc:
+        raise AuditError(_message(exc)) from exc
+    finally:
+        cursor.close()
+
+
+def _columns() -> str:
+    return ", ".join(COLUMNS)
+
+
+def _manifest_sha256(part: Part) -> str | None:
+    try:
+        return part.manifest().sha256
+    except (OSError, ValueError):
+        return None
+
+
+# -- python -m router.audit.index -------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m router.audit.index [--background] <audit path>``: what `spawn_indexer` starts."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    background = "--background" in args
+    args = [a for a in args if a != "--background"]
+    if len(args) != 1:
+        sys.stderr.write("usage: python -m router.audit.index [--background] <audit log path>\n")
+        return 2
+    audit_path = Path(args[0])
+    if background:
+        os.nice(10)  # behind the router for CPU; the lock keeps it to one
+        lock = _Lock(index_dir_of(audit_path))
+        try:
+            if not lock.take(wait=False):
+                return 0  # another indexer is at work, and will look again (.pending)
+        finally:
+            lock.close()
+    from router.logging import configure_logging  # noqa: PLC0415
+
+    configure_logging("json", "info")
+    try:
+        report = index_log(audit_path)
+    except (AuditError, OSError) as exc:
+        log.error("audit_index_failed", path=str(audit_path), error=str(exc))
+        return 1
+    log.info("audit_indexed", path=str(audit_path), **report.as_json())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

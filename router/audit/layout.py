@@ -1,0 +1,196 @@
+"""Where a JSONL audit log keeps its parts, and how they are read.
+
+For a log at ``audit.jsonl`` (`AuditSettings.path`)::
+
+    audit.jsonl                      the active segment: events are appended here
+    audit.jsonl.lock                 appends, rotations and checkpoints take this flock
+    audit.jsonl.checkpoints          signed checkpoints (tree heads), one JSON per line
+    audit.jsonl.state                the writer's cached tree state (a cache: never trusted)
+    audit.jsonl.segments/
+        000000000001-000000041234.jsonl           a sealed segment: seq 1..41234, never written again
+        000000000001-000000041234.manifest.json   its range, sha256, end state and signed checkpoint
+        000000041235-000000090000.tombstone.json  a segment retention deleted, signed
+
+Seq and the Merkle tree continue across segments: a segment's first event links to the previous
+segment's last. Nothing here trusts what it reads; `router.audit.verify` checks it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from router.audit.checkpoint import Checkpoint, Tombstone
+
+_SEGMENT = re.compile(r"(\d{12})-(\d{12})\.(jsonl|manifest\.json|tombstone\.json)")
+_READ_CHUNK = 8 << 20
+
+
+class Manifest(BaseModel):
+    """What sealing a segment recorded about it. Its checkpoint is signed; the rest is checked
+    against the segment's bytes and that checkpoint by `router.audit.verify`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    first_seq: int
+    last_seq: int
+    bytes: int
+    sha256: str
+    first_prev_hash: str
+    last_hash: str
+    tree: dict[str, Any]
+    """`CompactRange.to_json()` at size ``last_seq``: where the next segment's tree resumes."""
+    checkpoint: Checkpoint
+    """Signed at size ``last_seq`` when the segment was sealed."""
+    first_time: str
+    last_time: str
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One stretch of the log in seq order: a segment file (sealed or active) or a tombstone."""
+
+    kind: Literal["sealed", "active", "tombstone"]
+    path: Path
+    first_seq: int  # 0 for the active segment until it is read
+    last_seq: int  # 0 for the active segment
+
+    def manifest(self) -> Manifest:
+        return Manifest.model_validate_json(self.path.with_name(self.path.name[:26] + "manifest.json").read_bytes())
+
+    def tombstone(self) -> Tombstone:
+        return Tombstone.model_validate_json(self.path.read_bytes())
+
+
+@dataclass(frozen=True, slots=True)
+class LogLayout:
+    """The paths of one JSONL audit log (see the module docstring)."""
+
+    active: Path
+
+    @property
+    def lock(self) -> Path:
+        return self._beside(".lock")
+
+    @property
+    def checkpoints(self) -> Path:
+        return self._beside(".checkpoints")
+
+    @property
+    def state(self) -> Path:
+        return self._beside(".state")
+
+    @property
+    def segments_dir(self) -> Path:
+        return self._beside(".segments")
+
+    def _beside(self, suffix: str) -> Path:
+        return self.active.with_name(self.active.name + suffix)
+
+    def segment_path(self, first_seq: int, last_seq: int, suffix: str = "jsonl") -> Path:
+        return self.segments_dir / f"{first_seq:012d}-{last_seq:012d}.{suffix}"
+
+    def parts(self) -> list[Part]:
+        """Sealed segments and tombstones in seq order, then the active segment (if it exists)."""
+        found: list[Part] = []
+        try:
+            names = os.listdir(self.segments_dir)
+        except FileNotFoundError:
+            names = []
+        for name in names:
+            match = _SEGMENT.fullmatch(name)
+            if match is None or match.group(3) == "manifest.json":
+                continue
+            kind: Literal["sealed", "tombstone"] = "sealed" if match.group(3) == "jsonl" else "tombstone"
+            found.append(Part(kind, self.segments_dir / name, int(match.group(1)), int(match.group(2))))
+        found.sort(key=lambda part: (part.first_seq, part.kind))
+        if self.active.exists():
+            found.append(Part("active", self.active, 0, 0))
+        return found
+
+    def read_checkpoints(self, path: Path | None = None) -> list[Checkpoint]:
+        """The checkpoints in a checkpoints file (one JSON per line), or in a directory of
+        ``<size>.json`` files (a publish directory); unreadable entries are skipped here and
+        reported by verification, which counts them."""
+        source = path or self.checkpoints
+        return [checkpoint for checkpoint in read_checkpoint_source(source) if checkpoint is not None]
+
+
+def read_checkpoint_source(source: Path) -> Iterator[Checkpoint | None]:
+    """Checkpoints from a JSON-lines file or a directory of JSON files; None for an unreadable one."""
+    if source.is_dir():
+        for name in sorted(os.listdir(source)):
+            if name.endswith(".json"):
+                yield _checkpoint(source.joinpath(name).read_bytes())
+        return
+    try:
+        raw = source.read_bytes()
+    except FileNotFoundError:
+        return
+    for line in raw.splitlines():
+        if line.strip():
+            yield _checkpoint(line)
+
+
+def _checkpoint(raw: bytes) -> Checkpoint | None:
+    try:
+        return Checkpoint.model_validate_json(raw)
+    except ValueError:
+        return None
+
+
+def lines(path: Path, start: int = 0) -> Iterator[tuple[int, bytes]]:
+    """The complete lines of a segment from byte ``start`` on, each with its byte offset, without
+    newlines. A last line without its newline (never acknowledged) is not yielded."""
+    try:
+        handle = path.open("rb")
+    except FileNotFoundError:
+        return
+    with handle:
+        handle.seek(start)
+        offset, rest = start, b""
+        while True:
+            chunk = handle.read(_READ_CHUNK)
+            if not chunk:
+                return
+            block = rest + chunk
+            cut = block.rfind(b"\n")
+            if cut == -1:
+                rest = block
+                continue
+            rest = block[cut + 1 :]
+            for line in block[:cut].split(b"\n"):
+                yield offset, line
+                offset += len(line) + 1
+
+
+def write_json_atomically(path: Path, value: Any, *, sync: bool = True, mode: int = 0o640) -> None:
+    """``path`` holds ``value`` as JSON, whole or not at all (a temporary file renamed over it)."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    data = json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    try:
+        os.write(fd, data)
+        if sync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(temporary, path)
+    if sync:
+        sync_directory(path.parent)
+
+
+def sync_directory(path: Path) -> None:
+    """Make a rename or a new file in ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,374 @@
+"""Verifying an audit log against its signed checkpoints, and proving that an event is in it.
+
+`verify_log` reads every line once and hashes its bytes (never re-serialising), checks that each
+event links to the one before, rebuilds the RFC 6962 Merkle tree, and compares its root with every
+signed checkpoint it knows: the log's own checkpoints file, the operator's publish directory and
+any checkpoint the auditor brings. So it finds what the chain alone cannot: a cut-off tail, a
+rewrite re-chained from the edit on, renumbering, a replaced or missing segment, a checkpoint
+removed from the file. It names the first seq that does not check out (for a rewrite that re-chained
+every later event, the first seq after the last checkpoint that still matches: the chain gives no
+finer answer, which is why checkpoints come every second).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import multiprocessing
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from router.audit.base import VerifyReport
+from router.audit.chain import GENESIS_HASH, head_of, line_hash
+from router.audit.checkpoint import Checkpoint, Tombstone, VerifyKey
+from router.audit.layout import LogLayout, Part, lines, read_checkpoint_source
+from router.audit.merkle import CompactRange, inclusion_proof
+from router.errors import AuditError
+
+
+@dataclass(slots=True)
+class _Checkpoints:
+    """The signed checkpoints a verification checks the log against, by size."""
+
+    roots: dict[int, str] = field(default_factory=dict)
+    count: int = 0
+    problems: list[str] = field(default_factory=list)
+    unchecked: bool = False
+
+    def add(self, checkpoint: Checkpoint, where: str, keys: Sequence[VerifyKey]) -> None:
+        self.count += 1
+        if keys and not any(checkpoint.verify(key) for key in keys):
+            self.problems.append(f"the checkpoint at size {checkpoint.size} in {where} is not signed by a trusted key")
+            return
+        if not keys:
+            self.unchecked = True
+        known = self.roots.setdefault(checkpoint.size, checkpoint.root)
+        if known != checkpoint.root:
+            self.problems.append(
+                f"two signed checkpoints at size {checkpoint.size} disagree ({where}): the log was forked or rewritten"
+            )
+
+    @property
+    def largest(self) -> int:
+        return max(self.roots, default=0)
+
+
+def gather_checkpoints(
+    sources: Iterable[tuple[str, Iterable[Checkpoint | None]]], keys: Sequence[VerifyKey], *, chained: str = ""
+) -> _Checkpoints:
+    """Every checkpoint from ``sources`` (name, checkpoints), signature-checked. In the source named
+    ``chained`` (the log's own file) each checkpoint must also name the one before it (``prev``):
+    one removed from the middle, or the file replaced, shows."""
+    found = _Checkpoints()
+    for name, checkpoints in sources:
+        previous: Checkpoint | None = None
+        for checkpoint in checkpoints:
+            if checkpoint is None:
+                found.problems.append(f"{name} holds an unreadable checkpoint")
+                continue
+            if name == chained and previous is not None and checkpoint.prev != previous.digest():
+                found.problems.append(
+                    f"{name}: the checkpoint at size {checkpoint.size} does not follow the one at size "
+                    f"{previous.size}: checkpoints were removed, reordered or replaced"
+                )
+            previous = checkpoint
+            found.add(checkpoint, name, keys)
+    return found
+
+
+class Walk:
+    """The chain and the tree, rebuilt one line at a time, and the first thing that is wrong."""
+
+    def __init__(self, checkpoints: _Checkpoints) -> None:
+        self.expected = 1
+        self.prev = GENESIS_HASH
+        self.tree = CompactRange()
+        self.roots = checkpoints.roots
+        self.matched = 0  # the largest checkpoint size whose root the data matched
+        self.retired = 0
+        self.report: VerifyReport | None = None
+
+    def fail(self, seq: int, problem: str, line: int | None = None) -> None:
+        if self.report is None:
+            events = self.expected - 1
+            self.report = VerifyReport(False, events, events, self.prev, seq, line, problem)
+
+    def start_at(self, seq: int, prev: str, tree: CompactRange) -> None:
+        self.expected, self.prev, self.tree = seq, prev, tree
+
+    def tombstone(self, tombstone: Tombstone, keys: Sequence[VerifyKey]) -> None:
+        if keys and not any(tombstone.verify(key) for key in keys):
+            self.fail(tombstone.first_seq, f"the tombstone for seq {tombstone.first_seq}..{tombstone.last_seq} "
+                                           "is not signed by a trusted key")  # fmt: skip
+            return
+        if tombstone.first_seq != self.expected:
+            self.fail(self.expected, f"events {self.expected}..{tombstone.first_seq - 1} are missing before a "
+                                     "retired segment")  # fmt: skip
+            return
+        self.retired += tombstone.last_seq - tombstone.first_seq + 1
+        self.start_at(tombstone.last_seq + 1, tombstone.last_hash, CompactRange.from_json(tombstone.tree))
+        if self.roots.get(tombstone.last_seq, tombstone.checkpoint.root) != tombstone.checkpoint.root:
+            self.fail(tombstone.last_seq, "a retired segment's tombstone disagrees with the signed checkpoints")
+
+    def feed(self, numbered: Iterable[tuple[int, bytes]], where: str) -> None:
+        """Check lines (line number, bytes) of one part; stops at the first problem."""
+        roots, tree = self.roots, self.tree
+        expected, prev = self.expected, self.prev
+        try:
+            for number, line in numbered:
+                head = head_of(line)
+                if head is None or head[0] != expected or head[1] != prev:
+                    self.expected, self.prev = expected, prev
+                    self._broken(line, number, where)
+                    return
+                leaf = line_hash(line)
+                tree.append(leaf)
+                prev, expected = leaf.hex(), expected + 1
+                if tree.size in roots:
+                    if tree.root().hex() != roots[tree.size]:
+                        self.expected, self.prev = expected, prev
+                        self.fail(self.matched + 1, (
+                            f"{where}: the log's Merkle root at size {tree.size} differs from its signed checkpoint: "
+                            f"events after seq {self.matched} up to {tree.size} were rewritten, re-chained, "
+                            "inserted, removed or renumbered"), number)  # fmt: skip
+                        return
+                    self.matched = tree.size
+        finally:
+            if self.report is None:
+                self.expected, self.prev = expected, prev
+
+    def _broken(self, line: bytes, number: int, where: str) -> None:
+        head = head_of(line)
+        if head is None:
+            self.fail(self.expected, f"{where} line {number} is not a chained event (truncated, overwritten or "
+                                     "not written by stockade)", number)  # fmt: skip
+        elif head[0] != self.expected:
+            kind = "missing (deleted) or reordered" if head[0] > self.expected else "inserted, duplicated or reordered"
+            self.fail(self.expected, f"{where} line {number}: expected seq {self.expected}, found {head[0]}: events "
+                                     f"were {kind}", number)  # fmt: skip
+        else:
+            blame = max(self.expected - 1, 1)
+            self.fail(blame, f"{where} line {number}: event seq {blame} was modified or replaced: seq {head[0]} "
+                             "records a different hash for it", number)  # fmt: skip
+
+    def finish(self, checkpoints: _Checkpoints) -> VerifyReport:
+        if self.report is not None:
+            return self.report
+        events = self.expected - 1
+        if checkpoints.largest > events:
+            self.fail(events + 1, f"the log ends at seq {events}, but a checkpoint signed {checkpoints.largest} "
+                                  f"events: events {events + 1}..{checkpoints.largest} were cut off")  # fmt: skip
+            return self.report  # type: ignore[return-value]  # set by fail
+        if checkpoints.problems:
+            self.fail(self.matched + 1, "; ".join(checkpoints.problems[:3]))
+            return self.report  # type: ignore[return-value]
+        notes = []
+        if events > checkpoints.largest:
+            notes.append(f"{events - checkpoints.largest} events after the last checkpoint are not signed yet")
+        if checkpoints.unchecked and checkpoints.count:
+            notes.append("no public key given: checkpoint signatures were not checked")
+        if not checkpoints.count:
+            notes.append("no checkpoints: only the chain was checked (a cut-off tail cannot be seen)")
+        return VerifyReport(True, events, events, self.prev, signed=checkpoints.largest, checkpoints=checkpoints.count,
+                            retired=self.retired, notes=tuple(notes))  # fmt: skip
+
+
+def verify_log(
+    layout: LogLayout,
+    *,
+    keys: Sequence[VerifyKey] = (),
+    publish_dir: Path | None = None,
+    trusted: Sequence[Checkpoint] = (),
+    from_seq: int | None = None,
+    workers: int = 1,
+) -> VerifyReport:
+    """Check a JSONL log (every segment, tombstone and checkpoint) against ``keys``. ``trusted``:
+    checkpoints the auditor kept (they must match too). ``from_seq``: check only the segments from
+    the one holding that seq on (an incremental check: the tree resumes from the previous sealed
+    segment's manifest, whose root its signed checkpoint vouches for). ``workers`` > 1: the older
+    half of the segments is checked in another process meanwhile, the newer half resuming from the
+    signed manifest between them (which the older half's check vouches for)."""
+    sources: list[tuple[str, Iterable[Checkpoint | None]]] = [
+        (layout.checkpoints.name, read_checkpoint_source(layout.checkpoints))
+    ]
+    if publish_dir is not None:
+        sources.append((str(publish_dir), read_checkpoint_source(publish_dir)))
+    sources.append(("the auditor's checkpoint", trusted))
+    checkpoints = gather_checkpoints(sources, keys, chained=layout.checkpoints.name)
+    parts = layout.parts()
+    split = _split_point(parts) if workers > 1 and from_seq is None else 0
+    if not split:
+        return _verify_parts(parts, checkpoints, keys, from_seq, last=True)
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        older = pool.submit(_verify_older, layout.active, parts[:split], [k.public_pem() for k in keys],
+                            checkpoints.roots)  # fmt: skip
+        newer = _verify_parts(parts, checkpoints, keys, parts[split].first_seq, last=True)
+        first = older.result()
+    if not first.ok:
+        return first
+    if not newer.ok:
+        return newer
+    return dataclasses.replace(newer, retired=newer.retired + first.retired)
+
+
+def _split_point(parts: list[Part]) -> int:
+    """Where to split the parts into two halves of about equal bytes (0: not worth it)."""
+    sizes = [part.path.stat().st_size if part.kind != "tombstone" else 0 for part in parts]
+    total, running = sum(sizes), 0
+    if total < 32 << 20:
+        return 0
+    for index, size in enumerate(sizes):
+        running += size
+        if running >= total / 2:
+            # The newer half must start after a sealed segment (its manifest is where it resumes).
+            return index + 1 if index + 1 < len(parts) and parts[index].kind == "sealed" else 0
+    return 0
+
+
+def _verify_older(active: Path, parts: list[Part], pems: list[bytes], roots: dict[int, str]) -> VerifyReport:
+    """The older half, in a worker process: its segments against the same checkpoints."""
+    del active
+    keys = [VerifyKey.from_pem(pem) for pem in pems]
+    return _verify_parts(parts, _Checkpoints(roots=dict(roots), count=len(roots)), keys, None, last=False)
+
+
+def _verify_parts(
+    parts: list[Part], checkpoints: _Checkpoints, keys: Sequence[VerifyKey], from_seq: int | None, *, last: bool
+) -> VerifyReport:
+    walk = Walk(checkpoints)
+    if from_seq is not None:
+        parts = _from(parts, from_seq, walk, keys)
+    for part in parts:
+        if walk.report is not None:
+            break
+        if part.kind == "tombstone":
+            try:
+                walk.tombstone(part.tombstone(), keys)
+            except (OSError, ValueError) as exc:
+                walk.fail(part.first_seq, f"{part.path.name} is unreadable: {exc}")
+            continue
+        first = walk.expected
+        walk.feed(_numbered(lines(part.path)), part.path.name)
+        if part.kind == "sealed" and walk.report is None:
+            _check_sealed(part, first, walk, checkpoints, keys)
+    if not last and walk.report is None:
+        events = walk.expected - 1
+        return VerifyReport(True, events, events, walk.prev, retired=walk.retired)
+    return walk.finish(checkpoints)
+
+
+def _from(parts: list[Part], seq: int, walk: Walk, keys: Sequence[VerifyKey]) -> list[Part]:
+    """The parts from the one holding ``seq`` on, with the walk resumed where the one before ends."""
+    for index, part in enumerate(parts):
+        if part.kind == "active" or part.last_seq >= seq:
+            if index == 0:
+                return parts
+            before = parts[index - 1]
+            try:
+                end = before.manifest() if before.kind == "sealed" else before.tombstone()
+            except (OSError, ValueError) as exc:
+                walk.fail(before.first_seq, f"{before.path.name}: its manifest is unreadable: {exc}")
+                return []
+            tree = CompactRange.from_json(end.tree)
+            if tree.root().hex() != end.checkpoint.root or (keys and not any(end.checkpoint.verify(k) for k in keys)):
+                walk.fail(before.last_seq, f"{before.path.name}: no signed checkpoint vouches for its end state")
+                return []
+            walk.roots.setdefault(end.last_seq, end.checkpoint.root)
+            walk.matched = end.last_seq
+            walk.start_at(end.last_seq + 1, end.last_hash, tree)
+            return parts[index:]
+    return []
+
+
+def _check_sealed(part: Part, first: int, walk: Walk, checkpoints: _Checkpoints, keys: Sequence[VerifyKey]) -> None:
+    """A sealed segment holds exactly the range its name says, and its manifest agrees with it."""
+    name = part.path.name
+    if (first, walk.expected - 1) != (part.first_seq, part.last_seq):
+        walk.fail(first, f"{name} holds seq {first}..{walk.expected - 1}, not the range its name says")
+        return
+    try:
+        manifest = part.manifest()
+    except (OSError, ValueError) as exc:
+        walk.fail(part.first_seq, f"{name}: its manifest is missing or unreadable: {exc}")
+        return
+    if keys and not any(manifest.checkpoint.verify(key) for key in keys):
+        walk.fail(part.first_seq, f"{name}: its manifest's checkpoint is not signed by a trusted key")
+    elif manifest.checkpoint.size != part.last_seq or walk.tree.root().hex() != manifest.checkpoint.root:
+        walk.fail(part.first_seq, f"{name}: its events do not hash to the root its manifest's signed checkpoint "
+                                  "records: the segment was replaced or rewritten")  # fmt: skip
+    elif manifest.last_hash != walk.prev:
+        walk.fail(part.last_seq, f"{name}: its manifest records another last event")
+    else:
+        checkpoints.roots.setdefault(part.last_seq, manifest.checkpoint.root)
+        walk.matched = max(walk.matched, part.last_seq)
+
+
+def _numbered(source: Iterator[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
+    for number, (_, line) in enumerate(source, start=1):
+        yield number, line
+
+
+def verify_lines(
+    numbered: Iterable[tuple[int, bytes]], checkpoints: Iterable[Checkpoint | None], keys: Sequence[VerifyKey],
+    where: str, *, trusted: Sequence[Checkpoint] = (),
+) -> VerifyReport:  # fmt: skip
+    """Check one stream of lines (the Redis backend's) against its checkpoints and ``trusted``."""
+    found = gather_checkpoints([(where + " checkpoints", checkpoints), ("the auditor's checkpoint", trusted)], keys,
+                               chained=where + " checkpoints")  # fmt: skip
+    walk = Walk(found)
+    walk.feed(numbered, where)
+    return walk.finish(found)
+
+
+def inclusion_proofs(layout: LogLayout, seqs: Sequence[int]) -> tuple[Checkpoint, dict[int, list[str]]]:
+    """An RFC 9162 inclusion proof for each of ``seqs`` against the log's latest checkpoint, which
+    anyone holding the public key can check (`router.audit.merkle.verify_inclusion`, index = seq - 1).
+
+    Raises:
+        AuditError: no checkpoint covers a seq, or a seq lies in a segment retention deleted.
+    """
+    checkpoints = layout.read_checkpoints()
+    if not checkpoints:
+        raise AuditError(f"{layout.checkpoints} holds no checkpoint yet: nothing to prove against")
+    checkpoint = max(checkpoints, key=lambda c: c.size)
+    leaves = _leaves(layout, checkpoint.size)
+    if _root(leaves) != checkpoint.root:
+        raise AuditError("the log does not match its latest checkpoint; run `stockade audit verify`")
+    proofs: dict[int, list[str]] = {}
+    for seq in seqs:
+        if not 1 <= seq <= checkpoint.size:
+            raise AuditError(f"seq {seq} is not covered by the latest checkpoint (size {checkpoint.size})")
+        proofs[seq] = [node.hex() for node in inclusion_proof(leaves, seq - 1, checkpoint.size)]
+    return checkpoint, proofs
+
+
+def _leaves(layout: LogLayout, size: int) -> list[bytes]:
+    leaves: list[bytes] = []
+    for part in layout.parts():
+        if part.kind == "tombstone":
+            raise AuditError(
+                f"events {part.first_seq}..{part.last_seq} were retired (deleted by retention): proofs are made "
+                "against checkpoints from before retention, kept with the export that carried them"
+            )
+        for _, line in lines(part.path):
+            if len(leaves) >= size:
+                return leaves
+            leaves.append(line_hash(line))
+    if len(leaves) < size:
+        raise AuditError(f"the log holds {len(leaves)} events, fewer than its checkpoint's {size}")
+    return leaves
+
+
+def _root(leaves: list[bytes]) -> str:
+    tree = CompactRange()
+    for leaf in leaves:
+        tree.append(leaf)
+    return tree.root().hex()
+
+
+def proof_document(checkpoint: Checkpoint, seq: int, line: bytes, proof: list[str]) -> dict[str, object]:
+    """What `stockade audit prove` prints: enough for anyone with the public key to check."""
+    return {"seq": seq, "index": seq - 1, "leaf_hash": line_hash(line).hex(), "line": line.decode(errors="replace"),
+            "proof": proof, "checkpoint": json.loads(checkpoint.signed_text())}  # fmt: skip

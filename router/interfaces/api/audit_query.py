@@ -1,0 +1,231 @@
+"""The auditor's read routes: ``GET /v1/audit/events`` (filters, a seq cursor, JSON pages or a
+stream of JSON lines) and ``GET /v1/audit/decisions/{decision_id}`` (one call's whole trail).
+
+On the JSONL log the events come from the index (`router.audit.index.AuditQuery`, DuckDB), run in
+worker threads, never on the event loop, at most `CONCURRENT_QUERIES` at a time; with the Redis
+backend (``STOCKADE_AUDIT__BACKEND=redis``) from the stream, scanned in chunks and filtered with
+the same rules (`router.audit.index.matches`). Events are sent as written, with their ``hash``:
+the lines are not parsed to be answered.
+"""
+
+# No `from __future__ import annotations`: FastAPI reads the routes' annotations, which name
+# types made inside `add_query_routes`.
+import asyncio
+import json
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING, Annotated, Any
+
+import anyio
+import redis.asyncio
+import redis.exceptions
+import structlog
+from fastapi import Depends, FastAPI, Query, Request, Response
+from fastapi import Path as PathParam
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import iterate_in_threadpool
+
+from router.audit import AuditEvent
+from router.audit.index import AuditQuery, EventFilter, event_with_hash, matches, promote
+from router.audit.redis import STREAM
+from router.control import ControlPlane
+from router.errors import AuditError
+from router.interfaces.api.openapi import problems
+from router.settings import ApiPrincipal
+
+if TYPE_CHECKING:
+    from router.interfaces.api.app import Gate
+
+log = structlog.get_logger("stockade.api")
+
+NDJSON = "application/x-ndjson"
+CONCURRENT_QUERIES = 2  # DuckDB uses two threads each: more would crowd out the router on a small host
+MAX_PAGE = 100_000
+_REDIS_CHUNK = 1000  # stream entries per XRANGE
+_CHUNK_LINES = 500  # events per chunk of a streamed answer
+
+
+class AuditEventPage(BaseModel):
+    """A page of events, lowest seq first. ``next_after_seq``: pass it as ``after_seq`` for the
+    next page; null when this page holds the last matching event."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    events: list[AuditEvent]
+    next_after_seq: int | None = Field(description="the cursor for the next page; null: no more events")
+
+
+# One --arg of the CLI: the argument's name, "=", the value it must have.
+_Arg = Annotated[str, Field(pattern=r"^[^=]+=[\s\S]*$", max_length=4096)]
+
+_EVENTS_ANSWER: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": f"a page of events as JSON, or, if the request accepts {NDJSON}, the same events as JSON "
+        "lines (one event per line), streamed",
+        "content": {NDJSON: {"schema": {"type": "string", "description": "one AuditEvent (JSON) per line"}}},
+    }
+}
+
+
+class _Reader:
+    """Where the routes read events: one `AuditQuery` over the JSONL log and its index, made on
+    first use, or the Redis stream; either way at most `CONCURRENT_QUERIES` reads at once."""
+
+    def __init__(self, plane: ControlPlane) -> None:
+        settings = plane.settings
+        self._path = settings.audit.path
+        self._redis_url = settings.store.url if settings.audit.backend == "redis" else None
+        self._timeout_s = settings.store.timeout_s
+        self._query: AuditQuery | None = None
+        self._redis: redis.asyncio.Redis | None = None
+        self._made = threading.Lock()
+        self.slots = asyncio.Semaphore(CONCURRENT_QUERIES)
+
+    @property
+    def on_redis(self) -> bool:
+        return self._redis_url is not None
+
+    def query(self) -> AuditQuery:
+        """The engine (in a worker thread: opening it loads DuckDB and reads the index)."""
+        with self._made:
+            if self._query is None:
+                try:
+                    self._query = AuditQuery(self._path)
+                except OSError as exc:
+                    raise AuditError(f"cannot read the audit log at {self._path}: {exc}") from exc
+            return self._query
+
+    def client(self) -> redis.asyncio.Redis:
+        if self._redis is None:
+            assert self._redis_url is not None  # noqa: S101  (only on the Redis backend)
+            self._redis = redis.asyncio.Redis.from_url(
+                self._redis_url, socket_timeout=self._timeout_s, socket_connect_timeout=self._timeout_s
+            )
+        return self._redis
+
+    def lines(self, where: EventFilter, limit: int | None) -> Iterator[tuple[int, str]]:
+        """Seq and JSON text (with its hash) of each selected event, from the index (blocking)."""
+        for seq, digest, line in self.query().events(where, limit=limit):
+            yield seq, event_with_hash(line, digest)
+
+    async def redis_lines(self, where: EventFilter, limit: int | None) -> AsyncIterator[tuple[int, str]]:
+        """The same from the Redis stream: every entry read in chunks, filtered in a worker thread."""
+        start, found = "-", 0
+        while limit is None or found < limit:
+            try:
+                entries = await self.client().xrange(STREAM, min=start, max="+", count=_REDIS_CHUNK)
+            except (redis.exceptions.RedisError, OSError) as exc:
+                raise AuditError(f"cannot read the audit stream: {exc}; check that Redis is up") from exc
+            if not entries:
+                return
+            for seq, text in await anyio.to_thread.run_sync(_select, entries, where):
+                yield seq, text
+                found += 1
+                if limit is not None and found >= limit:
+                    return
+            last = entries[-1][0]
+            start = "(" + (last.decode() if isinstance(last, bytes) else str(last))
+
+
+def _select(entries: list[Any], where: EventFilter) -> list[tuple[int, str]]:
+    selected = []
+    for _, fields in entries:
+        line = fields.get(b"event", fields.get("event")) if isinstance(fields, dict) else None
+        if isinstance(line, str):
+            line = line.encode()
+        row = promote(line) if isinstance(line, bytes) else None
+        if row is not None and row["seq"] is not None and matches(row, where):
+            selected.append((row["seq"], event_with_hash(row["event"], row["hash"])))
+    return selected
+
+
+def _filter(
+    session_id: str | None, agent: str | None, tool: str | None, outcome: str | None, kind: str | None,
+    decision_id: str | None, call_id: str | None, principal: str | None, approver: str | None,
+    credential: str | None, lease: str | None, egress_host: str | None, reason: str | None, taint: str | None,
+    since: Any, until: Any, after_seq: int | None, arg: list[str] | None,
+) -> EventFilter:  # fmt: skip
+    pairs = tuple((key, value) for key, _, value in (a.partition("=") for a in arg or ()))
+    return EventFilter(
+        since=since, until=until, after_seq=after_seq, session_id=session_id, agent=agent, tool=tool, outcome=outcome,
+        kind=kind, decision_id=decision_id, call_id=call_id, principal=principal, approver=approver,
+        credential=credential, lease=lease, egress_host=egress_host, reason=reason, taint=taint, args=pairs,
+    )  # fmt: skip
+
+
+def add_query_routes(app: FastAPI, plane: ControlPlane, gate: "Gate") -> None:
+    """Add the audit read routes (role auditor or admin) to ``app``."""
+    from router.interfaces.api.app import Instant  # noqa: PLC0415  (app.py calls this while it is loaded)
+
+    Auditor = Annotated[ApiPrincipal, Depends(gate.require("auditor", "admin"))]
+    reader = _Reader(plane)
+    Text = Annotated[str | None, Query(max_length=4096)]
+
+    async def page(where: EventFilter, limit: int | None) -> list[tuple[int, str]]:
+        """Up to ``limit`` selected events (seq, JSON text)."""
+        async with reader.slots:
+            if reader.on_redis:
+                return [found async for found in reader.redis_lines(where, limit)]
+            return await anyio.to_thread.run_sync(lambda: list(reader.lines(where, limit)))
+
+    @app.get("/v1/audit/events", tags=["audit"], response_model=AuditEventPage,
+             responses={**_EVENTS_ANSWER, **problems(503)})  # fmt: skip
+    async def list_audit_events(
+        request: Request,
+        _: Auditor,
+        session_id: Text = None, agent: Text = None, tool: Text = None, outcome: Text = None, kind: Text = None,
+        decision_id: Text = None, call_id: Text = None, principal: Text = None, approver: Text = None,
+        credential: Text = None, lease: Text = None, egress_host: Text = None,
+        reason: Annotated[str | None, Query(max_length=4096, description="a reason or error code")] = None,
+        taint: Annotated[str | None, Query(max_length=4096, description="a session taint label")] = None,
+        since: Instant | None = None, until: Instant | None = None,
+        after_seq: Annotated[int | None, Query(ge=0, description="only events after this seq (the cursor)")] = None,
+        arg: Annotated[list[_Arg] | None, Query(description="KEY=VALUE: the call's argument KEY is VALUE")] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 1000,
+    ) -> Response:  # fmt: skip
+        """Events matching every given filter, lowest seq first: a page with the cursor for the
+        next one, or (``Accept: application/x-ndjson``) the page as a stream of JSON lines."""
+        where = _filter(session_id, agent, tool, outcome, kind, decision_id, call_id, principal, approver, credential,
+                        lease, egress_host, reason, taint, since, until, after_seq, arg)  # fmt: skip
+        if NDJSON in request.headers.get("accept", ""):
+            return StreamingResponse(stream(where, limit), media_type=NDJSON)
+        found = await page(where, limit + 1)  # one more: is there a next page?
+        more = len(found) > limit
+        found = found[:limit]
+        cursor = found[-1][0] if more else None
+        body = '{"events":[' + ",".join(text for _, text in found) + '],"next_after_seq":' + json.dumps(cursor) + "}"
+        return Response(body.encode(), media_type="application/json")
+
+    async def stream(where: EventFilter, limit: int) -> AsyncIterator[bytes]:
+        await reader.slots.acquire()
+        try:
+            if reader.on_redis:
+                async for _, text in reader.redis_lines(where, limit):
+                    yield (text + "\n").encode()
+                return
+            async for chunk in iterate_in_threadpool(_chunks(reader.lines(where, limit))):
+                yield chunk
+        except AuditError as exc:  # the status is sent: the stream just ends, and the log says why
+            log.error("audit_stream_failed", error=str(exc))
+        finally:
+            reader.slots.release()
+
+    @app.get("/v1/audit/decisions/{decision_id}", tags=["audit"], response_model=list[AuditEvent],
+             responses=problems(503))  # fmt: skip
+    async def get_decision_trail(decision_id: Annotated[str, PathParam(max_length=4096)], _: Auditor) -> Response:
+        """Everything joined to one decision: request, approval, credentials, egress, execution."""
+        found = await page(EventFilter(decision_id=decision_id), None)
+        return Response(("[" + ",".join(text for _, text in found) + "]").encode(), media_type="application/json")
+
+
+def _chunks(found: Iterator[tuple[int, str]]) -> Iterator[bytes]:
+    """JSON lines, `_CHUNK_LINES` per chunk (a worker thread per chunk, not per line)."""
+    batch: list[str] = []
+    for _, text in found:
+        batch.append(text)
+        if len(batch) >= _CHUNK_LINES:
+            yield ("\n".join(batch) + "\n").encode()
+            batch.clear()
+    if batch:
+        yield ("\n".join(batch) + "\n").encode()
