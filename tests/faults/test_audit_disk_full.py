@@ -19,8 +19,9 @@ from tests.faults.conftest import fill, small_tmpfs
 
 
 def _event(i: int) -> AuditEvent:
+    # More than a page: every append needs new space on the full disk.
     return AuditEvent(kind="decision", decision_id=f"d-{i}", timestamp=timestamp(), outcome="allow",
-                      result={"padding": "x" * 5000})  # fmt: skip  (more than a page: every append needs space)
+                      result={"padding": "x" * 5000})  # fmt: skip
 
 
 async def test_a_full_disk_leaves_the_log_exactly_as_it_was_and_appends_resume(tmp_path: Path) -> None:
