@@ -128,6 +128,7 @@ def as_written(event: AuditEvent, masks: Sequence[Rule] = ()) -> tuple[AuditEven
             event = AuditEvent.model_validate(escape_invalid_text(event.model_dump(), "", paths))
             document = event.model_dump(mode="json")
             document["escaped"] = sorted(set(paths))
+        original = document
         if masks:
             document, masked = mask(document, masks)
             if masked:
@@ -139,7 +140,7 @@ def as_written(event: AuditEvent, masks: Sequence[Rule] = ()) -> tuple[AuditEven
             written = escape_invalid_text(written, "", escaped_paths)
             written["escaped"] = sorted(set(escaped_paths) | set(written.get("escaped") or ()))
             unsealed = Unsealed(written)
-        if written is not document:  # redacted or escaped: the event says what was written
+        if written is not original:  # masked, redacted or escaped: the event says what was written
             event = AuditEvent.model_validate(written)
         return event, unsealed
     except AuditError:

@@ -197,6 +197,12 @@ class JsonlAuditLog:
             self._seq, self._head = int(state["seq"]), str(state["head"])
             self._tree = CompactRange.from_json(state["tree"])
             self._pending_notes.append(missing)
+        self._read_checkpoints()
+        if self._checkpoint is not None and self._checkpoint.size > self._seq:
+            # A signed checkpoint covers events no file holds: the chain goes on, the gap on record
+            # (verify reports it against that checkpoint for as long as the log exists).
+            why = "a signed checkpoint covers events the log's files no longer hold"
+            self._pending_notes.append(_missing(self.path, self._seq + 1, self._checkpoint.size, why))
 
     def _finish_interrupted_seal(self) -> None:
         """A seal writes the manifest, then renames the segment: finish one a crash cut short."""
@@ -297,7 +303,7 @@ class JsonlAuditLog:
                     self._write_locked(as_written(note)[1], note.timestamp)
                 chain = self._write_locked(unsealed, event.timestamp)
                 if self.options.signer is not None and self._seq - self._signed() >= self.options.checkpoint_every:
-                    self._checkpoint_locked()
+                    self._checkpoint_or_log()  # the event is written: a checkpoint's failure is not its own
         except OSError as exc:
             self._loaded = False  # re-read everything next time
             self.failed = f"cannot append to audit log {self.path}: {exc.strerror or exc}"
@@ -432,13 +438,21 @@ class JsonlAuditLog:
         if self._active is not None:
             os.fsync(self._active.fd)  # a checkpoint never covers bytes that are not durable
         name = self.options.log_name
-        prev = self._checkpoint if self._checkpoint is not None and self._checkpoint.log == name else None
+        prev = self._checkpoint
+        if prev is not None and (prev.log != name or prev.size > self._seq):
+            prev = None  # another log's, or one the files no longer reach (recorded at load): a new chain
         checkpoint = sign_checkpoint(signer, log=name, size=self._seq, root=self._tree.root(), prev=prev)
         text = checkpoint.signed_text() + b"\n"
-        fd = os.open(self.layout.checkpoints, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        fd = os.open(self.layout.checkpoints, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
         try:
-            os.write(fd, text)
-            os.fsync(fd)
+            before = os.fstat(fd).st_size
+            try:
+                if os.write(fd, text) != len(text):
+                    raise OSError(errno.ENOSPC, "short write of a checkpoint")
+                os.fsync(fd)
+            except OSError:
+                os.ftruncate(fd, before)  # no torn checkpoint line: the file stays as it was
+                raise
         finally:
             os.close(fd)
         self._checkpoints_size = os.stat(self.layout.checkpoints).st_size
@@ -447,6 +461,12 @@ class JsonlAuditLog:
             publish_file(self.options.publish_dir, checkpoint)
         self._write_state()
         return checkpoint
+
+    def _checkpoint_or_log(self) -> None:
+        try:
+            self._checkpoint_locked()
+        except (OSError, ValueError, AuditError) as exc:  # the next interval tries again
+            log.error("audit_checkpoint_failed", path=str(self.path), error=str(exc))
 
     def checkpoint_sync(self) -> Checkpoint | None:
         """Sign a checkpoint now if anything was appended since the last (None: no signing key)."""
@@ -460,7 +480,7 @@ class JsonlAuditLog:
         self._timer = None
         try:
             self.checkpoint_sync()
-        except (OSError, AuditError) as exc:  # the next append or timer tries again
+        except (OSError, ValueError, AuditError) as exc:  # the next append or timer tries again
             log.error("audit_checkpoint_failed", path=str(self.path), error=str(exc))
 
     def _schedule_checkpoint(self) -> None:
@@ -627,7 +647,7 @@ class JsonlAuditLog:
         if self.options.signer is not None and self._active is not None:
             try:
                 self.checkpoint_sync()  # the tail is signed at shutdown, not left unprovable
-            except (OSError, AuditError) as exc:
+            except (OSError, ValueError, AuditError) as exc:
                 log.error("audit_checkpoint_failed", path=str(self.path), error=str(exc))
         if self._active is not None:
             os.close(self._active.fd)

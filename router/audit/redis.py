@@ -394,7 +394,8 @@ def _claim_spool(directory: Path, instance: str) -> tuple[int, Path]:
     directory.mkdir(parents=True, exist_ok=True)
     for n in range(1024):
         path = directory / (f"{name}.jsonl" if n == 0 else f"{name}.{n}.jsonl")
-        fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        # ``.claim``, not ``.lock``: the spool's own log takes ``<spool>.lock`` for its appends.
+        fd = os.open(path.with_name(path.name + ".claim"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -88,6 +88,7 @@ class Walk:
         self.roots = checkpoints.roots
         self.matched = 0  # the largest checkpoint size whose root the data matched
         self.retired = 0
+        self.mismatch: tuple[int, int, str] | None = None  # a root that did not match: (size, line, where)
         self.report: VerifyReport | None = None
 
     def fail(self, seq: int, problem: str, line: int | None = None) -> None:
@@ -123,21 +124,32 @@ class Walk:
                     self.expected, self.prev = expected, prev
                     self._broken(line, number, where)
                     return
+                if self.mismatch is not None:  # the line after a root that did not match links to it
+                    self.expected, self.prev = expected, prev
+                    self._rewritten()
+                    return
                 leaf = line_hash(line)
                 tree.append(leaf)
                 prev, expected = leaf.hex(), expected + 1
                 if tree.size in roots:
                     if tree.root().hex() != roots[tree.size]:
-                        self.expected, self.prev = expected, prev
-                        self.fail(self.matched + 1, (
-                            f"{where}: the log's Merkle root at size {tree.size} differs from its signed checkpoint: "
-                            f"events after seq {self.matched} up to {tree.size} were rewritten, re-chained, "
-                            "inserted, removed or renumbered"), number)  # fmt: skip
-                        return
+                        # Which event? If the next line does not link to this one, this one was edited
+                        # in place; if it does, everything was re-chained and only the stretch is known.
+                        self.mismatch = (tree.size, number, where)
+                        continue
                     self.matched = tree.size
         finally:
             if self.report is None:
                 self.expected, self.prev = expected, prev
+
+    def _rewritten(self) -> None:
+        assert self.mismatch is not None  # noqa: S101  (the callers check)
+        size, number, where = self.mismatch
+        problem = (
+            f"{where}: the log's Merkle root at size {size} differs from its signed checkpoint: events after "
+            f"seq {self.matched} up to {size} were rewritten, re-chained, inserted, removed or renumbered"
+        )
+        self.fail(self.matched + 1, problem, number)
 
     def _broken(self, line: bytes, number: int, where: str) -> None:
         head = head_of(line)
@@ -148,12 +160,21 @@ class Walk:
             kind = "missing (deleted) or reordered" if head[0] > self.expected else "inserted, duplicated or reordered"
             self.fail(self.expected, f"{where} line {number}: expected seq {self.expected}, found {head[0]}: events "
                                      f"were {kind}", number)  # fmt: skip
+        elif self.matched >= self.expected - 1 and self.mismatch is None:
+            # The event before is vouched for by a signed root: this line's link was rewritten.
+            problem = (
+                f"{where} line {number}: event seq {self.expected} was modified: it does not link to the "
+                "event before it, which a signed checkpoint vouches for"
+            )
+            self.fail(self.expected, problem, number)
         else:
             blame = max(self.expected - 1, 1)
             self.fail(blame, f"{where} line {number}: event seq {blame} was modified or replaced: seq {head[0]} "
                              "records a different hash for it", number)  # fmt: skip
 
     def finish(self, checkpoints: _Checkpoints) -> VerifyReport:
+        if self.mismatch is not None and self.report is None:
+            self._rewritten()
         if self.report is not None:
             return self.report
         events = self.expected - 1
@@ -251,8 +272,10 @@ def _verify_parts(
             continue
         first = walk.expected
         walk.feed(_numbered(lines(part.path)), part.path.name)
-        if part.kind == "sealed" and walk.report is None:
+        if part.kind == "sealed" and walk.report is None and walk.mismatch is None:
             _check_sealed(part, first, walk, checkpoints, keys)
+    if not last and walk.mismatch is not None and walk.report is None:
+        walk._rewritten()
     if not last and walk.report is None:
         events = walk.expected - 1
         return VerifyReport(True, events, events, walk.prev, retired=walk.retired)
@@ -286,7 +309,9 @@ def _check_sealed(part: Part, first: int, walk: Walk, checkpoints: _Checkpoints,
     """A sealed segment holds exactly the range its name says, and its manifest agrees with it."""
     name = part.path.name
     if (first, walk.expected - 1) != (part.first_seq, part.last_seq):
-        walk.fail(first, f"{name} holds seq {first}..{walk.expected - 1}, not the range its name says")
+        blame = walk.expected if walk.expected - 1 < part.last_seq else part.last_seq + 1
+        walk.fail(blame, f"{name} holds seq {first}..{walk.expected - 1}, not {part.first_seq}..{part.last_seq} as "
+                         "its name says: events are missing or were added")  # fmt: skip
         return
     try:
         manifest = part.manifest()

@@ -1,23 +1,46 @@
-"""The Redis audit stream: routers on different hosts append to one verifiable chain."""
+"""The Redis audit stream: routers on different hosts append to one verifiable chain, with signed
+checkpoints; a local spool keeps what the stream cannot take; a stream that went backwards is refused."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
+import multiprocessing
 from pathlib import Path
+from typing import cast
 
 import pytest
 import redis
 
 from router import AuditError, ControlPlane, Settings
-from router.audit import AuditEvent, AuditFilter, timestamp
-from router.audit.redis import STREAM, RedisAuditLog
+from router.audit import GENESIS_HASH, AuditEvent, AuditFilter, line_hash, timestamp
+from router.audit.checkpoint import Checkpoint, SigningKey
+from router.audit.jsonl import LogOptions
+from router.audit.merkle import CompactRange
+from router.audit.redis import CHECKPOINTS, HEAD, STREAM, RedisAuditLog
 from router.settings import AuditSettings, StoreSettings
-from tests.conftest import external_tool
+from tests.conftest import external_tool, free_port
 
 
-def event(i: int, writer: str) -> AuditEvent:
-    return AuditEvent(kind="decision", decision_id=f"d-{writer}-{i}", timestamp=timestamp(), outcome="allow",
-                      agent=writer, tool="echo")  # fmt: skip
+def event(i: int, writer: str, **fields: object) -> AuditEvent:
+    return AuditEvent.model_validate({"kind": "decision", "decision_id": f"d-{writer}-{i}", "timestamp": timestamp(),
+                                      "outcome": "allow", "agent": writer, "tool": "echo", **fields})  # fmt: skip
+
+
+def xrange(db: redis.Redis, key: str) -> list[tuple[str, dict[str, str]]]:
+    """A stream's entries (id, fields), as the test's decoding client reads them."""
+    return cast("list[tuple[str, dict[str, str]]]", db.xrange(key))
+
+
+def client(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, decode_responses=True)
+
+
+def keyed(tmp_path: Path, **changes: object) -> LogOptions:
+    options = {"signer": SigningKey.load_or_create(tmp_path / "keys" / "audit.key"), "checkpoint_interval_s": 3600,
+               "publish_dir": tmp_path / "published", **changes}  # fmt: skip
+    return LogOptions(**options)  # type: ignore[arg-type]
 
 
 async def test_two_writers_interleave_into_one_chain(redis_url: str) -> None:
@@ -28,9 +51,100 @@ async def test_two_writers_interleave_into_one_chain(redis_url: str) -> None:
         assert (report.ok, report.events) == (True, 100)
         assert len(await two.query(AuditFilter(agent="b"))) == 50
         assert [e.seq for e in await one.query(AuditFilter(limit=3))] == [1, 2, 3]
+        events = await one.query(AuditFilter())
+        assert [e.seq for e in events] == list(range(1, 101))
+        assert [e.prev_hash for e in events] == [GENESIS_HASH] + [e.hash for e in events[:-1]]
     finally:
         await one.aclose()
         await two.aclose()
+
+
+async def test_stream_entries_hold_the_line_and_its_hash_and_the_head_the_tree(redis_url: str) -> None:
+    log = RedisAuditLog(redis_url)
+    try:
+        appended = [await log.append(event(i, "a")) for i in range(5)]
+    finally:
+        await log.aclose()
+    db = client(redis_url)
+    try:
+        entries = xrange(db, STREAM)
+        head = db.hgetall(HEAD)
+    finally:
+        db.close()
+    assert [set(fields) for _, fields in entries] == [{"event", "hash"}] * 5
+    tree = CompactRange()
+    for (_, fields), written in zip(entries, appended, strict=True):
+        line = fields["event"].encode()
+        assert fields["hash"] == line_hash(line).hex() == written.hash
+        assert "hash" not in json.loads(line)
+        tree.append(line_hash(line))
+    assert (int(head["seq"]), head["hash"]) == (5, appended[-1].hash)
+    assert CompactRange.from_json(json.loads(head["tree"])) == tree
+
+
+async def test_checkpoints_are_signed_chained_and_published(tmp_path: Path, redis_url: str) -> None:
+    options = keyed(tmp_path)
+    one, two = RedisAuditLog(redis_url, options=options), RedisAuditLog(redis_url, options=options)
+    try:
+        for i in range(3):
+            await one.append(event(i, "a"))
+        first = await one.checkpoint()
+        assert first is not None
+        assert await two.checkpoint() == first  # nothing appended since: the same checkpoint
+        for i in range(4):
+            await two.append(event(i, "b"))
+        second = await one.checkpoint()  # any router signs the head, whoever appended
+        assert second is not None
+        assert (first.size, second.size, second.prev) == (3, 7, first.digest())
+        assert all(c.verify(options.signer.verify_key) for c in (first, second))  # type: ignore[union-attr]
+        assert await two.checkpoints() == [first, second]
+        db = client(redis_url)
+        try:
+            head = db.hgetall(HEAD)
+        finally:
+            db.close()
+        assert Checkpoint.model_validate_json(head["checkpoint"]) == second
+        assert head["checkpoint_digest"] == second.digest()
+        assert CompactRange.from_json(json.loads(head["tree"])).root().hex() == second.root
+        published = sorted(p.name for p in (tmp_path / "published").iterdir())
+        assert published == [f"{c.size:012d}-{c.digest()[:16]}.json" for c in (first, second)]
+        report = await two.verify()
+        assert (report.ok, report.events, report.signed) == (True, 7, 7)
+    finally:
+        await one.aclose()
+        await two.aclose()
+
+
+async def test_concurrent_checkpoints_from_two_routers_keep_one_chain(tmp_path: Path, redis_url: str) -> None:
+    options = keyed(tmp_path)
+    one, two = RedisAuditLog(redis_url, options=options), RedisAuditLog(redis_url, options=options)
+    try:
+        for round_ in range(10):
+            await asyncio.gather(one.append(event(round_, "a")), two.append(event(round_, "b")))
+            await asyncio.gather(one.checkpoint(), two.checkpoint())
+        checkpoints = await one.checkpoints()
+        assert [c.prev for c in checkpoints[1:]] == [c.digest() for c in checkpoints[:-1]]
+        assert sorted({c.size for c in checkpoints}) == [c.size for c in checkpoints]  # one per size, growing
+        assert checkpoints[-1].size == 20
+        report = await one.verify()
+        assert (report.ok, report.signed) == (True, 20)
+    finally:
+        await one.aclose()
+        await two.aclose()
+
+
+async def test_the_tail_is_signed_at_shutdown(tmp_path: Path, redis_url: str) -> None:
+    log = RedisAuditLog(redis_url, options=keyed(tmp_path))
+    for i in range(4):
+        await log.append(event(i, "a"))
+    await log.aclose()
+    reader = RedisAuditLog(redis_url, options=keyed(tmp_path))
+    try:
+        assert [c.size for c in await reader.checkpoints()] == [4]
+        report = await reader.verify()
+        assert (report.ok, report.signed, report.notes) == (True, 4, ())
+    finally:
+        await reader.aclose()
 
 
 async def test_a_deleted_entry_breaks_the_chain_where_it_was(redis_url: str) -> None:
@@ -38,10 +152,10 @@ async def test_a_deleted_entry_breaks_the_chain_where_it_was(redis_url: str) -> 
     try:
         for i in range(5):
             await log.append(event(i, "a"))
-        client = redis.Redis.from_url(redis_url, decode_responses=True)
-        third = client.xrange(STREAM)[2][0]
-        client.xdel(STREAM, third)
-        client.close()
+        db = client(redis_url)
+        third = xrange(db, STREAM)[2][0]
+        db.xdel(STREAM, third)
+        db.close()
         report = await log.verify()
         assert (report.ok, report.broken_seq) == (False, 3)
         assert "deleted" in report.problem
@@ -49,8 +163,49 @@ async def test_a_deleted_entry_breaks_the_chain_where_it_was(redis_url: str) -> 
         await log.aclose()
 
 
+MASKS = (("/input/args/card", False), ("/input/args/pin", True))
+CARD = {"args": {"card": "4111-1111-1111-1111", "pin": "8642"}}
+
+
+async def test_masked_values_never_reach_redis(tmp_path: Path, redis_url: str) -> None:
+    log = RedisAuditLog(redis_url, options=keyed(tmp_path, masks=MASKS))
+    try:
+        await log.append(event(1, "a", input=CARD))
+        report = await log.verify()
+        assert (report.ok, report.events) == (True, 1)
+    finally:
+        await log.aclose()
+    db = client(redis_url)
+    try:
+        entries = xrange(db, STREAM)
+        dumped = json.dumps([entries, db.hgetall(HEAD), xrange(db, CHECKPOINTS)])
+    finally:
+        db.close()
+    assert "4111-1111-1111-1111" not in dumped
+    assert '"8642"' not in dumped
+    stored = json.loads(entries[0][1]["event"])
+    assert stored["input"]["args"]["card"] == "[masked]"
+    assert stored["input"]["args"]["pin"] == "sha256:" + hashlib.sha256(b'"8642"').hexdigest()
+    assert stored["labels"]["masked"] == "/input/args/card,/input/args/pin"
+
+
+async def test_append_returns_the_event_as_written_when_masks_apply(tmp_path: Path, redis_url: str) -> None:
+    """The event `append` hands back carries the hash of the masked line: its fields must be that
+    line's too, not the unmasked values (which would then travel on from the caller)."""
+    log = RedisAuditLog(redis_url, options=keyed(tmp_path, masks=MASKS))
+    try:
+        written = await log.append(event(1, "a", input=CARD))
+        stored = (await log.query(AuditFilter()))[0]
+    finally:
+        await log.aclose()
+    assert written.hash == stored.hash
+    assert written.input == stored.input
+    assert written.labels == stored.labels
+
+
 async def test_a_control_plane_audits_into_the_stream(tmp_path: Path, redis_url: str) -> None:
-    settings = Settings(audit=AuditSettings(backend="redis", path=tmp_path / "unused.jsonl"),
+    settings = Settings(audit=AuditSettings(backend="redis", path=tmp_path / "unused.jsonl",
+                                            signing_key=tmp_path / "keys" / "audit.key"),
                         store=StoreSettings(url=redis_url))  # fmt: skip
     async with ControlPlane.from_settings(settings) as plane:
         await plane.register(external_tool("echo"))
@@ -60,8 +215,165 @@ async def test_a_control_plane_audits_into_the_stream(tmp_path: Path, redis_url:
         assert [e.kind for e in trail] == ["decision"]
         assert (await plane.audit.verify()).ok
     assert not (tmp_path / "unused.jsonl").exists()
+    reader = RedisAuditLog(
+        redis_url, options=LogOptions(signer=SigningKey.load_or_create(tmp_path / "keys" / "audit.key"))
+    )
+    try:
+        report = await reader.verify()
+        assert report.ok
+        assert report.signed == report.events > 0  # signed at shutdown
+    finally:
+        await reader.aclose()
 
 
-def test_the_stream_needs_the_stores_redis() -> None:
+def test_the_stream_needs_the_stores_redis(tmp_path: Path) -> None:
     with pytest.raises(AuditError, match="STOCKADE_STORE__URL"):
-        ControlPlane.from_settings(Settings(audit=AuditSettings(backend="redis")))
+        ControlPlane.from_settings(Settings(audit=AuditSettings(backend="redis", signing_key=tmp_path / "key")))
+
+
+# Every scenario below spools an event, and the spool's append takes a flock; each runs in a child
+# process so that a hang there fails its test instead of the whole run.
+
+
+def _scenario(name: str, *args: str) -> None:
+    scenario = globals()[name]
+    asyncio.run(scenario(args[0], Path(args[1]), *args[2:]))
+
+
+def in_child(name: str, *args: str, timeout_s: float = 20) -> None:
+    child = multiprocessing.get_context("spawn").Process(target=_scenario, args=(name, *args))
+    child.start()
+    child.join(timeout_s)
+    if child.is_alive():
+        child.kill()
+        child.join()
+        pytest.fail(f"{name} did not finish within {timeout_s:g}s: an append that spools hangs")
+    assert child.exitcode == 0, f"{name} failed in its process (its traceback is in the captured stderr)"
+
+
+def test_events_the_stream_cannot_take_are_spooled_and_chained_in_first_when_it_answers(
+    tmp_path: Path, redis_url: str
+) -> None:
+    in_child("_spooled_then_drained", redis_url, str(tmp_path))
+
+
+def test_two_routers_on_one_host_claim_spools_of_their_own(tmp_path: Path, redis_url: str) -> None:
+    in_child("_two_spools_on_one_host", redis_url, str(tmp_path))
+
+
+@pytest.mark.parametrize("loss", ["flushed", "tail trimmed and head rolled back"])
+def test_a_stream_that_went_backwards_is_refused_until_an_operator_accepts_it(
+    tmp_path: Path, redis_url: str, loss: str
+) -> None:
+    in_child("_went_backwards", redis_url, str(tmp_path), loss)
+
+
+def test_a_loss_hidden_by_another_router_appending_past_it_is_still_seen(tmp_path: Path, redis_url: str) -> None:
+    in_child("_loss_hidden_by_another_router", redis_url, str(tmp_path))
+
+
+async def _spooled_then_drained(redis_url: str, tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    down = RedisAuditLog(f"redis://127.0.0.1:{free_port()}/12", timeout_s=0.3, spool_dir=spool, instance="r1")
+    refused = 0
+    for i in range(3):
+        with pytest.raises(AuditError, match="Redis"):
+            await down.append(event(i, "while-down"))
+        refused += 1
+    assert "unreachable" in (await down.check() or "")
+    await down.aclose()
+    spooled = (spool / "r1.jsonl").read_bytes().splitlines()
+    assert [json.loads(line)["decision_id"] for line in spooled] == [f"d-while-down-{i}" for i in range(3)]
+
+    back = RedisAuditLog(redis_url, spool_dir=spool, instance="r1")  # the restarted router takes its spool back
+    try:
+        assert await back.check() is None  # the readiness probe drains the spool
+        after = await back.append(event(9, "after"))
+        assert after.seq == refused + 1
+        events = await back.query(AuditFilter())
+        assert [e.decision_id for e in events] == [*(f"d-while-down-{i}" for i in range(3)), "d-after-9"]
+        assert [e.labels.get("spool") for e in events[:3]] == [f"r1.jsonl#{i}" for i in (1, 2, 3)]
+        assert (spool / "r1.jsonl").stat().st_size == 0  # emptied once all were in
+        report = await back.verify()
+        assert (report.ok, report.events) == (True, 4)
+    finally:
+        await back.aclose()
+
+
+async def _two_spools_on_one_host(_: str, tmp_path: Path) -> None:
+    url = f"redis://127.0.0.1:{free_port()}/12"  # nothing listens there
+    one = RedisAuditLog(url, timeout_s=0.3, spool_dir=tmp_path, instance="r")
+    two = RedisAuditLog(url, timeout_s=0.3, spool_dir=tmp_path, instance="r")
+    try:
+        for log, name in ((one, "one"), (two, "two")):
+            with pytest.raises(AuditError):
+                await log.append(event(1, name))
+    finally:
+        await one.aclose()
+        await two.aclose()
+    assert b"d-one-1" in (tmp_path / "r.jsonl").read_bytes()
+    assert b"d-two-1" in (tmp_path / "r.1.jsonl").read_bytes()
+
+
+async def _went_backwards(redis_url: str, tmp_path: Path, loss: str) -> None:
+    spool = tmp_path / "spool"
+    log = RedisAuditLog(redis_url, spool_dir=spool, instance="r1")
+    for i in range(5):
+        await log.append(event(i, "a"))
+    db = client(redis_url)
+    try:
+        if loss == "flushed":
+            db.flushdb()
+        else:
+            entries = xrange(db, STREAM)
+            db.xdel(STREAM, *(entry_id for entry_id, _ in entries[3:]))  # the tail lost
+            tree = CompactRange()
+            for _, fields in entries[:3]:
+                tree.append(bytes.fromhex(fields["hash"]))
+            db.hset(HEAD, mapping={"seq": "3", "hash": entries[2][1]["hash"], "tree": json.dumps(tree.to_json())})
+        with pytest.raises(AuditError, match="went backwards"):
+            await log.append(event(5, "a"))
+        assert "went backwards" in (await log.check() or "")
+        await log.aclose()
+
+        restarted = RedisAuditLog(redis_url, spool_dir=spool, instance="r1")  # remembers across a restart
+        with pytest.raises(AuditError, match="went backwards"):
+            await restarted.append(event(6, "a"))
+        await restarted.aclose()
+        spooled = [json.loads(line)["decision_id"] for line in (spool / "r1.jsonl").read_bytes().splitlines()]
+        assert spooled == ["d-a-5", "d-a-6"]  # refused, and on record locally
+
+        (spool / "r1.jsonl.redis-head").unlink()  # the operator looked into it and accepts the new head
+        accepted = RedisAuditLog(redis_url, spool_dir=spool, instance="r1")
+        try:
+            kept = 0 if loss == "flushed" else 3
+            written = await accepted.append(event(7, "a"))
+            assert written.seq == kept + 3  # the two spooled events went in first
+            labels = [e.labels.get("spool") for e in await accepted.query(AuditFilter())]
+            assert labels[kept:] == ["r1.jsonl#1", "r1.jsonl#2", None]
+            report = await accepted.verify()
+            assert (report.ok, report.events) == (True, kept + 3)
+        finally:
+            await accepted.aclose()
+    finally:
+        db.close()
+
+
+async def _loss_hidden_by_another_router(redis_url: str, tmp_path: Path) -> None:
+    mine = RedisAuditLog(redis_url, spool_dir=tmp_path / "spool-a", instance="a")
+    other = RedisAuditLog(redis_url)
+    try:
+        for i in range(3):
+            await mine.append(event(i, "a"))
+        db = client(redis_url)
+        try:
+            db.flushdb()
+        finally:
+            db.close()
+        for i in range(5):  # the stream grows past where this router was, on a different chain
+            await other.append(event(i, "b"))
+        with pytest.raises(AuditError, match="went backwards"):
+            await mine.append(event(3, "a"))
+    finally:
+        await mine.aclose()
+        await other.aclose()
