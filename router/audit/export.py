@@ -105,7 +105,7 @@ def export_events(
 
 
 def _inclusion_proofs(layout: LogLayout, seqs: list[int]) -> tuple[Any, dict[int, list[str]]]:
-    from router.audit.proofs import inclusion_proofs  # type: ignore[import-untyped,import-not-found,unused-ignore]  # noqa: PLC0415
+    from router.audit.verify import inclusion_proofs  # noqa: PLC0415  (only when exporting)
 
     found: tuple[Any, dict[int, list[str]]] = inclusion_proofs(layout, seqs)
     return found

@@ -37,16 +37,17 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 import structlog
 
 from router.audit.chain import head_of, line_hash
-from router.audit.layout import LogLayout, Part, lines, write_json_atomically
+from router.audit.layout import LogLayout, Manifest, Part, write_json_atomically
 from router.errors import AuditError
 from router.text import escape_invalid_text
 
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
     import duckdb
 
 log = structlog.get_logger(__name__)
+_T = TypeVar("_T")
 
 __all__ = [
     "COLUMNS",
@@ -105,6 +107,7 @@ _ROW_GROUP = 8192  # rows: groups small enough that min/max and bloom filters sk
 _INDEX_MEMORY = "256MB"
 _QUERY_MEMORY = "128MB"
 _EPOCH_DAY = "1970-01-01"
+_STALE_S = 300.0  # seconds a replaced snapshot file is kept for readers that listed it
 _MARKER = re.compile(r"(\d{12})-(\d{12})\.json")
 
 # One JSON parse per line: every path at once. Scalars come back as text; the lists as JSON.
@@ -708,6 +711,23 @@ def _last_newline(handle: BinaryIO, end: int) -> int:
     return -1
 
 
+def _complete_lines(handle: BinaryIO, start: int) -> Iterator[tuple[int, bytes]]:
+    """`router.audit.layout.lines` of an open file: its complete lines from byte ``start``, each
+    with its offset (a last line without its newline was never acknowledged: not yielded)."""
+    handle.seek(start)
+    offset, rest = start, b""
+    while chunk := handle.read(1 << 20):
+        block = rest + chunk
+        cut = block.rfind(b"\n")
+        if cut == -1:
+            rest = block
+            continue
+        rest = block[cut + 1 :]
+        for line in block[:cut].split(b"\n"):
+            yield offset, line
+            offset += len(line) + 1
+
+
 def _complete_end(path: Path, size: int) -> tuple[int, int]:
     """Where the last complete line within the first ``size`` bytes ends, and its seq (0, 0: none)."""
     with path.open("rb") as handle:
@@ -719,9 +739,13 @@ def _complete_end(path: Path, size: int) -> tuple[int, int]:
     return (newline + 1, head[0]) if head is not None else (0, 0)
 
 
-def snapshot_active(layout: LogLayout, index_dir: Path | None = None, *, min_new_bytes: int = 0) -> int:
+def snapshot_active(
+    layout: LogLayout, index_dir: Path | None = None, *, min_new_bytes: int = 0, growth: float = 0.0
+) -> int:
     """Snapshot the active segment's complete lines into the index (under the indexer lock) if it
-    grew by at least ``min_new_bytes`` since the last snapshot; the events snapshotted now (0: none)."""
+    grew since the last snapshot by at least ``min_new_bytes`` and by ``growth`` times the bytes that
+    one covers (each snapshot re-reads the whole segment: with ``growth`` 0.25 the work stays a small
+    multiple of the segment's size however often this is asked); the events snapshotted (0: none)."""
     index_dir = index_dir or index_dir_of(layout.active)
     lock = _Lock(index_dir)
     try:
@@ -730,7 +754,7 @@ def snapshot_active(layout: LogLayout, index_dir: Path | None = None, *, min_new
         temp.mkdir(exist_ok=True)
         connection = _connect(memory_limit=_INDEX_MEMORY, threads=2, temp=temp / "spill")
         try:
-            return _snapshot(connection, layout, index_dir, temp, min_new_bytes=min_new_bytes)
+            return _snapshot(connection, layout, index_dir, temp, min_new_bytes=min_new_bytes, growth=growth)
         finally:
             connection.close()
     finally:
@@ -738,7 +762,13 @@ def snapshot_active(layout: LogLayout, index_dir: Path | None = None, *, min_new
 
 
 def _snapshot(
-    connection: duckdb.DuckDBPyConnection, layout: LogLayout, index_dir: Path, temp: Path, *, min_new_bytes: int = 0
+    connection: duckdb.DuckDBPyConnection,
+    layout: LogLayout,
+    index_dir: Path,
+    temp: Path,
+    *,
+    min_new_bytes: int = 0,
+    growth: float = 0.0,
 ) -> int:
     marker_path = index_dir / "active.json"
     previous = _Snapshot.read(marker_path)
@@ -751,7 +781,8 @@ def _snapshot(
     if stat is None or head is None:
         _drop_snapshot(index_dir, marker_path)
         return 0
-    if previous is not None and previous.covers(active) and stat.st_size - previous.offset < max(min_new_bytes, 1):
+    wanted = max(min_new_bytes, int(previous.offset * growth), 1) if previous is not None else 1
+    if previous is not None and previous.covers(active) and stat.st_size - previous.offset < wanted:
         return 0
     end, last_seq = _complete_end(active, stat.st_size)
     if end == 0 or last_seq < head[0]:
@@ -771,22 +802,28 @@ def _snapshot(
         target.parent.mkdir(parents=True, exist_ok=True)
         os.replace(file, target)
         placed.append(str(target.relative_to(index_dir)))
-    old = _Snapshot.read(marker_path)
     write_json_atomically(marker_path, {
         "format": _FORMAT, "ino": stat.st_ino, "first_seq": head[0], "first_prev": head[1], "offset": end,
         "last_seq": last_seq, "files": sorted(placed),
     }, sync=False)  # fmt: skip
-    for stale in old.files if old is not None else ():
-        if stale not in placed:
-            index_dir.joinpath(stale).unlink(missing_ok=True)  # a reader holding the old marker retries
+    _drop_stale_snapshots(index_dir, set(placed))
     return last_seq - head[0] + 1
 
 
+def _drop_stale_snapshots(index_dir: Path, current: set[str]) -> None:
+    """Remove snapshot files no marker names once they are old enough that no reader still reads
+    them (a reader lists the files at each refresh; a long read keeps reading the ones it listed)."""
+    now = time.time()
+    for file in index_dir.glob("active/day=*/*.parquet"):
+        name = str(file.relative_to(index_dir))
+        with contextlib.suppress(FileNotFoundError):
+            if name not in current and now - file.stat().st_mtime > _STALE_S:
+                file.unlink()
+
+
 def _drop_snapshot(index_dir: Path, marker_path: Path) -> None:
-    old = _Snapshot.read(marker_path)
     marker_path.unlink(missing_ok=True)
-    for stale in old.files if old is not None else ():
-        index_dir.joinpath(stale).unlink(missing_ok=True)
+    _drop_stale_snapshots(index_dir, set())
 
 
 # -- running it in the background -------------------------------------------------------------
@@ -835,7 +872,7 @@ def follow(
     progress: Callable[[str], None] | None = None,
 ) -> None:
     """Keep the index current until ``stop`` is set: index sealed segments as they appear, and
-    re-snapshot the active segment each time it grew by ``snapshot_bytes``."""
+    re-snapshot the active segment each time it grew by ``snapshot_bytes`` and by a quarter."""
     stop = stop or threading.Event()
     layout = LogLayout(audit_path)
     index_dir = index_dir or index_dir_of(audit_path)
@@ -845,7 +882,7 @@ def follow(
         if sealed != known:
             index_sealed(layout, index_dir, progress=progress, snapshot=False)
             known = sealed
-        count = snapshot_active(layout, index_dir, min_new_bytes=snapshot_bytes)
+        count = snapshot_active(layout, index_dir, min_new_bytes=snapshot_bytes, growth=0.25)
         if count and progress is not None:
             progress(f"snapshotted the active segment ({count} events)")
         stop.wait(interval_s)
@@ -886,6 +923,46 @@ def spawn_indexer(audit_path: Path) -> None:
 
 
 # -- reading ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _File:
+    """One Parquet file of the index: its path, the seqs of the segment it is a day of, that day."""
+
+    path: str
+    first_seq: int
+    last_seq: int
+    day: date | None
+
+    @classmethod
+    def of(cls, index_dir: Path, name: str, first_seq: int, last_seq: int) -> _File:
+        day = None
+        for part in Path(name).parts:
+            if part.startswith("day="):
+                with contextlib.suppress(ValueError):
+                    day = date.fromisoformat(part[4:])
+        return cls(str(index_dir / name), first_seq, last_seq, day)
+
+
+def _source(
+    files: Sequence[_File],
+    lowest: int = 1,
+    highest: int | None = None,
+    days: tuple[date | None, date | None] = (None, None),
+) -> str:
+    """SQL for the events of ``files`` whose segment holds seqs in ``lowest``..``highest`` and whose
+    day is within ``days``, and of ``fed``: the rows a query can match, without opening the rest."""
+    since, until = days
+    chosen = [
+        f.path for f in files
+        if f.last_seq >= lowest and (highest is None or f.first_seq <= highest)
+        and (f.day is None or ((since is None or f.day >= since) and (until is None or f.day <= until)))
+    ]  # fmt: skip
+    fed = f"SELECT {_columns()} FROM fed"  # noqa: S608  (constant SQL)
+    if not chosen:
+        return fed
+    listed = ", ".join(_literal(f) for f in chosen)
+    return f"SELECT {_columns()} FROM read_parquet([{listed}]) UNION ALL {fed}"  # noqa: S608  (quoted paths)
 
 
 @dataclass(slots=True)
@@ -931,11 +1008,15 @@ class AuditQuery:
         self.unindexed: list[str] = []
         """Sealed segments read line by line at the last refresh (not indexed, or indexed from other bytes)."""
         self._spill = Path(tempfile.mkdtemp(prefix="stockade-audit-"))
+        # Removed at close, or when the engine is collected or the process exits without closing it.
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self._spill, True)
         self._db = _connect(memory_limit=memory_limit, threads=threads, temp=self._spill)
         self._db.execute(f"CREATE TABLE fed AS SELECT '' AS part, * FROM ({_EMPTY})")  # noqa: S608  (constant SQL)
         self._lock = threading.Lock()
         self._view_sql = ""
         self._fed: dict[str, _Fed] = {}
+        self._files: list[_File] = []
+        self._seen: dict[Path, tuple[tuple[int, int, int], Any]] = {}
         readable = [str(self.layout.segments_dir) + "/", str(self.index_dir) + "/", str(self._spill) + "/"]
         self._db.execute("SET allowed_directories = ?", [readable])
         self._db.execute("SET allowed_paths = ?", [[str(self.layout.active), *map(str, writable)]])
@@ -947,7 +1028,7 @@ class AuditQuery:
 
     def close(self) -> None:
         self._db.close()
-        shutil.rmtree(self._spill, ignore_errors=True)
+        self._cleanup()
 
     def __enter__(self) -> AuditQuery:
         return self
@@ -966,29 +1047,45 @@ class AuditQuery:
                 self._view_sql = view
 
     def _view(self) -> str:
-        indexed: list[str] = []
+        files: list[_File] = []
         unindexed: list[Part] = []
         for part in self.layout.parts():
             if part.kind != "sealed":
                 continue
-            marker = _Marker.read(self.index_dir / "segments" / f"{_name(part.first_seq, part.last_seq)}.json")
-            if marker is not None and marker.sha256 == _manifest_sha256(part) and _present(self.index_dir, marker):
-                indexed += [str(self.index_dir / f) for f in marker.files]
+            marker = self._cached(
+                self.index_dir / "segments" / f"{_name(part.first_seq, part.last_seq)}.json", _Marker.read
+            )
+            if (
+                marker is not None
+                and marker.sha256 == self._cached(_manifest_of(part), _manifest_sha256)
+                and _present(self.index_dir, marker)
+            ):
+                files += [_File.of(self.index_dir, f, part.first_seq, part.last_seq) for f in marker.files]
             else:
                 unindexed.append(part)
         snapshot = _Snapshot.read(self.index_dir / "active.json")
         if snapshot is not None and snapshot.covers(self.layout.active) and _present(self.index_dir, snapshot):
-            indexed += [str(self.index_dir / f) for f in snapshot.files]
+            files += [_File.of(self.index_dir, f, snapshot.first_seq, snapshot.last_seq) for f in snapshot.files]
         else:
             snapshot = None
         self._feed_sealed(unindexed)
         self._feed_active(snapshot)
         self.unindexed = [_name(p.first_seq, p.last_seq) for p in unindexed]
-        view = f"SELECT {_columns()} FROM fed"  # noqa: S608  (constant SQL)
-        if indexed:
-            listed = ", ".join(_literal(f) for f in indexed)
-            view = f"SELECT {_columns()} FROM read_parquet([{listed}]) UNION ALL {view}"  # noqa: S608  (quoted paths)
-        return view
+        self._files = files
+        return _source(files)
+
+    def _cached(self, path: Path, read: Callable[[Path], _T]) -> _T:
+        """``read(path)``, again only once the file changed (a manifest or marker is read per refresh)."""
+        try:
+            stat = path.stat()
+            key = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        except OSError:
+            return read(path)
+        found = self._seen.get(path)
+        if found is None or found[0] != key:
+            found = self._seen[path] = (key, read(path))
+        value: _T = found[1]
+        return value
 
     def _feed_sealed(self, unindexed: list[Part]) -> None:
         """``fed`` holds exactly the sealed segments that are not indexed."""
@@ -1004,36 +1101,38 @@ class AuditQuery:
 
     def _feed_active(self, snapshot: _Snapshot | None) -> None:
         """``fed`` holds the active segment's complete lines past the snapshot (if any)."""
-        active = self.layout.active
-        head = _first_head(active)
         try:
-            ino = active.stat().st_ino
+            # One open file for its inode, head and lines: a rotation meanwhile cannot mix two files.
+            handle = self.layout.active.open("rb")
         except FileNotFoundError:
-            head = None
-        fed = self._fed.get("active")
-        start, after = (snapshot.offset, snapshot.last_seq) if snapshot is not None else (0, 0)
-        if fed is not None and (head is None or (fed.ino, fed.first_seq) != (ino, head[0]) or fed.start > start):
-            self._db.execute("DELETE FROM fed WHERE part = 'active'")
-            fed = None
-            del self._fed["active"]
-        if head is None:
-            return
-        if fed is None:
-            fed = self._fed["active"] = _Fed(ino, head[0], start, start)
-        elif after:
-            # Lines the snapshot has taken over since they were fed.
-            self._db.execute("DELETE FROM fed WHERE part = 'active' AND seq <= ?", [after])
-            fed.start = start
-        batch: list[str] = []
-        size = 0
-        for offset, line in lines(active, max(fed.end, start)):
-            fed.end = offset + len(line) + 1
-            batch.append(line.decode(errors="replace"))  # UTF-8 as written; anything else fails json_valid
-            size += len(line)
-            if size >= _FEED_CHUNK:
-                self._insert(batch)
-                batch, size = [], 0
-        self._insert(batch)
+            handle = None
+        with handle if handle is not None else contextlib.nullcontext():
+            ino = os.fstat(handle.fileno()).st_ino if handle is not None else 0
+            head = head_of(handle.read(128)) if handle is not None else None
+            fed = self._fed.get("active")
+            start, after = (snapshot.offset, snapshot.last_seq) if snapshot is not None else (0, 0)
+            if fed is not None and (head is None or (fed.ino, fed.first_seq) != (ino, head[0]) or fed.start > start):
+                self._db.execute("DELETE FROM fed WHERE part = 'active'")
+                fed = None
+                del self._fed["active"]
+            if handle is None or head is None:
+                return
+            if fed is None:
+                fed = self._fed["active"] = _Fed(ino, head[0], start, start)
+            elif after:
+                # Lines the snapshot has taken over since they were fed.
+                self._db.execute("DELETE FROM fed WHERE part = 'active' AND seq <= ?", [after])
+                fed.start = start
+            batch: list[str] = []
+            size = 0
+            for offset, line in _complete_lines(handle, max(fed.end, start)):
+                fed.end = offset + len(line) + 1
+                batch.append(line.decode(errors="replace"))  # UTF-8 as written; anything else fails json_valid
+                size += len(line)
+                if size >= _FEED_CHUNK:
+                    self._insert(batch)
+                    batch, size = [], 0
+            self._insert(batch)
 
     def _insert(self, batch: list[str]) -> None:
         if batch:
@@ -1057,14 +1156,24 @@ class AuditQuery:
         if unknown:
             raise ValueError(f"no column {unknown[0]!r} in events")
         condition, params = where_sql(where)
-        select_seqs = f"SELECT seq FROM events WHERE seq IS NOT NULL AND {condition} ORDER BY seq"  # noqa: S608  (bound values)
+        seqs = self.cursor()  # refreshes the view, and the file list narrowed below
+        rows = self._db.cursor()
+        days = (
+            None if where.since is None else _naive_utc(where.since).date(),
+            None if where.until is None else _naive_utc(where.until).date(),
+        )
+        lowest = (where.after_seq or 0) + 1
+        where_seqs = _source(self._files, lowest, where.to_seq, days)
+        select_seqs = f"SELECT seq FROM ({where_seqs}) WHERE seq IS NOT NULL AND {condition} ORDER BY seq"  # noqa: S608  (bound values)
         if limit is not None:
             select_seqs += f" LIMIT {int(limit)}"
-        select_rows = f"SELECT {', '.join(columns)} FROM events WHERE seq BETWEEN ? AND ? AND {condition} ORDER BY seq"  # noqa: S608  (known columns, bound values)
-        seqs, rows = self.cursor(), self._db.cursor()
         try:
             for batch in _batches(seqs, select_seqs, params, _SPAN):
-                yield from _stream(rows, select_rows, [batch[0][0], batch[-1][0], *params])
+                first, last = batch[0][0], batch[-1][0]
+                # Only the files whose seqs overlap this batch: a row group or two of one file, mostly.
+                narrowed = _source(self._files, first, last, days)
+                select_rows = f"SELECT {', '.join(columns)} FROM ({narrowed}) WHERE seq BETWEEN ? AND ? AND {condition} ORDER BY seq"  # noqa: S608, E501  (known columns, bound values)
+                yield from _stream(rows, select_rows, [first, last, *params])
         finally:
             seqs.close()
             rows.close()
@@ -1154,11 +1263,16 @@ def _columns() -> str:
     return ", ".join(COLUMNS)
 
 
-def _manifest_sha256(part: Part) -> str | None:
+def _manifest_sha256(path: Path) -> str | None:
+    """The sha256 a sealed segment's manifest (at ``path``) records, None if it is unreadable."""
     try:
-        return part.manifest().sha256
+        return Manifest.model_validate_json(path.read_bytes()).sha256
     except (OSError, ValueError):
         return None
+
+
+def _manifest_of(part: Part) -> Path:
+    return part.path.with_name(part.path.name[:26] + "manifest.json")
 
 
 # -- python -m router.audit.index -------------------------------------------------------------

@@ -139,11 +139,13 @@ class StockadeClient:
         self, *, session_id: str | None = None, agent: str | None = None, tool: str | None = None,
         outcome: str | None = None, kind: str | None = None, decision_id: str | None = None,
         since: datetime | None = None, until: datetime | None = None, limit: int = 1000,
+        after_seq: int | None = None,
     ) -> list[AuditEvent]:  # fmt: skip
-        """Audit events matching every filter given, oldest first (an auditor's token)."""
+        """Audit events matching every filter given, oldest first (an auditor's token); at most
+        ``limit``, after ``after_seq`` (a page: pass the last event's seq for the next)."""
         return await self._send(self._api.audit_events(
             session_id=session_id, agent=agent, tool=tool, outcome=outcome, kind=kind, decision_id=decision_id,
-            since=since, until=until, limit=limit,
+            since=since, until=until, limit=limit, after_seq=after_seq,
         ))  # fmt: skip
 
     async def decision_trail(self, decision_id: str) -> list[AuditEvent]:
@@ -257,11 +259,12 @@ class SyncStockadeClient:
         self, *, session_id: str | None = None, agent: str | None = None, tool: str | None = None,
         outcome: str | None = None, kind: str | None = None, decision_id: str | None = None,
         since: datetime | None = None, until: datetime | None = None, limit: int = 1000,
+        after_seq: int | None = None,
     ) -> list[AuditEvent]:  # fmt: skip
         """As `StockadeClient.audit_events`."""
         return self._send(self._api.audit_events(
             session_id=session_id, agent=agent, tool=tool, outcome=outcome, kind=kind, decision_id=decision_id,
-            since=since, until=until, limit=limit,
+            since=since, until=until, limit=limit, after_seq=after_seq,
         ))  # fmt: skip
 
     def decision_trail(self, decision_id: str) -> list[AuditEvent]:

@@ -169,12 +169,13 @@ class Endpoints:
         self, *, session_id: str | None = None, agent: str | None = None, tool: str | None = None,
         outcome: str | None = None, kind: str | None = None, decision_id: str | None = None,
         since: datetime | None = None, until: datetime | None = None, limit: int = 1000,
+        after_seq: int | None = None,
     ) -> Request[list[AuditEvent]]:  # fmt: skip
         given = {"session_id": session_id, "agent": agent, "tool": tool, "outcome": outcome, "kind": kind,
                  "decision_id": decision_id, "since": since.isoformat() if since else None,
-                 "until": until.isoformat() if until else None, "limit": limit}  # fmt: skip
+                 "until": until.isoformat() if until else None, "limit": limit, "after_seq": after_seq}  # fmt: skip
         params = {name: value for name, value in given.items() if value is not None}
-        return Request("GET", "/v1/audit/events", _events, None, params)
+        return Request("GET", "/v1/audit/events", _page, None, params)
 
     def decision_trail(self, decision_id: str) -> Request[list[AuditEvent]]:
         if not isinstance(decision_id, str) or not _PATH_ID.fullmatch(decision_id):
@@ -250,3 +251,9 @@ def _json(body: Mapping[str, Any]) -> bytes:
 
 def _events(events: Any) -> list[AuditEvent]:
     return [AuditEvent.model_validate(e) for e in events]
+
+
+def _page(page: Any) -> list[AuditEvent]:
+    """One page of /v1/audit/events (``{"events": [...], "next_after_seq": n}``): its events; pass
+    the last one's seq as ``after_seq`` for the next page."""
+    return _events(page["events"])

@@ -85,7 +85,10 @@ def register(audit_app: typer.Typer) -> None:  # noqa: PLR0915  (one closure per
     # The CLI's shared helpers; imported here, once cli.py has defined them.
     from router.interfaces.cli import AuditPath, JsonFlag, _emit_json, _fail, _settings, _when, err, out  # noqa: PLC0415
 
-    Since = Annotated[str | None, typer.Option(help="Only events at or after this ISO 8601 time (UTC if no zone).")]
+    Since = Annotated[
+        str | None,
+        typer.Option(help="Only events at or after this ISO 8601 time, with its zone (2026-11-22T10:00:00Z)."),
+    ]
     Until = Annotated[str | None, typer.Option(help="Only events at or before this ISO 8601 time.")]
 
     def log_path(ctx: typer.Context, path: Path | None) -> Path:
@@ -195,7 +198,8 @@ def register(audit_app: typer.Typer) -> None:  # noqa: PLR0915  (one closure per
                 return
             columns = ("seq", "timestamp", "kind", "tool", "outcome", "decision_id", "reason_codes")
             rows = run(query.events(where, limit=limit, columns=columns))
-            stream_table(["seq", "time", "kind", "tool", "outcome", "decision", "reasons"], _table_rows(rows))
+            header = ["seq", "time", "kind", "tool", "outcome", "decision", "reasons"]
+            stream_table(header, _table_rows(rows))
 
     # -- sql --------------------------------------------------------------------------------
 

@@ -20,6 +20,11 @@ from tests.conftest import ECHO, REPO, python_tool
 STOCKADE = str(Path(sys.executable).parent / "stockade")
 
 
+def json_lines(text: str) -> list[dict[str, object]]:
+    """What ``--json`` prints for a stream of events: one JSON object per line."""
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
 def run(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [STOCKADE, *args],
@@ -97,9 +102,9 @@ def test_demo_then_verify_and_query_its_audit_log(tmp_path: Path) -> None:
     assert verify.returncode == 0
     assert json.loads(verify.stdout)["ok"] is True
 
-    denied = json.loads(run("audit", "query", "--path", str(audit), "--outcome", "deny", "--json").stdout)
+    denied = json_lines(run("audit", "query", "--path", str(audit), "--outcome", "deny", "--json").stdout)
     assert [e["tool"] for e in denied] == ["send_email"]  # the injection; the refused tool never had a call
-    refused = json.loads(run("audit", "query", "--path", str(audit), "--outcome", "tool_refused", "--json").stdout)
+    refused = json_lines(run("audit", "query", "--path", str(audit), "--outcome", "tool_refused", "--json").stdout)
     assert [e["tool"] for e in refused] == ["forward_everything"]
     table = run("audit", "query", "--path", str(audit), "--tool", "spin")
     assert "timeout" in table.stdout

@@ -569,7 +569,7 @@ async def test_only_an_approver_may_endorse_over_http(api: Api) -> None:
     assert [(e.outcome, e.result["by"] if e.result else None) for e in events] == [
         ("requested", "oncall"), ("endorsed", "oncall")]  # fmt: skip
     trail = await api.client.get("/v1/audit/events", params={"kind": "endorsement"}, headers=auth("audit"))
-    assert [e["outcome"] for e in trail.json()] == ["requested", "endorsed"]
+    assert [e["outcome"] for e in trail.json()["events"]] == ["requested", "endorsed"]
 
 
 async def test_endorsing_an_unknown_call_over_http_is_a_422_problem(api: Api) -> None:
