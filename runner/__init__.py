@@ -2,8 +2,13 @@
 
 ``runner`` runs a `SandboxSpec` in an isolation tier and reports a `RunResult`. Tiers sit
 behind the `Sandbox` Protocol; `make_sandbox` picks one from settings. It imports nothing
-else of stockade.
+else of stockade. The tiers themselves (and docker's client) load on first use, so what only needs
+the package's types (the audit log's readers, the SDK) stays light.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from runner.base import (
     EgressRecord,
@@ -19,11 +24,27 @@ from runner.base import (
     Usage,
     Verdict,
 )
-from runner.bwrap import BwrapSandbox
 from runner.config import RunnerSettings
-from runner.container import ContainerSandbox
 from runner.errors import SandboxError, SandboxUnavailable
 from runner.python import parse_result, python_job
+
+if TYPE_CHECKING:
+    from runner.bwrap import BwrapSandbox
+    from runner.container import ContainerSandbox
+
+
+def __getattr__(name: str) -> Any:
+    """`BwrapSandbox` and `ContainerSandbox`, imported when first asked for (PEP 562)."""
+    if name == "BwrapSandbox":
+        from runner.bwrap import BwrapSandbox  # noqa: PLC0415
+
+        return BwrapSandbox
+    if name == "ContainerSandbox":
+        from runner.container import ContainerSandbox  # noqa: PLC0415
+
+        return ContainerSandbox
+    raise AttributeError(f"module 'runner' has no attribute {name!r}")
+
 
 TIERS = ("bwrap", "docker", "gvisor")  # weakest to strongest boundary
 
@@ -41,8 +62,12 @@ def make_sandbox(settings: RunnerSettings, tier: str | None = None) -> Sandbox:
     """
     tier = tier or settings.tier
     if tier == "bwrap":
+        from runner.bwrap import BwrapSandbox  # noqa: PLC0415  (see the module docstring)
+
         return BwrapSandbox(settings)
     if tier in ("docker", "gvisor"):
+        from runner.container import ContainerSandbox  # noqa: PLC0415
+
         return ContainerSandbox(settings, "gvisor" if tier == "gvisor" else "docker")
     raise SandboxUnavailable(f"unknown sandbox tier {tier!r}; known: {', '.join(TIERS)}")
 

@@ -41,10 +41,10 @@ import redis.exceptions
 import structlog
 
 from router.audit.base import GENESIS_HASH, AuditEvent, AuditFilter, VerifyReport, as_written, matches
-from router.audit.chain import Unsealed, document_of
+from router.audit.chain import Unsealed, document_of, line_hash
 from router.audit.checkpoint import Checkpoint, VerifyKey, sign_checkpoint
 from router.audit.jsonl import JsonlAuditLog, LogOptions, publish_file
-from router.audit.merkle import CompactRange
+from router.audit.merkle import CompactRange, inclusion_proof, root_of
 from router.audit.verify import Walk, gather_checkpoints
 from router.errors import AuditError
 from router.store import keys
@@ -346,6 +346,37 @@ class RedisAuditLog:
                     if where.limit is not None and len(found) >= where.limit:
                         return found
         return found
+
+    async def inclusion_proofs(self, seqs: Sequence[int]) -> tuple[Checkpoint, dict[int, tuple[bytes, list[str]]]]:
+        """An RFC 9162 inclusion proof of each of ``seqs`` against the stream's latest checkpoint,
+        with each event's line: as `router.audit.verify.inclusion_proofs` for the JSONL log.
+
+        Raises:
+            AuditError: no checkpoint yet, a seq it does not cover, or a stream that does not match it.
+        """
+        checkpoints = await self.checkpoints()
+        if not checkpoints:
+            raise AuditError("the audit stream has no checkpoint yet: nothing to prove against")
+        checkpoint = max(checkpoints, key=lambda c: c.size)
+        wanted = set(seqs)
+        for seq in wanted:
+            if not 1 <= seq <= checkpoint.size:
+                raise AuditError(f"seq {seq} is not covered by the latest checkpoint (size {checkpoint.size})")
+        leaves: list[bytes] = []
+        found: dict[int, bytes] = {}
+        async for chunk in self._chunks():
+            for line in chunk:
+                if len(leaves) >= checkpoint.size:
+                    break
+                leaves.append(line_hash(line))
+                if len(leaves) in wanted:
+                    found[len(leaves)] = line
+        if root_of(leaves).hex() != checkpoint.root:
+            raise AuditError("the audit stream does not match its latest checkpoint; run `stockade audit verify`")
+        return checkpoint, {
+            seq: (found[seq], [node.hex() for node in inclusion_proof(leaves, seq - 1, checkpoint.size)])
+            for seq in seqs
+        }
 
     async def verify(self, *, keys: Sequence[VerifyKey] = (), trusted: Sequence[Checkpoint] = ()) -> VerifyReport:
         """Check the stream against its checkpoints (and ``trusted``), a chunk at a time, hashing in

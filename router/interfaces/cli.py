@@ -589,10 +589,16 @@ def audit_prove(
     """Print an RFC 9162 inclusion proof of each event against the latest signed checkpoint: the
     event's line, its leaf hash, the audit path and the checkpoint. Anyone with the public key can
     check it (`router.audit.merkle.verify_inclusion`; see docs/audit.md)."""
-    log = _audit_log(ctx, path)
+    settings = _settings(ctx)
     try:
-        checkpoint, proofs = inclusion_proofs(log.layout, seq)
-        found = dict(_lines_at(log, set(seq)))
+        if settings.audit.backend == "redis" and path is None:
+            checkpoint, proven = asyncio.run(_prove_redis(settings, seq))
+            found = {s: line for s, (line, _) in proven.items()}
+            proofs = {s: proof for s, (_, proof) in proven.items()}
+        else:
+            log = _audit_log(ctx, path)
+            checkpoint, proofs = inclusion_proofs(log.layout, seq)
+            found = dict(_lines_at(log, set(seq)))
     except AuditError as exc:
         raise _fail(str(exc), 1) from exc
     documents = [proof_document(checkpoint, s, found[s], proofs[s]) for s in seq]
@@ -605,6 +611,16 @@ def audit_prove(
                   markup=False)  # fmt: skip
         for node in document["proof"]:  # type: ignore[attr-defined]
             out.print(f"  {node}", markup=False)
+
+
+async def _prove_redis(settings: Settings, seqs: list[int]) -> tuple[Checkpoint, dict[int, tuple[bytes, list[str]]]]:
+    if settings.store.url is None:
+        raise AuditError("STOCKADE_AUDIT__BACKEND=redis needs the store's Redis: set STOCKADE_STORE__URL")
+    stream = RedisAuditLog(settings.store.url, timeout_s=settings.store.timeout_s)
+    try:
+        return await stream.inclusion_proofs(seqs)
+    finally:
+        await stream.aclose()
 
 
 def _lines_at(log: JsonlAuditLog, seqs: set[int]) -> list[tuple[int, bytes]]:

@@ -7,6 +7,9 @@ import asyncio
 import hashlib
 import json
 import multiprocessing
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import cast
 
@@ -17,10 +20,12 @@ from router import AuditError, ControlPlane, Settings
 from router.audit import GENESIS_HASH, AuditEvent, AuditFilter, line_hash, timestamp
 from router.audit.checkpoint import Checkpoint, SigningKey
 from router.audit.jsonl import LogOptions
-from router.audit.merkle import CompactRange
+from router.audit.merkle import CompactRange, verify_inclusion
 from router.audit.redis import CHECKPOINTS, HEAD, STREAM, RedisAuditLog
 from router.settings import AuditSettings, StoreSettings
 from tests.conftest import external_tool, free_port
+
+STOCKADE = Path(sys.executable).parent / "stockade"
 
 
 def event(i: int, writer: str, **fields: object) -> AuditEvent:
@@ -377,3 +382,38 @@ async def _loss_hidden_by_another_router(redis_url: str, tmp_path: Path) -> None
     finally:
         await mine.aclose()
         await other.aclose()
+
+
+async def test_stockade_audit_prove_reads_the_stream_and_anyone_with_the_public_key_can_check_it(
+    redis_url: str, tmp_path: Path
+) -> None:
+    options = keyed(tmp_path)
+    log = RedisAuditLog(redis_url, options=options)
+    for i in range(1, 21):
+        await log.append(event(i, "prover"))
+    checkpoint = await log.checkpoint()
+    await log.aclose()
+    assert checkpoint is not None
+    assert checkpoint.size == 20
+    env = {**os.environ, "STOCKADE_AUDIT__BACKEND": "redis", "STOCKADE_STORE__URL": redis_url}
+    argv = [str(STOCKADE), "audit", "prove", "--seq", "3", "--seq", "20", "--json"]
+    said = await asyncio.to_thread(subprocess.run, argv, env=env, capture_output=True, text=True, timeout=60,
+                                   check=False)  # fmt: skip
+    assert said.returncode == 0, said.stderr
+    proofs = json.loads(said.stdout)
+    assert [p["seq"] for p in proofs] == [3, 20]
+    assert options.signer is not None
+    for proof in proofs:
+        signed = Checkpoint.model_validate(proof["checkpoint"])
+        assert signed.verify(options.signer.verify_key)
+        leaf = line_hash(proof["line"].encode())
+        assert leaf.hex() == proof["leaf_hash"]
+        nodes = [bytes.fromhex(node) for node in proof["proof"]]
+        assert verify_inclusion(leaf, proof["index"], signed.size, nodes, bytes.fromhex(signed.root))
+        # The same proof for another event's line does not check out.
+        other = line_hash(proof["line"].replace('"prover"', '"forger"').encode())
+        assert not verify_inclusion(other, proof["index"], signed.size, nodes, bytes.fromhex(signed.root))
+    beyond = await asyncio.to_thread(subprocess.run, [str(STOCKADE), "audit", "prove", "--seq", "21"], env=env,
+                                     capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert beyond.returncode == 1
+    assert "not covered by the latest checkpoint" in beyond.stdout + beyond.stderr
