@@ -12,13 +12,15 @@ import multiprocessing
 import os
 import shutil
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from router.audit import AuditEvent, AuditFilter, line_hash, timestamp
 from router.audit.chain import GENESIS_HASH, head_of
-from router.audit.checkpoint import Checkpoint, SigningKey
+from router.audit.checkpoint import Checkpoint, SigningKey, VerifyKey
 from router.audit.jsonl import JsonlAuditLog, LogOptions, publish_file
 from router.audit.layout import LogLayout, lines
 from router.audit.merkle import CompactRange, inclusion_proof, verify_inclusion
@@ -519,3 +521,34 @@ async def test_checkpoint_every_signs_at_that_many_events(tmp_path: Path) -> Non
     assert [c.size for c in await log.checkpoints()] == [4, 8, 12]
     await log.aclose()
     assert [c.size for c in await log.checkpoints()] == [4, 8, 12, 13]
+
+
+async def test_stockade_audit_prove_and_verify_from_the_cli_across_segments(tmp_path: Path) -> None:
+    """The auditor's commands on a sealed, rotated log: proofs for events in old and new segments
+    check out against the signed checkpoint with only the public key; verify --from-seq checks
+    the newest segments alone."""
+    path = tmp_path / "audit.jsonl"
+    log = JsonlAuditLog(path, options=options(tmp_path))
+    await appended(log, range(1, 31))
+    await log.aclose()
+    sealed = [p for p in LogLayout(path).parts() if p.kind == "sealed"]
+    assert len(sealed) >= 2
+    stockade = Path(sys.executable).parent / "stockade"
+    public = tmp_path / "keys" / "public.pem"
+    public.write_bytes(key_of(tmp_path).public_pem())
+    argv = [str(stockade), "audit", "prove", "--path", str(path), "--seq", "1", "--seq", str(sealed[-1].first_seq),
+            "--seq", "30", "--json"]  # fmt: skip
+    said = await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True, timeout=60, check=False)
+    assert said.returncode == 0, said.stderr
+    verify_key = VerifyKey.load(public)
+    for proof in json.loads(said.stdout):
+        signed = Checkpoint.model_validate(proof["checkpoint"])
+        assert signed.verify(verify_key)
+        leaf = line_hash(proof["line"].encode())
+        nodes = [bytes.fromhex(node) for node in proof["proof"]]
+        assert verify_inclusion(leaf, proof["seq"] - 1, signed.size, nodes, bytes.fromhex(signed.root))
+    argv = [str(stockade), "audit", "verify", "--path", str(path), "--public-key", str(public), "--from-seq",
+            str(sealed[-1].first_seq), "--json"]  # fmt: skip
+    checked = await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True, timeout=60, check=False)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert json.loads(checked.stdout)["ok"] is True
