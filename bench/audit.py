@@ -29,6 +29,7 @@ import multiprocessing
 import os
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -252,15 +253,100 @@ def main() -> None:
     report("Audit log (bench/audit.py)", rows, notes, args.json)
 
 
+QUESTIONS = {
+    "point: one session": ("SELECT seq, kind, outcome, tool FROM events WHERE session_id = ? ORDER BY seq", "session"),
+    "point: one decision's trail": ("SELECT seq, kind, outcome FROM events WHERE decision_id = ? ORDER BY seq",
+                                    "decision"),
+    "aggregate: an agent's calls per day": ("SELECT day, count(*) FROM events WHERE agent = ? AND kind = 'decision' "
+                                             "GROUP BY day ORDER BY day", "agent"),
+    "join: approvers of calls using a credential": (
+        "SELECT a.approver, count(*) FROM events c JOIN events a ON a.decision_id = c.decision_id "
+        "WHERE c.kind = 'credential' AND list_contains(c.credential, ?) AND a.kind = 'approval' "
+        "AND a.approver IS NOT NULL GROUP BY a.approver ORDER BY 2 DESC", "credential"),
+}  # fmt: skip
+
+# A question asked by a fresh process: its wall time from exec, and its peak RSS.
+_FRESH = """
+import resource, sys, time
+started = time.perf_counter()
+from pathlib import Path
+from router.audit.index import AuditQuery
+with AuditQuery(Path(sys.argv[1])) as query:
+    names, rows = query.sql(sys.argv[2], [sys.argv[3]])
+    list(rows)
+print(time.perf_counter() - started, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+"""
+
+
+def targets(path: Path) -> dict[str, str]:
+    """A session, a decision, an agent and a credential that the log holds."""
+    for _, line in lines(LogLayout(path).parts()[0].path):
+        document = json.loads(line)
+        if document.get("kind") == "credential":
+            return {"session": document["session_id"], "decision": document["decision_id"],
+                    "agent": document["agent"], "credential": document["result"]["name"]}  # fmt: skip
+    raise SystemExit("no credential event in the log's first segment")
+
+
 def queries(work: Path, path: Path, args: argparse.Namespace, rows: dict[str, dict[str, float]],
             notes: dict[str, Any], scale: float) -> None:  # fmt: skip
-    """Indexed queries against today's full scan; filled in by `run_queries`."""
-    run_queries(work, path, args, rows, notes, scale)
+    """The indexed engine against today's full scan, and appends while queries run."""
+    from router.audit.index import AuditQuery, index_log  # noqa: PLC0415  (the audit extra)
+
+    sys.stderr.write("indexing\n")
+    started = time.perf_counter()
+    indexed = index_log(path)
+    notes["indexed"] = f"{len(indexed.indexed)} segments in {time.perf_counter() - started:.1f} s"
+    notes["parquet"] = f"{sum(f.stat().st_size for f in (work / 'audit.jsonl.index').rglob('*.parquet')) / 1e6:.0f} MB"
+    wanted = targets(path)
+    sys.stderr.write("queries\n")
+    with AuditQuery(path) as query:
+        for name, (sql, key) in QUESTIONS.items():
+            samples = []
+            for _ in range(20):
+                t = time.perf_counter()
+                list(query.sql(sql, [wanted[key]])[1])
+                samples.append(time.perf_counter() - t)
+            rows[f"{name}, warm"] = summarize(samples[1:])
+    for name, (sql, key) in list(QUESTIONS.items())[:2]:
+        fresh, rss = [], 0.0
+        for _ in range(3):
+            t = time.perf_counter()
+            said = subprocess.run([sys.executable, "-c", _FRESH, str(path), sql, wanted[key]], capture_output=True,
+                                  text=True, check=True)  # fmt: skip
+            fresh.append(time.perf_counter() - t)
+            rss = max(rss, float(said.stdout.split()[1]))
+        rows[f"{name}, fresh process"] = summarize(fresh)
+        notes[f"{name}: fresh process (interpreter start included) peak RSS"] = f"{rss:.0f} MB"
+    where = AuditFilter(session_id=wanted["session"])
+    rows["today's path: a full scan per question (scaled)"] = summarize([old_scan(path, where, args.baseline_events)
+                                                                          * scale])  # fmt: skip
+
+    sys.stderr.write("appends while queries run\n")
+    quiet = asyncio.run(append_rate(work, None, args.rate_events, "fsync"))
+    stop = work / "stop-queries"
+    asker = subprocess.Popen([sys.executable, "-c", _ASKER, str(path), str(stop), wanted["agent"]])
+    try:
+        time.sleep(1.0)
+        busy = asyncio.run(append_rate(work, None, args.rate_events, "fsync"))
+    finally:
+        stop.touch()
+        asker.wait(timeout=60)
+    notes["appends/s (fsync) without -> with queries running in another process"] = (
+        f"{quiet:,.0f} -> {busy:,.0f} ({(busy / quiet - 1) * 100:+.1f}%)"
+    )
 
 
-def run_queries(work: Path, path: Path, args: argparse.Namespace, rows: dict[str, dict[str, float]],
-                notes: dict[str, Any], scale: float) -> None:  # fmt: skip
-    del work, path, args, rows, notes, scale
+# Another process asking the aggregate over and over until told to stop (an auditor's dashboard).
+_ASKER = """
+import sys
+from pathlib import Path
+from router.audit.index import AuditQuery
+stop = Path(sys.argv[2])
+with AuditQuery(Path(sys.argv[1])) as query:
+    while not stop.exists():
+        list(query.sql("SELECT day, count(*) FROM events WHERE agent = ? GROUP BY day", [sys.argv[3]])[1])
+"""
 
 
 if __name__ == "__main__":
