@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 import structlog
 
 from router.audit.chain import head_of, line_hash
-from router.audit.layout import LogLayout, Manifest, Part, write_json_atomically
+from router.audit.layout import LogLayout, Manifest, Part, complete_lines, write_json_atomically
 from router.errors import AuditError
 from router.text import escape_invalid_text
 
@@ -711,23 +711,6 @@ def _last_newline(handle: BinaryIO, end: int) -> int:
     return -1
 
 
-def _complete_lines(handle: BinaryIO, start: int) -> Iterator[tuple[int, bytes]]:
-    """`router.audit.layout.lines` of an open file: its complete lines from byte ``start``, each
-    with its offset (a last line without its newline was never acknowledged: not yielded)."""
-    handle.seek(start)
-    offset, rest = start, b""
-    while chunk := handle.read(1 << 20):
-        block = rest + chunk
-        cut = block.rfind(b"\n")
-        if cut == -1:
-            rest = block
-            continue
-        rest = block[cut + 1 :]
-        for line in block[:cut].split(b"\n"):
-            yield offset, line
-            offset += len(line) + 1
-
-
 def _complete_end(path: Path, size: int) -> tuple[int, int]:
     """Where the last complete line within the first ``size`` bytes ends, and its seq (0, 0: none)."""
     with path.open("rb") as handle:
@@ -1125,7 +1108,7 @@ class AuditQuery:
                 fed.start = start
             batch: list[str] = []
             size = 0
-            for offset, line in _complete_lines(handle, max(fed.end, start)):
+            for offset, line in complete_lines(handle, max(fed.end, start)):
                 fed.end = offset + len(line) + 1
                 batch.append(line.decode(errors="replace"))  # UTF-8 as written; anything else fails json_valid
                 size += len(line)

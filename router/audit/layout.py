@@ -23,7 +23,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -154,21 +154,23 @@ def lines(path: Path, start: int = 0) -> Iterator[tuple[int, bytes]]:
     except FileNotFoundError:
         return
     with handle:
-        handle.seek(start)
-        offset, rest = start, b""
-        while True:
-            chunk = handle.read(_READ_CHUNK)
-            if not chunk:
-                return
-            block = rest + chunk
-            cut = block.rfind(b"\n")
-            if cut == -1:
-                rest = block
-                continue
-            rest = block[cut + 1 :]
-            for line in block[:cut].split(b"\n"):
-                yield offset, line
-                offset += len(line) + 1
+        yield from complete_lines(handle, start)
+
+
+def complete_lines(handle: BinaryIO, start: int = 0) -> Iterator[tuple[int, bytes]]:
+    """`lines` of an open file."""
+    handle.seek(start)
+    offset, rest = start, b""
+    while chunk := handle.read(_READ_CHUNK):
+        block = rest + chunk
+        cut = block.rfind(b"\n")
+        if cut == -1:
+            rest = block
+            continue
+        rest = block[cut + 1 :]
+        for line in block[:cut].split(b"\n"):
+            yield offset, line
+            offset += len(line) + 1
 
 
 def write_json_atomically(path: Path, value: Any, *, sync: bool = True, mode: int = 0o640) -> None:

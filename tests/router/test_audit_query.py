@@ -52,7 +52,6 @@ BIG = "B" * (1 << 20)  # a 1 MiB argument, in one event
 AGENTS = ["agent-a", "agent-b", "agent-'c", "agent-d"]
 PRINCIPALS = ["alice@example.com", "o'brien@example.com", "bob@example.com"]
 APPROVERS = ["oncall@example.com", "o'brien", "sec-lead"]
-REDIS_URL = os.environ.get("STOCKADE_TEST_AUDIT_REDIS_URL", "redis://127.0.0.1:6379/11")
 
 
 # -- a realistic log -------------------------------------------------------------------------
@@ -749,38 +748,24 @@ def test_api_pages_cover_every_event_once_and_stream_json_lines(server: str, aud
     assert (refused.status_code, bad.status_code) == (403, 422)
 
 
-@pytest.fixture
-def audit_redis() -> Iterator[str]:
-    """Database 11 of the test Redis, empty, flushed again afterwards."""
-    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2)
-    try:
-        client.flushdb()
-    except redis.exceptions.ConnectionError as exc:
-        client.close()
-        pytest.fail(f"no Redis at {REDIS_URL} ({exc}): scripts/services starts one")
-    yield REDIS_URL
-    client.flushdb()
-    client.close()
-
-
-def test_the_api_reads_the_redis_stream_with_the_same_filters(tmp_path: Path, audit_redis: str) -> None:
+def test_the_api_reads_the_redis_stream_with_the_same_filters(tmp_path: Path, redis_url: str) -> None:
     calls = Calls(seed=5)
     events = [e for i in range(25) for e in calls.session(random.Random(i).randint(1, 5))]  # noqa: S311  (seeded)
 
     async def fill() -> None:
-        log = RedisAuditLog(audit_redis, spool_dir=tmp_path / "spool", instance="writer")
+        log = RedisAuditLog(redis_url, spool_dir=tmp_path / "spool", instance="writer")
         for event in events:
             await log.append(event)
         await log.aclose()
 
     asyncio.run(fill())
-    stream = redis.Redis.from_url(audit_redis).xrange("stockade:audit")
+    stream = redis.Redis.from_url(redis_url).xrange("stockade:audit")
     docs = []
     for _, fields in stream:
         line = fields[b"event"]
         docs.append({**json.loads(line), "hash": line_hash(line).hex()})
     assert len(docs) == len(events)
-    env = {"STOCKADE_AUDIT__BACKEND": "redis", "STOCKADE_STORE__URL": audit_redis, "STOCKADE_LOG_LEVEL": "error",
+    env = {"STOCKADE_AUDIT__BACKEND": "redis", "STOCKADE_STORE__URL": redis_url, "STOCKADE_LOG_LEVEL": "error",
            "STOCKADE_AUDIT__PATH": str(tmp_path / "unused.jsonl"), "STOCKADE_AUDIT__SIGNING_KEY": str(tmp_path / "k"),
            "STOCKADE_API_PRINCIPALS": json.dumps(principals())}  # fmt: skip
     with stockade_server(["serve"], env, tmp_path / "serve.log", "/healthz") as url:
@@ -790,7 +775,7 @@ def test_the_api_reads_the_redis_stream_with_the_same_filters(tmp_path: Path, au
             answer = httpx.get(f"{url}/v1/audit/events", params=[*params(where), ("limit", "100000")],
                                headers=auth("audit"), timeout=30)  # fmt: skip
             assert answer.status_code == 200, answer.text
-            current = [d for d in redis_docs(audit_redis) if scan_selects(d, where)]
+            current = [d for d in redis_docs(redis_url) if scan_selects(d, where)]
             assert [e["seq"] for e in answer.json()["events"]] == [d["seq"] for d in current]
         paged, cursor = [], 0
         while cursor is not None:
@@ -798,7 +783,7 @@ def test_the_api_reads_the_redis_stream_with_the_same_filters(tmp_path: Path, au
                              headers=auth("audit"), timeout=30).json()  # fmt: skip
             paged += [e["seq"] for e in page["events"]]
             cursor = page["next_after_seq"]
-        assert paged == [d["seq"] for d in redis_docs(audit_redis)]
+        assert paged == [d["seq"] for d in redis_docs(redis_url)]
 
 
 def redis_docs(url: str) -> list[dict[str, Any]]:
