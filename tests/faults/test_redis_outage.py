@@ -149,8 +149,8 @@ async def test_two_routers_on_one_host_keep_spools_of_their_own(tmp_path: Path, 
         assert (await two.call(session, "lookup", {})).status == "awaiting_report"
         assert (await one.call(session, "lookup", {})).status == "awaiting_report"
         assert (await one.audit.verify()).events == 3  # the registration (once, shared), two decisions
-    locks = sorted(p.name for p in (tmp_path / "spool").glob("*.lock"))
-    assert locks == ["router-a.1.jsonl.lock", "router-a.jsonl.lock"]
+    locks = sorted(p.name for p in (tmp_path / "spool").glob("*.claim"))
+    assert locks == ["router-a.1.jsonl.claim", "router-a.jsonl.claim"]
 
 
 async def test_a_loss_hidden_by_other_routers_appending_past_it_is_still_seen(

@@ -211,4 +211,8 @@ async def test_concurrent_retries_of_an_approved_call_run_it_once(plane: Control
             continue
         assert isinstance(other, ApprovalError) or other.status == "pending_approval", other
     executions = await plane.audit.query(AuditFilter(kind="execution"))
-    assert len(executions) == 1
+    # One ran. A loser that was decided (allowed, with the approval) before the winner redeemed it
+    # has its trail closed as refused, nothing run; which interleaving happens is the loop's choice.
+    ran = [e for e in executions if e.outcome != "refused"]
+    assert len(ran) == 1
+    assert all(e.result is not None and e.result["code"] == "approval.invalid" for e in executions if e not in ran)
