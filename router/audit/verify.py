@@ -24,7 +24,7 @@ from router.audit.base import VerifyReport
 from router.audit.chain import GENESIS_HASH, head_of, line_hash
 from router.audit.checkpoint import Checkpoint, Tombstone, VerifyKey
 from router.audit.layout import LogLayout, Part, lines, read_checkpoint_source
-from router.audit.merkle import CompactRange, inclusion_proof
+from router.audit.merkle import CompactRange, inclusion_proof, root_of
 from router.errors import AuditError
 
 
@@ -359,7 +359,7 @@ def inclusion_proofs(layout: LogLayout, seqs: Sequence[int]) -> tuple[Checkpoint
         raise AuditError(f"{layout.checkpoints} holds no checkpoint yet: nothing to prove against")
     checkpoint = max(checkpoints, key=lambda c: c.size)
     leaves = _leaves(layout, checkpoint.size)
-    if _root(leaves) != checkpoint.root:
+    if root_of(leaves).hex() != checkpoint.root:
         raise AuditError("the log does not match its latest checkpoint; run `stockade audit verify`")
     proofs: dict[int, list[str]] = {}
     for seq in seqs:
@@ -384,13 +384,6 @@ def _leaves(layout: LogLayout, size: int) -> list[bytes]:
     if len(leaves) < size:
         raise AuditError(f"the log holds {len(leaves)} events, fewer than its checkpoint's {size}")
     return leaves
-
-
-def _root(leaves: list[bytes]) -> str:
-    tree = CompactRange()
-    for leaf in leaves:
-        tree.append(leaf)
-    return tree.root().hex()
 
 
 def proof_document(checkpoint: Checkpoint, seq: int, line: bytes, proof: list[str]) -> dict[str, object]:
