@@ -83,7 +83,11 @@ def _arg_pairs(values: Sequence[str] | None) -> tuple[tuple[str, str], ...]:
 def register(audit_app: typer.Typer) -> None:  # noqa: PLR0915  (one closure per command, read top to bottom)
     """Add the auditor's read commands to ``audit_app`` (the CLI's ``audit`` group)."""
     # The CLI's shared helpers; imported here, once cli.py has defined them.
-    from router.interfaces.cli import AuditPath, JsonFlag, _emit_json, _fail, _settings, _when, err, out  # noqa: PLC0415
+    from router.interfaces.cli_common import AuditPath, JsonFlag, err, out  # noqa: PLC0415
+    from router.interfaces.cli_common import emit_json as _emit_json  # noqa: PLC0415
+    from router.interfaces.cli_common import fail as _fail  # noqa: PLC0415
+    from router.interfaces.cli_common import settings_of as _settings  # noqa: PLC0415
+    from router.interfaces.cli_common import when as _when  # noqa: PLC0415
 
     Since = Annotated[
         str | None,

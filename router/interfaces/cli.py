@@ -8,28 +8,21 @@ could not be read (a policy that does not load, an unreadable log, an unreachabl
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import gc
 import getpass
 import hashlib
 import json
 import secrets
-import sys
 from collections.abc import Awaitable, Callable
-from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
-import httpx
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 import runner as runner_pkg
-from policy import EmbeddedEngine, PolicyBundleError, PolicyInput, PolicySettings, RegoTestResult, run_rego_tests
-from policy.tooling import check, coverage, explain
 from router.approvals import Approval, ApprovalBook, ApprovalError, ApprovalStatus
-from router.audit import AuditFilter, JsonlAuditLog, VerifyReport
+from router.audit import JsonlAuditLog, VerifyReport
 from router.audit.chain import head_of
 from router.audit.checkpoint import Checkpoint, VerifyKey
 from router.audit.layout import lines, read_checkpoint_source
@@ -37,11 +30,16 @@ from router.audit.redis import RedisAuditLog
 from router.audit.verify import inclusion_proofs, proof_document, verify_log
 from router.control import VERSION
 from router.errors import AuditError, StockadeError
+from router.interfaces.cli_common import AuditPath, JsonFlag, err, out
+from router.interfaces.cli_common import audit_log as _audit_log
+from router.interfaces.cli_common import emit_json as _emit_json
+from router.interfaces.cli_common import fail as _fail
+from router.interfaces.cli_common import settings_of as _settings
 from router.interfaces.demo import run_demo
 from router.interfaces.local import LocalRouters, approval_socket, socket_dir
+from router.interfaces.policy_cli import policy_app
 from router.interfaces.render import approval_panel, approvals_table
 from router.logging import configure_logging
-from router.replay import replay
 from router.settings import Settings
 from router.store import make_store
 from runner.image import build_default_image
@@ -52,9 +50,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
-policy_app = typer.Typer(help="Test and evaluate the Rego policies.", no_args_is_help=True)
 audit_app = typer.Typer(help="Verify and query the audit log.", no_args_is_help=True)
-app.add_typer(policy_app, name="policy")
+app.add_typer(policy_app, name="policy")  # the security team's commands: router/interfaces/policy_cli.py
 app.add_typer(audit_app, name="audit")
 
 sandbox_app = typer.Typer(help="Build the sandbox image and check which tiers work here.", no_args_is_help=True)
@@ -65,18 +62,6 @@ approvals_app = typer.Typer(
 )
 app.add_typer(approvals_app, name="approvals")
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
-
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
-PolicyDir = Annotated[Path | None, typer.Option("--dir", help="Policy directory (default: STOCKADE_POLICY__DIR).")]
-AuditPath = Annotated[Path | None, typer.Option("--path", help="Audit log (default: STOCKADE_AUDIT__PATH).")]
-
-
-def _settings(ctx: typer.Context) -> Settings:
-    settings: Settings = ctx.obj
-    return settings
-
 
 @app.callback()
 def main(ctx: typer.Context) -> None:
@@ -84,15 +69,6 @@ def main(ctx: typer.Context) -> None:
     settings = Settings()
     configure_logging(settings.log_format, settings.log_level)
     ctx.obj = settings
-
-
-def _fail(message: str, code: int = 2) -> typer.Exit:
-    err.print(f"[red]error:[/red] {message}", markup=True)
-    return typer.Exit(code)
-
-
-def _emit_json(value: Any) -> None:
-    sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
 
 
 # -- demo ---------------------------------------------------------------------------------
@@ -272,215 +248,7 @@ def api_token(as_json: JsonFlag = False) -> None:
     out.print(f"token (give to the client; shown once): {token}\ntoken_sha256 (configure this): {digest}")
 
 
-# -- policy -------------------------------------------------------------------------------
-
-
-def _policy_settings(ctx: typer.Context, directory: Path | None) -> PolicySettings:
-    base = _settings(ctx).policy
-    return base.model_copy(update={"dir": directory}) if directory else base
-
-
-InputFile = Annotated[Path, typer.Option("--input", "-i", help="JSON file holding a PolicyInput ('-' for stdin).")]
-
-
-def _read_input(path: Path) -> PolicyInput:
-    raw = sys.stdin.read() if str(path) == "-" else path.read_text()
-    try:
-        return PolicyInput.model_validate_json(raw)
-    except ValueError as exc:
-        raise _fail(f"{path} is not a valid PolicyInput: {exc}") from exc
-
-
-@policy_app.command("test")
-def policy_test(
-    ctx: typer.Context,
-    directory: PolicyDir = None,
-    with_coverage: Annotated[bool, typer.Option("--coverage", help="Also report line coverage per file.")] = False,
-    as_json: JsonFlag = False,
-) -> None:
-    """Run every test_* rule in *_test.rego under the policy directory and decide every input a
-    test feeds with `with input as` on the compiled RVM path too; exit 1 if any test fails or
-    the two engines decide an input differently."""
-    settings = _policy_settings(ctx, directory)
-    try:
-        results = run_rego_tests(settings.dir, max_bytes=settings.max_policy_bytes, entrypoint=settings.entrypoint)
-        covered = coverage(settings.dir) if with_coverage else []
-    except PolicyBundleError as exc:
-        raise _fail(str(exc)) from exc
-    failed = [r for r in results if not r.passed]
-    if as_json:
-        document: dict[str, Any] = {"tests": [_test_json(r) for r in results]}
-        if with_coverage:
-            document["coverage"] = [{"file": c.file, "percent": round(c.percent, 1), "not_covered": c.not_covered}
-                                    for c in covered]  # fmt: skip
-        _emit_json(document if with_coverage else document["tests"])
-    else:
-        for r in results:
-            mark = "[green]PASS[/green]" if r.passed else "[red]FAIL[/red]"
-            out.print(f"{mark} {r.file}::{r.name} ({r.duration_ms:.2f} ms{_rvm_summary(r)})")
-            if r.error:
-                out.print(f"     {r.error.splitlines()[-1] if r.error.splitlines() else r.error}", markup=False)
-            elif r.disagreements and r.interpreter_passed:
-                out.print("     passes on the interpreter, but the RVM decides differently:")
-            for d in r.disagreements:
-                out.print(f"     RVM disagrees at {d.describe()}", markup=False)
-            for reason in r.not_replayed:
-                out.print(f"     not replayed on the RVM: {reason}", markup=False)
-        for c in covered:
-            missing = f" (not covered: lines {', '.join(map(str, c.not_covered))})" if c.not_covered else ""
-            out.print(f"coverage {c.file}: {c.percent:.1f}%{missing}")
-        replayed = [r for r in results if r.replayed]
-        disagreeing = [r for r in results if r.disagreements]
-        not_replayed = [r for r in results if r.not_replayed]
-        no_input = [r for r in results if not (r.replayed or r.disagreements or r.not_replayed)]
-        out.print(
-            f"{len(results) - len(failed)} passed, {len(failed)} failed; "
-            f"{len(replayed)} replayed on the RVM ({sum(r.replayed for r in results)} inputs), "
-            f"{len(disagreeing)} disagree, {len(not_replayed)} not (fully) replayed, {len(no_input)} fed no input"
-        )
-    if not results:
-        raise _fail(f"no test_* rules found in *_test.rego under {settings.dir}", 1)
-    raise typer.Exit(1 if failed else 0)
-
-
-def _rvm_summary(result: RegoTestResult) -> str:
-    if result.disagreements:
-        return f"; RVM disagrees on {len(result.disagreements)} of {result.replayed} inputs"
-    if result.replayed:
-        return f"; RVM agrees on {result.replayed} input{'s' if result.replayed > 1 else ''}"
-    return "; not replayed on the RVM" if result.not_replayed else ""
-
-
-def _test_json(result: RegoTestResult) -> dict[str, Any]:
-    """A test for `policy test --json`; "rvm" only for a test that fed the decision an input."""
-    entry: dict[str, Any] = {"file": result.file, "test": result.name, "passed": result.passed,
-                             "ms": result.duration_ms, "error": result.error}  # fmt: skip
-    if result.replayed or result.disagreements or result.not_replayed:
-        entry["rvm"] = {
-            "replayed": result.replayed,
-            "disagreements": [dataclasses.asdict(d) for d in result.disagreements],
-            "not_replayed": list(result.not_replayed),
-        }
-    return entry
-
-
-@policy_app.command("eval")
-def policy_eval(ctx: typer.Context, input_file: InputFile, directory: PolicyDir = None) -> None:
-    """Evaluate the decision for one input on the compiled path and print it as JSON."""
-    policy_input = _read_input(input_file)
-    try:
-        engine = EmbeddedEngine(_policy_settings(ctx, directory))
-    except PolicyBundleError as exc:
-        raise _fail(str(exc)) from exc
-    _emit_json(engine.evaluate(policy_input).model_dump(mode="json"))
-
-
-@policy_app.command("explain")
-def policy_explain(
-    ctx: typer.Context, input_file: InputFile, directory: PolicyDir = None, as_json: JsonFlag = False
-) -> None:
-    """Show the decision for one input, where in the policy each reason comes from, and the
-    helper rules it rests on."""
-    policy_input = _read_input(input_file)
-    try:
-        why = explain(_policy_settings(ctx, directory).dir, policy_input)
-    except (PolicyBundleError, RuntimeError) as exc:
-        raise _fail(str(exc).strip()) from exc
-    if as_json:
-        _emit_json({"decision": why.decision, "reasons": why.reasons, "helpers": why.helpers})
-        return
-    outcome = why.decision.get("outcome") if isinstance(why.decision, dict) else None
-    out.print(f"outcome: [bold]{outcome}[/bold]")
-    for reason in why.reasons:
-        out.print(f"  {reason.get('code')}: {reason.get('message')}  ({', '.join(reason['defined_at']) or '?'})",
-                  markup=False)  # fmt: skip
-    out.print("helper rules:")
-    for name, value in why.helpers.items():
-        out.print(f"  {name} = {json.dumps(value)}", markup=False)
-
-
-@policy_app.command("check")
-def policy_check(ctx: typer.Context, directory: PolicyDir = None) -> None:
-    """Parse and compile every rule; name builtins regorus lacks. Exit 1 on any problem."""
-    root = _policy_settings(ctx, directory).dir
-    problems = check(root)
-    for problem in problems:
-        err.print(f"[red]problem:[/red] {problem}", markup=True)
-    if not problems:
-        out.print(f"[green]OK[/green] {root}: parses, compiles, and uses only builtins regorus provides")
-    raise typer.Exit(1 if problems else 0)
-
-
-@policy_app.command("reload")
-def policy_reload(
-    token: Annotated[
-        str,
-        typer.Option(
-            envvar="STOCKADE_API_TOKEN", show_default=False, help="An admin's bearer token (or STOCKADE_API_TOKEN)."
-        ),
-    ],
-    url: Annotated[str, typer.Option(help="The running router's base URL.")] = "http://127.0.0.1:8080",
-    as_json: JsonFlag = False,
-) -> None:
-    """Make a running router reload its policy directory now (audited, with source "cli").
-    Exit 1 if the router refused (files that do not load: the old policy stays; a token that is not
-    an admin's), 2 if it cannot be reached."""
-    try:
-        response = httpx.post(f"{url.rstrip('/')}/v1/policy/reload", params={"source": "cli"},
-                              headers={"Authorization": f"Bearer {token}"}, timeout=30)  # fmt: skip
-    except httpx.HTTPError as exc:
-        raise _fail(f"cannot reach the router at {url}: {exc}") from exc
-    try:
-        body: dict[str, Any] = response.json()
-    except ValueError:
-        body = {"detail": response.text[:500]}
-    if as_json:
-        _emit_json({"status": response.status_code, **body})
-    elif response.is_success:
-        out.print(f"[green]reloaded[/green] revision {body.get('revision', '?')}", markup=True)
-    else:
-        err.print(f"[red]refused ({response.status_code}):[/red] {body.get('detail', '')}", markup=True)
-    raise typer.Exit(0 if response.is_success else 1)
-
-
-@policy_app.command("replay")
-def policy_replay(
-    ctx: typer.Context,
-    candidate: Annotated[Path, typer.Option("--policy", help="The candidate policy directory.")],
-    since: Annotated[str | None, typer.Option(help="Only decisions at or after this ISO 8601 time.")] = None,
-    path: AuditPath = None,
-    as_json: JsonFlag = False,
-) -> None:
-    """What-if: decide every input recorded in the audit log with a candidate policy and show
-    each decision that would change, with counts by reason."""
-    try:
-        engine = EmbeddedEngine(_settings(ctx).policy.model_copy(update={"dir": candidate}))
-    except PolicyBundleError as exc:
-        raise _fail(str(exc)) from exc
-    events = _audit_log(ctx, path).query_sync(AuditFilter(since=_when(since, "--since"), kind="decision"))
-    report = replay(events, engine)
-    if as_json:
-        _emit_json(report)
-    else:
-        for change in report["changed"]:
-            out.print(f"{change['timestamp'][:19]} {change['tool']:<20} {change['was']:>16} -> {change['now']:<16} "
-                      f"{', '.join(change['now_reasons'])}  {change['decision_id'][:8]}", markup=False)  # fmt: skip
-        out.print(f"{report['replayed']} decisions replayed, {len(report['changed'])} would change, "
-                  f"{report['skipped']} skipped")  # fmt: skip
-        for code, count in report["by_reason"].items():
-            out.print(f"  {code}: {count}")
-    raise typer.Exit(0)
-
-
 # -- audit --------------------------------------------------------------------------------
-
-
-def _audit_log(ctx: typer.Context, path: Path | None) -> JsonlAuditLog:
-    settings = _settings(ctx).audit
-    target = path or settings.path
-    if not target.exists():
-        raise _fail(f"no audit log at {target}; pass --path or set STOCKADE_AUDIT__PATH")
-    return JsonlAuditLog(target, durability=settings.durability)
 
 
 PublicKey = Annotated[
@@ -633,18 +401,6 @@ def _lines_at(log: JsonlAuditLog, seqs: set[int]) -> list[tuple[int, bytes]]:
             if head is not None and head[0] in seqs:
                 found.append((head[0], line))
     return found
-
-
-def _when(value: str | None, option: str) -> datetime | None:
-    if value is None:
-        return None
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError as exc:
-        raise _fail(f"{option} {value!r} is not an ISO 8601 time such as 2026-11-22T10:00:00Z") from exc
-    if parsed.tzinfo is None:
-        raise _fail(f"{option} {value!r} needs a timezone, e.g. 2026-11-22T10:00:00Z")
-    return parsed
 
 
 # -- approvals ----------------------------------------------------------------------------

@@ -1,0 +1,62 @@
+"""Helpers every `stockade` command module shares: the consoles, the common options, settings
+from the context, failing with an exit code, JSON output and time options."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from router.audit import JsonlAuditLog
+from router.settings import Settings
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
+PolicyDir = Annotated[Path | None, typer.Option("--dir", help="Policy directory (default: STOCKADE_POLICY__DIR).")]
+AuditPath = Annotated[Path | None, typer.Option("--path", help="Audit log (default: STOCKADE_AUDIT__PATH).")]
+
+
+def settings_of(ctx: typer.Context) -> Settings:
+    """The settings the ``stockade`` callback read from STOCKADE_* variables."""
+    settings: Settings = ctx.obj
+    return settings
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    """Print ``message`` as an error; the `typer.Exit` to raise (2: bad usage or input)."""
+    err.print(f"[red]error:[/red] {message}", markup=True)
+    return typer.Exit(code)
+
+
+def emit_json(value: Any) -> None:
+    """Write ``value`` to stdout as indented JSON, for scripts."""
+    sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
+
+
+def when(value: str | None, option: str) -> datetime | None:
+    """An ISO 8601 time option with its zone; exits 2 naming ``option`` if it is not one."""
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise fail(f"{option} {value!r} is not an ISO 8601 time such as 2026-11-22T10:00:00Z") from exc
+    if parsed.tzinfo is None:
+        raise fail(f"{option} {value!r} needs a timezone, e.g. 2026-11-22T10:00:00Z")
+    return parsed
+
+
+def audit_log(ctx: typer.Context, path: Path | None) -> JsonlAuditLog:
+    """The JSONL audit log at ``path`` (default: the configured one); exits 2 if there is none."""
+    settings = settings_of(ctx).audit
+    target = path or settings.path
+    if not target.exists():
+        raise fail(f"no audit log at {target}; pass --path or set STOCKADE_AUDIT__PATH")
+    return JsonlAuditLog(target, durability=settings.durability)
