@@ -18,6 +18,8 @@ class SubjectInfo(_Frozen):
 
     agent: str
     principal: str
+    # From the principal's configuration: what rules about teams and roles look at.
+    groups: list[str] = Field(default_factory=list)
     labels: dict[str, str] = Field(default_factory=dict)
 
 
@@ -31,6 +33,16 @@ class SessionInfo(_Frozen):
     # Sources (``untrusted:<tool>:<call_id>``, ...) a human endorsed for this session: their values
     # may be used as destinations, amounts and sensitive values (see docs/policy.md).
     endorsed: list[str] = Field(default_factory=list)
+    # Set by earlier decisions' ``session_labels`` obligation ("read_customer_records"): the
+    # session's history as policy wrote it.
+    labels: list[str] = Field(default_factory=list)
+
+
+class EnvironmentInfo(_Frozen):
+    """Where the router deciding runs: the deployment's name and this router instance."""
+
+    name: str = "dev"
+    instance: str = ""
 
 
 class EgressRequest(_Frozen):
@@ -90,6 +102,7 @@ class PolicyInput(_Frozen):
     rate: dict[str, int] = Field(default_factory=dict)
     approval: dict[str, Any] | None = None
     now: str
+    environment: EnvironmentInfo = Field(default_factory=EnvironmentInfo)
 
 
 class Outcome(StrEnum):
@@ -146,6 +159,9 @@ class Obligations(_Frozen):
     egress: list[EgressRule] = Field(default_factory=list)
     credentials: list[CredentialGrant] = Field(default_factory=list)
     sandbox: SandboxObligation = Field(default_factory=SandboxObligation)
+    # Labels the router adds to the session once this call is allowed; later decisions see
+    # them in ``input.session.labels``.
+    session_labels: list[str] = Field(default_factory=list)
 
 
 class Decision(_Frozen):
