@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 
 class _Frozen(BaseModel):
@@ -36,6 +36,39 @@ class SessionInfo(_Frozen):
     # Set by earlier decisions' ``session_labels`` obligation ("read_customer_records"): the
     # session's history as policy wrote it.
     labels: list[str] = Field(default_factory=list)
+
+
+RATE_SCOPES = ("session", "agent", "principal", "tool", "agent_tool")
+"""What a rate window counts calls of: this session, this agent, this principal (the human the
+agent acts for), this tool (every agent's calls to it), this agent's calls to this tool."""
+
+RATE_PERIODS = ("minute", "hour", "day")
+"""How far back a rate window looks."""
+
+RATE_WINDOWS = tuple(f"{scope}_per_{period}" for scope in RATE_SCOPES for period in RATE_PERIODS)
+"""Every window's name, ``<scope>_per_<period>``: the keys of ``input.rate`` and of
+``catalog.rate_limits``."""
+
+
+class RateCounts(_Frozen):
+    """``input.rate``: the calls in each rate window, the call being decided included (every
+    window is present, 0 when nothing was counted). How exact each period is: `router.rates`."""
+
+    session_per_minute: int = Field(default=0, ge=0)
+    session_per_hour: int = Field(default=0, ge=0)
+    session_per_day: int = Field(default=0, ge=0)
+    agent_per_minute: int = Field(default=0, ge=0)
+    agent_per_hour: int = Field(default=0, ge=0)
+    agent_per_day: int = Field(default=0, ge=0)
+    principal_per_minute: int = Field(default=0, ge=0)
+    principal_per_hour: int = Field(default=0, ge=0)
+    principal_per_day: int = Field(default=0, ge=0)
+    tool_per_minute: int = Field(default=0, ge=0)
+    tool_per_hour: int = Field(default=0, ge=0)
+    tool_per_day: int = Field(default=0, ge=0)
+    agent_tool_per_minute: int = Field(default=0, ge=0)
+    agent_tool_per_hour: int = Field(default=0, ge=0)
+    agent_tool_per_day: int = Field(default=0, ge=0)
 
 
 class EnvironmentInfo(_Frozen):
@@ -99,7 +132,7 @@ class PolicyInput(_Frozen):
     # Per value of each destination, amount, sensitive and content argument (a list's elements
     # one by one; a content argument's identifiers one by one): where each was seen.
     values: dict[str, list[ValueSources]] = Field(default_factory=dict)
-    rate: dict[str, int] = Field(default_factory=dict)
+    rate: RateCounts = Field(default_factory=RateCounts)
     approval: dict[str, Any] | None = None
     now: str
     environment: EnvironmentInfo = Field(default_factory=EnvironmentInfo)
@@ -152,6 +185,13 @@ class SandboxObligation(_Frozen):
     mode: Literal["fresh", "session"] | None = None
 
 
+MAX_SESSION_LABELS = 256
+"""The most labels one session carries; a decision that would add more is a deny."""
+
+SessionLabel = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$")]
+"""A session label: 1-128 letters, digits and ``_ . : / -``, starting with a letter or digit."""
+
+
 class Obligations(_Frozen):
     """What the router must enforce if it runs the call."""
 
@@ -161,7 +201,8 @@ class Obligations(_Frozen):
     sandbox: SandboxObligation = Field(default_factory=SandboxObligation)
     # Labels the router adds to the session once this call is allowed; later decisions see
     # them in ``input.session.labels``.
-    session_labels: list[str] = Field(default_factory=list)
+    # Malformed labels, or more than 32, make the decision malformed: a deny (policy.error).
+    session_labels: list[SessionLabel] = Field(default_factory=list, max_length=32)
 
 
 class Decision(_Frozen):

@@ -36,6 +36,7 @@ import runner as runner_pkg
 import runner.base
 import runner.files
 from policy import Decision, Outcome, PolicyEngine, PolicyInput, SessionInfo, SubjectInfo, ValueSources
+from policy.base import MAX_SESSION_LABELS, POLICY_ERROR, EnvironmentInfo, RateCounts
 from policy.bundle import fingerprint
 from router import metrics, telemetry
 from router.approvals import Approval, ApprovalBook, ApprovalError, ApprovalStatus, binding
@@ -136,7 +137,7 @@ class _Call:
         self.provenance: dict[str, list[str]] = {}
         self.values: dict[str, list[ValueSources]] = {}
         self.arg_keys: set[str] = set()
-        self.rates: dict[str, int] = {}
+        self.rates = RateCounts()
         self.tier: str | None = None  # the sandbox tier, once the call runs
         self.leases: list[Lease] = []  # minted credentials: revoked on every exit
         self.stage = "prepared"  # how far the call got, for the record of an exit that cut it short
@@ -165,6 +166,7 @@ class ControlPlane:
         self.store: Store = store if store is not None else MemoryStore(settings.session_idle_ttl_s)
         self.registry = ToolRegistry()
         self._labels = {"instance": settings.instance, "version": VERSION}
+        self._environment = EnvironmentInfo(name=settings.environment, instance=settings.instance)
         self.approvals = ApprovalBook(
             self.store, audit, ttl_s=settings.approval_ttl_s, keep_s=settings.approval_keep_s, labels=self._labels
         )
@@ -252,6 +254,7 @@ class ControlPlane:
         probe = PolicyInput(
             subject=SubjectInfo(agent="register-probe", principal="register-probe"),
             session=SessionInfo(id="register-probe"), tool=tool.policy_view, args={}, now=_now(),
+            environment=self._environment,
         )  # fmt: skip
         decision = await self.policy.decide(probe)
         if decision.outcome is Outcome.DENY and all(r.code.startswith(_TOOL_REASONS) for r in decision.reasons):
@@ -440,7 +443,7 @@ class ControlPlane:
         for spec in await self.list_tools():
             call = _Call(session, self.registry.get(spec.name), {}, "{}")
             try:
-                decision = await self.policy.decide(_policy_input(call))
+                decision = await self.policy.decide(self._policy_input(call))
             except Exception as exc:  # a listing fails closed too: the tool is not shown
                 log.error("policy_engine_raised", error=str(exc), tool=spec.name)
                 continue
@@ -708,6 +711,14 @@ class ControlPlane:
             with telemetry.step("stockade.approval") as span:
                 await self._redeem(call)
                 telemetry.approval(span, call.approval.id, ApprovalStatus.USED.value, "redeemed")
+        if decision.obligations.session_labels:
+            # Before the call runs: a later decision must not miss what this one allowed (a store
+            # that fails here refuses the call).
+            call.stage = "labelling"
+            new = sorted(set(decision.obligations.session_labels) - call.session.labels)
+            if new:
+                await self._store_step(call, self.store.add_session_labels(call.session.id, new))
+                log.info("session_labelled", labels=new)
         if decision.obligations.credentials:
             call.stage = "credentials"
             with telemetry.step("stockade.credentials.mint") as span:
@@ -977,7 +988,7 @@ class ControlPlane:
         """
         call.stage = "deciding"
         spec = call.tool.spec
-        policy_input = _policy_input(call)
+        policy_input = self._policy_input(call)
         with telemetry.step("stockade.policy.decide") as span:
             started = time.perf_counter_ns()
             try:
@@ -990,6 +1001,11 @@ class ControlPlane:
                 )
             elapsed = time.perf_counter_ns() - started
             tier = None
+            labelled = call.session.labels.union(decision.obligations.session_labels)
+            if decision.outcome is not Outcome.DENY and len(labelled) > MAX_SESSION_LABELS:
+                decision = policy_pkg.deny(POLICY_ERROR, f"the session_labels obligation would give the session "
+                                           f"{len(labelled)} labels, over {MAX_SESSION_LABELS}",
+                                           revision=decision.policy_revision)  # fmt: skip
             if decision.outcome is not Outcome.DENY and not isinstance(spec.executor, ExternalExecutor):
                 tier, problem = self._select_tier(spec, decision)
                 if problem is not None:
@@ -1277,6 +1293,9 @@ class ControlPlane:
             keys.difference_update("h:" + key.rsplit("@", 1)[1] for key in echoed if key.startswith("e:"))
         await self.store.record_output(session.id, source, keys, taint=taint)
 
+    def _policy_input(self, call: _Call) -> PolicyInput:
+        return _policy_input(call, self.settings, self._environment)
+
     @staticmethod
     def _result(call: _Call, status: Any, reasons: list[str] | None = None) -> ToolResult:
         return ToolResult(
@@ -1302,16 +1321,24 @@ def make_audit_log(settings: Settings) -> AuditLog:
     return audit_factory.make_audit_log(settings)
 
 
-def _policy_input(call: _Call) -> PolicyInput:
-    """What policy sees of a call."""
+def _policy_input(call: _Call, settings: Settings, environment: EnvironmentInfo) -> PolicyInput:
+    """What policy sees of a call. The principal's groups and labels come from ``settings`` (the
+    principal's configuration), never from the caller."""
+    principal = settings.principal_config(call.session.principal)
     return PolicyInput(
-        subject=SubjectInfo(agent=call.session.agent, principal=call.session.principal),
+        subject=SubjectInfo(
+            agent=call.session.agent,
+            principal=call.session.principal,
+            groups=list(principal.groups),
+            labels=dict(principal.labels),
+        ),
         session=SessionInfo(
             id=call.session.id,
             taint=sorted(call.session.taint),
             call_count=call.session.call_count,
             trusted_context=list(call.session.trusted_context),
             endorsed=sorted(call.session.endorsed),
+            labels=sorted(call.session.labels),
         ),
         tool=call.tool.policy_view,
         args=call.args,
@@ -1327,6 +1354,7 @@ def _policy_input(call: _Call) -> PolicyInput:
         values=call.values,
         rate=call.rates,
         now=_now(),
+        environment=environment,
     )
 
 

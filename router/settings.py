@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from policy import PolicySettings
@@ -140,13 +141,79 @@ class TelemetrySettings(BaseModel):
     service_name: str = Field(default="stockade", min_length=1)
 
 
-class ApiPrincipal(BaseModel):
-    """Who may use the HTTP API, as what. Only the sha256 of the bearer token is configured
-    (``stockade api-token`` makes a token and prints its hash)."""
+_PRINCIPAL_NAME = r"^[A-Za-z0-9][A-Za-z0-9@._+-]{0,127}$"
+_GROUP = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@/+-]{0,127}")
+_LABEL_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
+_LABEL_VALUE = re.compile(r"[A-Za-z0-9_.,:@/+= -]{0,256}")
+_MAX_GROUPS = 64
+_MAX_LABELS = 64
+
+
+def _shown(value: str) -> str:
+    return repr(value[:40] + "..." if len(value) > 40 else value)
+
+
+def _check_group(value: str) -> str:
+    if not _GROUP.fullmatch(value):
+        raise ValueError(
+            f"group {_shown(value)} ({len(value)} characters) is not a group name: 1-128 letters, digits and "
+            "_ . : @ / + -, starting with a letter or digit"
+        )
+    return value
+
+
+def _check_labels(labels: dict[str, str]) -> dict[str, str]:
+    for key, value in labels.items():
+        if not _LABEL_KEY.fullmatch(key):
+            raise ValueError(
+                f"label name {_shown(key)} ({len(key)} characters) is not allowed: 1-64 letters, digits and "
+                "_ . -, starting with a letter"
+            )
+        if not _LABEL_VALUE.fullmatch(value):
+            raise ValueError(
+                f"label {key}'s value {_shown(value)} ({len(value)} characters) is not allowed: at most 256 "
+                "letters, digits, spaces and _ . , : @ / + = -"
+            )
+    return labels
+
+
+def _check_principal_names(principals: dict[str, PrincipalConfig]) -> dict[str, PrincipalConfig]:
+    for name in principals:
+        if not re.fullmatch(_PRINCIPAL_NAME, name):
+            raise ValueError(
+                f"principal name {_shown(name)} ({len(name)} characters) is not allowed: 1-128 letters, digits and "
+                "@ . _ + -, starting with a letter or digit (as in STOCKADE_API_PRINCIPALS)"
+            )
+    return principals
+
+
+GroupName = Annotated[str, AfterValidator(_check_group)]
+
+
+class PrincipalConfig(BaseModel):
+    """What policy knows of a principal (``input.subject.groups`` / ``labels``): its teams and
+    roles, and facts such as ``{"department": "finance"}``. Configured here only, never taken
+    from the agent."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9@._+-]{0,127}$")
+    groups: list[GroupName] = Field(default_factory=list, max_length=_MAX_GROUPS)
+    labels: Annotated[dict[str, str], AfterValidator(_check_labels)] = Field(
+        default_factory=dict, max_length=_MAX_LABELS
+    )
+
+    @property
+    def configured(self) -> bool:
+        """Whether it says anything (groups or labels)."""
+        return bool(self.groups or self.labels)
+
+
+class ApiPrincipal(PrincipalConfig):
+    """Who may use the HTTP API, as what. Only the sha256 of the bearer token is configured
+    (``stockade api-token`` makes a token and prints its hash). ``groups`` and ``labels``: what
+    policy sees of this principal when a session acts for it (`PrincipalConfig`)."""
+
+    name: str = Field(pattern=_PRINCIPAL_NAME)
     role: Literal["agent", "approver", "auditor", "admin"]
     token_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     # Agents register tools only if allowed to; admins always may.
@@ -185,6 +252,44 @@ class Settings(BaseSettings):
     introspection_tokens: list[SecretStr] = Field(default_factory=list)
     # The HTTP API's principals (STOCKADE_API_PRINCIPALS, a JSON list); none: every request is refused.
     api_principals: list[ApiPrincipal] = Field(default_factory=list)
+    # What policy knows of principals by name (STOCKADE_PRINCIPALS, a JSON object
+    # {"alice@example.com": {"groups": ["deployers"], "labels": {"team": "payments"}}}): for
+    # principals that do not use the HTTP API themselves (SDK, MCP, embedded). A name may have its
+    # groups and labels here or on its API principal entry, not in both.
+    principals: Annotated[dict[str, PrincipalConfig], AfterValidator(_check_principal_names)] = Field(
+        default_factory=dict
+    )
+    # The deployment this router decides for (``input.environment.name``: prod, staging, dev, ...).
+    environment: str = Field(default="dev", pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")
     api_max_body_bytes: int = Field(default=32 << 20, gt=0)
     # A request (a call included: it waits for the tool) that takes longer is answered 504.
     api_request_timeout_s: float = Field(default=600.0, gt=0)
+
+    @model_validator(mode="after")
+    def _one_config_per_principal(self) -> Self:
+        """Each principal's groups and labels are configured in one place: two different answers
+        to "what groups is alice in" would make a rule depend on which entry was read."""
+        found: dict[str, PrincipalConfig] = {}
+        for name, config in [*self.principals.items(), *((p.name, p) for p in self.api_principals)]:
+            if not config.configured:
+                continue
+            plain = PrincipalConfig(groups=config.groups, labels=config.labels)
+            if found.setdefault(name, plain) != plain:
+                raise ValueError(
+                    f"principal {name!r} has groups or labels configured twice, differently (STOCKADE_PRINCIPALS "
+                    "and STOCKADE_API_PRINCIPALS entries): configure them in one entry"
+                )
+        return self
+
+    def principal_config(self, name: str) -> PrincipalConfig:
+        """What is configured for the principal ``name`` (nothing: no groups, no labels)."""
+        found = self.principals.get(name)
+        if found is not None and found.configured:
+            return found
+        for entry in self.api_principals:
+            if entry.name == name and entry.configured:
+                return entry
+        return _NOBODY
+
+
+_NOBODY = PrincipalConfig()

@@ -1,6 +1,6 @@
 """The `Store` seam: the state a router keeps between calls, and shares with other routers.
 
-It holds sessions (who, taint, call count, trusted context), each session's provenance index and
+It holds sessions (who, taint, call count, trusted context, policy's labels), each session's provenance index and
 pending external reports, approvals, rate windows, credential leases and the public keys that
 verify minted tokens. `MemoryStore` keeps them in this process
 (the embedded default); `RedisStore` keeps them in Redis, so several routers act as one. Every
@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
+
+from policy.base import RateCounts
 
 if TYPE_CHECKING:
     from router.approvals import Approval, ApprovalStatus
@@ -29,6 +31,8 @@ class SessionRecord:
     taint: frozenset[str] = field(default_factory=frozenset)
     call_count: int = 0
     endorsed: frozenset[str] = field(default_factory=frozenset)  # source labels a human endorsed
+    # What policy wrote about the session (``session_labels`` obligations of allowed calls).
+    labels: frozenset[str] = field(default_factory=frozenset)
     # The latest approval asked for each exact call in the session (binding -> approval id): a
     # retry of a held call finds it, so a model need not carry approval ids (MCP, frameworks).
     approvals: Mapping[str, str] = field(default_factory=dict)
@@ -37,11 +41,11 @@ class SessionRecord:
 @dataclass(frozen=True, slots=True)
 class CallContext:
     """What the store knows for one call: its session, where its arguments were seen before, and
-    the calls in its rate windows (names as in `router.rates.scopes`)."""
+    the calls in its rate windows (all 0 for a call refused before counting)."""
 
     session: SessionRecord
     provenance: dict[str, list[str]]
-    rates: dict[str, int]
+    rates: RateCounts
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +107,11 @@ class Store(Protocol):
         session is not open. ``agent``: who the caller says it is; if the session is another
         agent's, nothing is renewed or counted and the context has no provenance or rates (the
         caller refuses the call)."""
+        ...
+
+    async def add_session_labels(self, session_id: str, labels: Collection[str]) -> bool:
+        """Add policy's ``labels`` to the open session (later loads carry them); False if it is not
+        open. Labels are never removed: they end with the session."""
         ...
 
     async def expect_report(self, pending: PendingExternal) -> None:

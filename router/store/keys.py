@@ -11,7 +11,8 @@ PREFIX = "stockade:"
 
 def session(session_id: str) -> str:
     """Hash: agent, principal, opened_at, trusted_context (JSON), call_count, ``taint:<label>``,
-    ``endorsed:<source>``, ``approval:<binding>`` -> the latest approval id asked for that call.
+    ``endorsed:<source>``, ``label:<label>`` (policy's session labels),
+    ``approval:<binding>`` -> the latest approval id asked for that call.
     TTL: the session idle TTL, renewed by every call in the session."""
     return f"{PREFIX}session:{session_id}"
 
@@ -36,9 +37,11 @@ APPROVALS = f"{PREFIX}approvals"
 """Sorted set: approval id scored by creation time, for listing. TTL: the longest kept approval's."""
 
 
-def rate(scope: str, window_s: float) -> str:
-    """Sorted set: one member per call, scored by its time in ms. TTL: the window."""
-    return f"{PREFIX}rate:{scope}:{window_s:g}"
+def rate(scope: str) -> str:
+    """Hash, one rate scope's minute, hour and day windows (`router.rates`): per period ``m``,
+    ``h``, ``d``: ``<p>:<bucket index>`` -> calls in that bucket, ``<p>:head`` the newest bucket,
+    ``<p>:n`` the calls in the window. TTL: a day and one bucket, renewed by each call."""
+    return f"{PREFIX}rate:{scope}"
 
 
 def lease(lease_id: str) -> str:

@@ -14,9 +14,10 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from policy.base import RateCounts
 from router.approvals import Approval, ApprovalStatus
 from router.provenance import ProvenanceIndex
-from router.rates import WINDOW_S, RateCounter
+from router.rates import PERIODS, RateCounter
 from router.rates import scopes as rate_scopes
 from router.store.base import CallContext, PendingExternal, SessionRecord
 
@@ -33,11 +34,11 @@ class _Session:
 class MemoryStore:
     """`Store` in this process."""
 
-    def __init__(self, session_ttl_s: float = 3600.0, rate_window_s: float = WINDOW_S) -> None:
+    def __init__(self, session_ttl_s: float = 3600.0, rate_periods: Mapping[str, float] = PERIODS) -> None:
         self._session_ttl_s = session_ttl_s
         self._sessions: dict[str, _Session] = {}
         self._approvals: dict[str, tuple[Approval, float]] = {}  # id -> (approval, drop at)
-        self._rates = RateCounter(rate_window_s)
+        self._rates = RateCounter(rate_periods)
         self._leases: dict[str, tuple[str, dict[str, Any], float]] = {}  # id -> (status, record, until)
         self._keys: dict[str, tuple[str, float]] = {}  # kid -> (jwk, until)
         self._tools: dict[str, tuple[str, int]] = {}  # name -> (spec JSON, registry version)
@@ -96,17 +97,24 @@ class MemoryStore:
         if session is None:
             return None
         if agent is not None and session.record.agent != agent:
-            return CallContext(session=session.record, provenance={}, rates={})
+            return CallContext(session=session.record, provenance={}, rates=RateCounts())
         session.last_used = now
         if count:
             session.record = dataclasses.replace(session.record, call_count=session.record.call_count + 1)
         record = session.record
-        windows = rate_scopes(session_id, record.agent, tool)
+        windows = rate_scopes(session_id, record.agent, record.principal, tool)
         return CallContext(
             session=record,
             provenance=session.index.lookup_keys(keys_by_arg),
             rates=self._rates.hit(windows) if count else self._rates.peek(windows),
         )
+
+    async def add_session_labels(self, session_id: str, labels: Collection[str]) -> bool:
+        session = self._live(session_id, time.monotonic())
+        if session is None:
+            return False
+        session.record = dataclasses.replace(session.record, labels=session.record.labels | frozenset(labels))
+        return True
 
     async def expect_report(self, pending: PendingExternal) -> None:
         session = self._sessions.get(pending.session_id)

@@ -8,7 +8,6 @@ Every key has a TTL. Errors from redis-py become `StoreError` here and nowhere e
 from __future__ import annotations
 
 import json
-import secrets
 import time
 from collections.abc import Awaitable, Collection, Mapping
 from typing import Any, TypeVar
@@ -17,10 +16,11 @@ from urllib.parse import urlsplit, urlunsplit
 import redis.asyncio
 import redis.exceptions
 
+from policy.base import RATE_SCOPES, RateCounts
 from router.approvals import Approval, ApprovalStatus
 from router.errors import StoreError
 from router.provenance import MAX_SOURCES, USER
-from router.rates import WINDOW_S
+from router.rates import BUCKETS, PERIODS
 from router.rates import scopes as rate_scopes
 from router.store import keys
 from router.store.base import CallContext, PendingExternal, SessionRecord
@@ -68,6 +68,14 @@ redis.call('HSET', KEYS[1], 'endorsed:' .. source, '1')
 return source
 """
 
+# KEYS: session. ARGV: label... Adds each as 'label:<label>' to an open session (its TTL unchanged).
+# Returns 1 if the session was open.
+_ADD_LABELS = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+for i = 1, #ARGV do redis.call('HSET', KEYS[1], 'label:' .. ARGV[i], '1') end
+return 1
+"""
+
 # KEYS: pending. ARGV: call_id. Removes and returns the pending call's JSON, or nil.
 _TAKE_REPORT = """
 local value = redis.call('HGET', KEYS[1], ARGV[1])
@@ -105,30 +113,82 @@ redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL')
 return 1
 """
 
-# KEYS: session, provenance, pending, then one sorted set per rate window.
-# ARGV: ttl_ms, count ("1" or "0"), the agent the rate keys were built for, now_ms, window_ms,
-#       a unique member, then the provenance keys to look up.
-# Returns {session hash (flat), sources per provenance key (nil: never seen), count per window};
-# nil if the session is not open; {session hash} alone, changing nothing, if the session's agent
-# is not ARGV[3] (the caller built the rate keys without knowing it, and must build them again).
+# KEYS: session, provenance, pending, then one rate hash per scope (`router.rates.scopes` order).
+# ARGV: ttl_ms, count ("1" or "0"), the agent and the principal the rate keys were built for,
+#       the minute, hour and day in ms, buckets per period, then the provenance keys to look up.
+# Returns {session hash (flat), sources per provenance key (nil: never seen), counts: per scope,
+# its minute, hour and day windows}; nil if the session is not open; {session hash} alone,
+# changing nothing, if the session's agent or principal is not ARGV[3] / ARGV[4] (the caller
+# built the rate keys without knowing them, and must build them again).
+# A rate hash (router.rates) holds, per period p in m, h, d: 'p:<bucket index>' -> calls,
+# 'p:head' (the newest bucket) and 'p:n' (the calls in the window: the head and the `buckets`
+# before it). Time is Redis's own (TIME), so routers with skewed clocks count in the same buckets.
+# Without count nothing is written: the counts are worked out from what is read.
 _CALL_CONTEXT = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
-if redis.call('HGET', KEYS[1], 'agent') ~= ARGV[3] then return {redis.call('HGETALL', KEYS[1])} end
+local who = redis.call('HMGET', KEYS[1], 'agent', 'principal')
+if who[1] ~= ARGV[3] or who[2] ~= ARGV[4] then return {redis.call('HGETALL', KEYS[1])} end
 local count = ARGV[2] == '1'
 if count then redis.call('HINCRBY', KEYS[1], 'call_count', 1) end
 for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], ARGV[1]) end
 local sources = {}
-for i = 7, #ARGV do sources[i - 6] = redis.call('HGET', KEYS[2], ARGV[i]) end
-local counts = {}
-local cutoff = tonumber(ARGV[4]) - tonumber(ARGV[5])
-for i = 4, #KEYS do
-  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', cutoff)
-  if count then
-    redis.call('ZADD', KEYS[i], ARGV[4], ARGV[6])
-    redis.call('PEXPIRE', KEYS[i], ARGV[5])
+for i = 9, #ARGV do sources[i - 8] = redis.call('HGET', KEYS[2], ARGV[i]) end
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local buckets = tonumber(ARGV[8])
+local periods = {{'m:', tonumber(ARGV[5])}, {'h:', tonumber(ARGV[6])}, {'d:', tonumber(ARGV[7])}}
+local keep_ms = math.ceil(periods[3][2] * (buckets + 1) / buckets)
+
+local function windows(key, counts)
+  local wanted, current = {}, {}
+  for p = 1, 3 do
+    local tag, width = periods[p][1], periods[p][2] / buckets
+    current[p] = math.floor(now / width)
+    wanted[#wanted + 1] = tag .. 'head'
+    wanted[#wanted + 1] = tag .. 'n'
+    wanted[#wanted + 1] = tag .. current[p]
   end
-  counts[i - 3] = redis.call('ZCARD', KEYS[i])
+  local state = redis.call('HMGET', key, unpack(wanted))
+  local update = {}
+  for p = 1, 3 do
+    local tag, now_bucket = periods[p][1], current[p]
+    local head, total, calls = tonumber(state[3 * p - 2]), tonumber(state[3 * p - 1]) or 0, tonumber(state[3 * p]) or 0
+    local gone = {}
+    if head == nil then
+      head = now_bucket
+    elseif now_bucket - head > buckets then  -- every bucket left the window
+      for i = head - buckets, head do gone[#gone + 1] = tag .. i end
+      head, total = now_bucket, 0
+    elseif now_bucket > head then  -- the buckets before now_bucket - buckets left it
+      for i = head - buckets, now_bucket - buckets - 1 do gone[#gone + 1] = tag .. i end
+      local old = redis.call('HMGET', key, unpack(gone))
+      for i = 1, #gone do total = total - (tonumber(old[i]) or 0) end
+      head = now_bucket
+    end
+    if count then
+      if head > now_bucket then  -- Redis's clock stepped back: count in the newest bucket
+        redis.call('HINCRBY', key, tag .. head, 1)
+      else
+        update[#update + 1] = tag .. head
+        update[#update + 1] = calls + 1
+      end
+      total = total + 1
+      if #gone > 0 then redis.call('HDEL', key, unpack(gone)) end
+      update[#update + 1] = tag .. 'head'
+      update[#update + 1] = head
+      update[#update + 1] = tag .. 'n'
+      update[#update + 1] = total
+    end
+    counts[#counts + 1] = total
+  end
+  if count then
+    redis.call('HSET', key, unpack(update))
+    redis.call('PEXPIRE', key, keep_ms)
+  end
 end
+
+local counts = {}
+for i = 4, #KEYS do windows(KEYS[i], counts) end
 return {redis.call('HGETALL', KEYS[1]), sources, counts}
 """
 
@@ -146,7 +206,8 @@ if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[3]) then redis.call('PEXPIRE', KE
 return 1
 """
 
-_MAX_AGENTS = 100_000  # sessions whose agent this router remembers; beyond, it starts over
+_WINDOW_NAMES = {scope: [f"{scope}_per_{period}" for period in PERIODS] for scope in RATE_SCOPES}
+_MAX_AGENTS = 100_000  # sessions whose agent and principal this router remembers; beyond, it starts over
 
 
 def redacted(url: str) -> str:
@@ -162,8 +223,9 @@ class RedisStore:
     """`Store` in Redis (``redis.asyncio``), shared by every router pointed at the same server."""
 
     def __init__(
-        self, url: str, *, session_ttl_s: float = 3600.0, rate_window_s: float = WINDOW_S, timeout_s: float = 2.0
-    ) -> None:
+        self, url: str, *, session_ttl_s: float = 3600.0, rate_periods: Mapping[str, float] = PERIODS,
+        timeout_s: float = 2.0,
+    ) -> None:  # fmt: skip
         self._where = redacted(url)
         try:
             self._redis = redis.asyncio.Redis.from_url(
@@ -172,8 +234,7 @@ class RedisStore:
         except ValueError as exc:
             raise StoreError(f"store URL {self._where} is not a redis:// URL: {exc}") from exc
         self._session_ttl_ms = max(1, int(session_ttl_s * 1000))
-        self._window_ms = max(1, int(rate_window_s * 1000))
-        self._window_s = rate_window_s
+        self._periods_ms = [max(1, int(rate_periods[name] * 1000)) for name in PERIODS]
         self._load = self._redis.register_script(_LOAD_SESSION)
         self._record = self._redis.register_script(_RECORD_OUTPUT)
         self._take = self._redis.register_script(_TAKE_REPORT)
@@ -184,7 +245,8 @@ class RedisStore:
         self._publish = self._redis.register_script(_PUBLISH_KEY)
         self._endorse = self._redis.register_script(_ENDORSE)
         self._put_tool = self._redis.register_script(_PUT_TOOL)
-        self._agents: dict[str, str] = {}
+        self._label = self._redis.register_script(_ADD_LABELS)
+        self._subjects: dict[str, tuple[str, str]] = {}  # session id -> (agent, principal)
 
     async def _do(self, what: str, operation: Awaitable[T]) -> T:
         try:
@@ -199,6 +261,7 @@ class RedisStore:
                     "agent": session.agent, "principal": session.principal, "opened_at": session.opened_at,
                     "trusted_context": json.dumps(list(session.trusted_context)), "call_count": session.call_count,
                     **{f"taint:{label}": "1" for label in session.taint},
+                    **{f"label:{label}": "1" for label in session.labels},
                 })  # fmt: skip
                 pipe.pexpire(keys.session(session.id), self._session_ttl_ms)
                 if provenance_keys:
@@ -221,6 +284,7 @@ class RedisStore:
                 trusted_context=tuple(json.loads(fields["trusted_context"])), call_count=int(fields["call_count"]),
                 taint=frozenset(k.removeprefix("taint:") for k in fields if k.startswith("taint:")),
                 endorsed=frozenset(k.removeprefix("endorsed:") for k in fields if k.startswith("endorsed:")),
+                labels=frozenset(k.removeprefix("label:") for k in fields if k.startswith("label:")),
                 approvals={k.removeprefix("approval:"): v for k, v in fields.items() if k.startswith("approval:")},
             )  # fmt: skip
         except (KeyError, ValueError, TypeError) as exc:
@@ -232,41 +296,41 @@ class RedisStore:
     ) -> CallContext | None:  # fmt: skip
         wanted = sorted({k for arg_keys in keys_by_arg.values() for k in arg_keys})
         for _ in range(2):
-            # A session's agent never changes: claimed by the caller or remembered, it lets the
-            # rate keys go in the same script as everything else. Unknown (first call here), the
-            # script says it first.
-            claimed = agent if agent is not None else self._agents.get(session_id, "")
-            windows = rate_scopes(session_id, claimed, tool)
+            # A session's agent and principal never change: claimed by the caller or remembered,
+            # they let the rate keys go in the same script as everything else. Unknown (first
+            # call here), the script says them first.
+            remembered = self._subjects.get(session_id, ("", ""))
+            claimed = (agent, remembered[1] if remembered[0] == agent else "") if agent is not None else remembered
+            scopes = rate_scopes(session_id, claimed[0], claimed[1], tool).values()
             script_keys = [keys.session(session_id), keys.provenance(session_id), keys.pending(session_id),
-                           *(keys.rate(scope, self._window_s) for scope in windows.values())]  # fmt: skip
-            now_ms = int(time.time() * 1000)
-            args: list[str | int] = [self._session_ttl_ms, int(count), claimed, now_ms, self._window_ms,
-                                     secrets.token_hex(8), *wanted]  # fmt: skip
+                           *(keys.rate(scope) for scope in scopes)]  # fmt: skip
+            args: list[str | int] = [self._session_ttl_ms, int(count), *claimed, *self._periods_ms, BUCKETS, *wanted]
             reply = await self._do("load a call's context", self._context(script_keys, args))
             if reply is None:
-                self._agents.pop(session_id, None)
+                self._subjects.pop(session_id, None)
                 return None
             session = self._session(session_id, reply[0])
-            if len(self._agents) >= _MAX_AGENTS:
-                self._agents.clear()
-            self._agents[session_id] = session.agent
+            if len(self._subjects) >= _MAX_AGENTS:
+                self._subjects.clear()
+            self._subjects[session_id] = (session.agent, session.principal)
             if len(reply) == 3:
                 break
-            if agent is not None:  # another agent's session: the script changed nothing
-                return CallContext(session=session, provenance={}, rates={})
+            if agent is not None and session.agent != agent:  # another agent's session: nothing changed
+                return CallContext(session=session, provenance={}, rates=RateCounts())
         else:
-            raise StoreError(f"session {session_id} in {self._where} changed agent; close it")
+            raise StoreError(f"session {session_id} in {self._where} changed agent or principal; close it")
         seen = {key: str(value).split("\n") for key, value in zip(wanted, reply[1], strict=True) if value}
         provenance: dict[str, list[str]] = {}
         for name, arg_keys in keys_by_arg.items():
             sources = {source for key in arg_keys for source in seen.get(key, ())}
             if sources:
                 provenance[name] = sorted(sources)
-        rates = {name: int(n) for name, n in zip(windows, reply[2], strict=True)}
-        return CallContext(session=session, provenance=provenance, rates=rates)
+        found = iter(reply[2])
+        rates = {name: int(next(found)) for scope in RATE_SCOPES for name in _WINDOW_NAMES[scope]}
+        return CallContext(session=session, provenance=provenance, rates=RateCounts.model_validate(rates))
 
     async def delete_session(self, session_id: str) -> bool:
-        self._agents.pop(session_id, None)
+        self._subjects.pop(session_id, None)
         removed = await self._do(
             "close a session",
             self._redis.delete(keys.session(session_id), keys.provenance(session_id), keys.pending(session_id)),
@@ -292,6 +356,10 @@ class RedisStore:
     ) -> None:
         args: list[Any] = [self._session_ttl_ms, source, MAX_SOURCES, taint or "", *provenance_keys]
         await self._do("index an output", self._record([keys.session(session_id), keys.provenance(session_id)], args))
+
+    async def add_session_labels(self, session_id: str, labels: Collection[str]) -> bool:
+        added = await self._do("label a session", self._label([keys.session(session_id)], sorted(labels)))
+        return bool(added)
 
     async def endorse(self, session_id: str, call_id: str) -> str | None:
         found = await self._do(

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from policy import EmbeddedEngine, Outcome, PolicyBundleError, PolicyInput, PolicySettings, run_rego_tests
-from policy.base import CredentialRequest, ValueSources
+from policy.base import CredentialRequest, RateCounts, ValueSources
 from tests.conftest import REPO
 
 
@@ -120,8 +120,8 @@ PARITY_INPUTS = [
             )
         }
     ),
-    make_input().model_copy(update={"rate": {"session_per_minute": 5, "agent_tool_per_minute": 61}}),
-    make_input().model_copy(update={"rate": {"session_per_minute": 120}}),
+    make_input().model_copy(update={"rate": RateCounts(session_per_minute=5, agent_tool_per_minute=61)}),
+    make_input().model_copy(update={"rate": RateCounts(session_per_minute=120)}),
     make_input([], "high").model_copy(update={"approval": {"status": "approved", "reasons": ["approval.high_risk"]}}),
     make_input(["financial"], "critical").model_copy(
         update={"approval": {"status": "approved", "reasons": ["approval.high_risk"]}}

@@ -9,8 +9,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 import redis
 
+from policy.base import RATE_SCOPES, RateCounts
 from router.approvals import Approval, ApprovalStatus, binding
 from router.errors import StoreError
+from router.rates import PERIODS
 from router.store import MemoryStore, PendingExternal, RedisStore, SessionRecord, Store
 from router.store.redis import redacted
 from tests.conftest import free_port
@@ -23,12 +25,13 @@ async def make(both_stores: str | None) -> AsyncIterator[MakeStore]:
     """Builds stores of the parametrized kind; all are closed after the test."""
     made: list[Store] = []
 
-    async def build(session_ttl_s: float = 60.0, rate_window_s: float = 60.0) -> Store:
+    async def build(session_ttl_s: float = 60.0, rate_periods: dict[str, float] | None = None) -> Store:
         store: Store
+        periods = rate_periods or PERIODS
         if both_stores is None:
-            store = MemoryStore(session_ttl_s, rate_window_s)
+            store = MemoryStore(session_ttl_s, periods)
         else:
-            store = RedisStore(both_stores, session_ttl_s=session_ttl_s, rate_window_s=rate_window_s)
+            store = RedisStore(both_stores, session_ttl_s=session_ttl_s, rate_periods=periods)
         made.append(store)
         return store
 
@@ -165,48 +168,86 @@ async def test_approvals_are_listed_oldest_first_and_dropped_after_their_keep_ti
     assert await store.get_approval("a-old") is None
 
 
-async def test_a_counted_call_adds_to_the_call_count_and_every_rate_window(make: MakeStore) -> None:
-    store = await make(rate_window_s=0.5)
-    await store.create_session(record("s-1"), set())
-    await store.create_session(record("s-2"), set())  # the same agent
+def windows(period: str, session: int, agent: int, principal: int, tool: int, agent_tool: int) -> dict[str, int]:
+    """One period's five windows, by name."""
+    counts = (session, agent, principal, tool, agent_tool)
+    return {f"{scope}_per_{period}": n for scope, n in zip(RATE_SCOPES, counts, strict=True)}
 
-    async def context(session_id: str, tool: str, *, count: bool) -> tuple[int, dict[str, int]]:
+
+def rate_counts(*periods: dict[str, int]) -> RateCounts:
+    return RateCounts(**{name: n for period in periods for name, n in period.items()})
+
+
+async def test_a_counted_call_adds_to_the_call_count_and_every_rate_window(make: MakeStore) -> None:
+    """Each call counts in all 15 windows; each period slides on its own (shortened here)."""
+    store = await make(rate_periods={"minute": 0.5, "hour": 1.2, "day": 2.4})
+    await store.create_session(record("s-1"), set())
+    await store.create_session(record("s-2"), set())  # the same agent and principal
+    await store.create_session(record("s-3", agent="agent-2", principal="bob@example.com"), set())
+
+    async def context(session_id: str, tool: str, *, count: bool) -> tuple[int, RateCounts]:
         found = await store.call_context(session_id, tool, {}, count=count)
         assert found is not None
         return found.session.call_count, found.rates
 
-    assert await context("s-1", "echo", count=True) == (
-        1,
-        {"session_per_minute": 1, "agent_per_minute": 1, "tool_per_minute": 1, "agent_tool_per_minute": 1},
-    )
-    assert await context("s-1", "echo", count=True) == (
-        2,
-        {"session_per_minute": 2, "agent_per_minute": 2, "tool_per_minute": 2, "agent_tool_per_minute": 2},
-    )
+    def every_period(*counts: int) -> RateCounts:
+        return rate_counts(*(windows(period, *counts) for period in PERIODS))
+
+    assert await context("s-1", "echo", count=True) == (1, every_period(1, 1, 1, 1, 1))
+    assert await context("s-1", "echo", count=True) == (2, every_period(2, 2, 2, 2, 2))
+    assert await context("s-1", "echo", count=False) == (2, every_period(2, 2, 2, 2, 2))  # decide(): not counted
+    assert await context("s-2", "other", count=True) == (1, every_period(1, 3, 3, 1, 1))
+    assert await context("s-3", "echo", count=True) == (1, every_period(1, 1, 1, 3, 1))  # another agent, principal
+    await asyncio.sleep(0.6)  # past the minute, within the hour
     assert await context("s-1", "echo", count=False) == (
-        2,
-        {  # decide(): seen, not counted
-            "session_per_minute": 2,
-            "agent_per_minute": 2,
-            "tool_per_minute": 2,
-            "agent_tool_per_minute": 2,
-        },
-    )
-    assert await context("s-2", "other", count=True) == (
-        1,
-        {"session_per_minute": 1, "agent_per_minute": 3, "tool_per_minute": 1, "agent_tool_per_minute": 1},
-    )
-    await asyncio.sleep(0.6)
-    assert await context("s-1", "echo", count=False) == (
-        2,
-        {  # the window slid; the count stays
-            "session_per_minute": 0,
-            "agent_per_minute": 0,
-            "tool_per_minute": 0,
-            "agent_tool_per_minute": 0,
-        },
-    )
+        2, rate_counts(windows("minute", 0, 0, 0, 0, 0), windows("hour", 2, 3, 3, 3, 2), windows("day", 2, 3, 3, 3, 2))
+    )  # fmt: skip
+    await asyncio.sleep(0.8)  # past the hour (and its one bucket more), within the day
+    assert await context("s-1", "echo", count=True) == (
+        3, rate_counts(windows("minute", 1, 1, 1, 1, 1), windows("hour", 1, 1, 1, 1, 1), windows("day", 3, 4, 4, 4, 3))
+    )  # fmt: skip
     assert await store.call_context("s-unknown", "echo", {}, count=True) is None
+
+
+async def test_a_rate_window_keeps_buckets_not_calls(redis_url: str) -> None:
+    """Hundreds of calls leave at most 61 buckets per period in a scope's Redis hash."""
+    store = RedisStore(redis_url, rate_periods={"minute": 0.3, "hour": 0.6, "day": 60.0})
+    try:
+        await store.create_session(record(), set())
+        for _ in range(300):
+            await store.call_context("s-1", "echo", {}, count=True)
+        await asyncio.sleep(0.35)  # the shortened minute, and one of its buckets, pass
+        found = await store.call_context("s-1", "echo", {}, count=True)
+        assert found is not None
+        assert (found.rates.agent_per_minute, found.rates.agent_per_day) == (1, 301)
+    finally:
+        await store.aclose()
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        fields = client.hgetall("stockade:rate:agent:agent-1")
+    finally:
+        client.close()
+    for period in ("m", "h", "d"):
+        buckets = {int(k[2:]): int(v) for k, v in fields.items() if k.startswith(f"{period}:") and k[2:].isdigit()}
+        assert 1 <= len(buckets) <= 61, (period, buckets)
+        assert max(buckets) - min(buckets) <= 60  # only the buckets still in the window
+        assert sum(buckets.values()) == int(fields[f"{period}:n"])
+    assert (int(fields["m:n"]), int(fields["d:n"])) == (1, 301)
+
+
+async def test_policy_labels_stay_with_the_session(make: MakeStore) -> None:
+    store = await make()
+    await store.create_session(record(), set())
+    assert await store.add_session_labels("s-1", ["read_customer_records"])
+    assert await store.add_session_labels("s-1", ["read_customer_records", "pii:eu"])
+    loaded = await store.load_session("s-1")
+    assert loaded is not None
+    assert loaded.labels == {"read_customer_records", "pii:eu"}
+    context = await store.call_context("s-1", "echo", {}, count=True)
+    assert context is not None
+    assert context.session.labels == {"read_customer_records", "pii:eu"}
+    assert not await store.add_session_labels("s-unknown", ["x"])
+    assert await store.load_session("s-unknown") is None  # not created by labelling it
 
 
 async def test_every_redis_key_is_prefixed_and_expires(redis_url: str) -> None:
@@ -224,11 +265,12 @@ async def test_every_redis_key_is_prefixed_and_expires(redis_url: str) -> None:
         found = {key: client.pttl(key) for key in client.scan_iter("*")}
     finally:
         client.close()
-    assert sorted(found) == [
-        "stockade:approval:a-1", "stockade:approvals", "stockade:rate:agent:agent-1:60",
-        "stockade:rate:agent_tool:agent-1:fetch:60", "stockade:rate:session:s-1:60", "stockade:rate:tool:fetch:60",
+    scopes = ["agent:agent-1", "agent_tool:agent-1:fetch", "principal:alice@example.com", "session:s-1",
+              "tool:fetch"]  # fmt: skip
+    assert sorted(found) == sorted([
+        "stockade:approval:a-1", "stockade:approvals", *(f"stockade:rate:{scope}" for scope in scopes),
         "stockade:session:s-1", "stockade:session:s-1:pending", "stockade:session:s-1:provenance",
-    ]  # fmt: skip
+    ])  # fmt: skip
     assert all(ttl > 0 for ttl in found.values()), found
 
 
@@ -254,8 +296,8 @@ async def test_another_agents_claim_counts_and_reveals_nothing(make: MakeStore) 
     await store.create_session(record(), {"s:alice"})
     foreign = await store.call_context("s-1", "echo", {"x": {"s:alice"}}, count=True, agent="intruder")
     assert foreign is not None
-    assert (foreign.session.agent, foreign.provenance, foreign.rates) == ("agent-1", {}, {})
+    assert (foreign.session.agent, foreign.provenance, foreign.rates) == ("agent-1", {}, RateCounts())
     own = await store.call_context("s-1", "echo", {"x": {"s:alice"}}, count=True, agent="agent-1")
     assert own is not None
-    assert (own.session.call_count, own.rates["session_per_minute"]) == (1, 1)  # the intruder's was not counted
+    assert (own.session.call_count, own.rates.session_per_day) == (1, 1)  # the intruder's was not counted
     assert own.provenance == {"x": ["user"]}
