@@ -31,15 +31,12 @@ from pathlib import Path
 
 import redis.asyncio
 
-# Run as a script, this directory comes first on sys.path, and bench/policy.py would shadow the
-# `policy` package: it goes last, where only _stats is looked up in it.
-HERE = Path(__file__).resolve().parent
-sys.path[:] = [*(entry for entry in sys.path if Path(entry or ".").resolve() != HERE), str(HERE)]
-from _stats import report, summarize  # noqa: E402  (after the path fix above)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _stats import report, summarize
 
-from router.rates import RateCounter, scopes  # noqa: E402
-from router.store import RedisStore, SessionRecord  # noqa: E402
-from router.store import keys as store_keys  # noqa: E402
+from router.rates import RateCounter, scopes
+from router.store import RedisStore, SessionRecord
+from router.store import keys as store_keys
 
 # The old in-process counter: four exact one-minute windows (router/rates.py before hour and day).
 _OLD_WINDOW_S = 60.0
@@ -118,7 +115,7 @@ def measure_memory(n: int, run: str) -> tuple[list[float], list[float]]:
     return new_samples, old_samples
 
 
-async def measure_redis(url: str, n: int, run: str) -> tuple[list[float], list[float], dict[str, int]]:
+async def measure_redis(url: str, n: int, run: str) -> tuple[list[float], list[float], dict[str, int | None]]:
     store = RedisStore(url)
     client = redis.asyncio.Redis.from_url(url, decode_responses=True)
     old_script = client.register_script(_OLD_CALL_CONTEXT)
@@ -136,7 +133,7 @@ async def measure_redis(url: str, n: int, run: str) -> tuple[list[float], list[f
                 store_keys.pending(session),
                 *(f"stockade:rate:old-{run}:{scope}:60" for scope in old_scopes(session, agent, tool).values()),
             ]
-            args = [3_600_000, 1, agent, int(time.time() * 1000), 60_000, secrets.token_hex(8)]  # fmt: skip
+            args: list[int | str] = [3_600_000, 1, agent, int(time.time() * 1000), 60_000, secrets.token_hex(8)]
             t = time.perf_counter()
             await old_script(old_keys, args)
             old_samples.append(time.perf_counter() - t)

@@ -24,6 +24,13 @@ an input holding a set, a test module whose copy could not be made) is listed in
 ``RegoTestResult.not_replayed``, never passed silently. The entrypoint is decided on every
 recorded input, even where the test itself looks at a helper rule: those inputs reach the same
 rules in production.
+
+A test that is undefined or false is explained (`first_failure`): prefixes of its body are
+evaluated as rules of the same package, each on a copy of the interpreter, until one is
+undefined; that statement is shown with its file:line and the values of its operands
+(``d.outcome == "allow"`` → ``d.outcome = "deny"``). `explain` in `policy.tooling` uses the
+same search to say which condition of an allow rule failed. ``print()`` output is gathered per
+test, never written to stdout, where it would corrupt ``--json``.
 """
 
 from __future__ import annotations
@@ -86,9 +93,11 @@ class RegoTestResult:
 
     ``passed`` is true only when the rule evaluated to ``true`` on the interpreter
     (``interpreter_passed``; None: not recorded, read ``passed``) and every input it fed the
-    decision was decided the same on the RVM. ``error`` is the interpreter's error; ``replayed``
-    counts the distinct inputs decided on both engines, ``disagreements`` those on which they
-    differ, ``not_replayed`` says (``file:line: why``) what could not be replayed.
+    decision was decided the same on the RVM. ``error`` is the interpreter's error (source
+    snippet and message, no backtrace); ``failure`` the first statement that did not hold when
+    the test was undefined or false; ``prints`` its ``print()`` lines (``file:line: text``);
+    ``replayed`` counts the distinct inputs decided on both engines, ``disagreements`` those on
+    which they differ, ``not_replayed`` says (``file:line: why``) what could not be replayed.
     """
 
     file: str
@@ -100,36 +109,95 @@ class RegoTestResult:
     disagreements: tuple[RvmDisagreement, ...] = ()
     not_replayed: tuple[str, ...] = ()
     interpreter_passed: bool | None = None
+    failure: FailedStatement | None = None
+    prints: tuple[str, ...] = ()
+    rule: str = ""  # data.<package>.<name>, what `-r` matches as in OPA
 
 
-def run_rego_tests(root: Path, *, max_bytes: int = 1 << 20, entrypoint: str = _ENTRYPOINT) -> list[RegoTestResult]:
+@dataclass(frozen=True, slots=True)
+class FailedStatement:
+    """The first statement of a rule body that does not hold for the input it was given.
+
+    ``where`` is ``file:line``; ``statement`` its source text (``with`` modifiers included);
+    ``values`` each operand that is not a literal, as source text and JSON value (None:
+    undefined); ``several``: operands with more than one value (the statement iterates).
+    """
+
+    where: str
+    statement: str
+    values: tuple[tuple[str, Any], ...] = ()
+    several: tuple[str, ...] = ()
+    note: str = ""
+
+    def describe(self) -> list[str]:
+        """The statement and one line per operand: ``d.outcome = "deny"``."""
+        lines = [f"{self.where}: {self.statement}"]
+        for operand, value in self.values:
+            if value is None:
+                lines.append(f"  {operand} is undefined")
+            elif operand in self.several:
+                lines.append(f"  {operand} is each of {_compact(value)}")
+            else:
+                lines.append(f"  {operand} = {_compact(value)}")
+        if self.note:
+            lines.append(f"  {self.note}")
+        return lines
+
+    def as_json(self) -> dict[str, Any]:
+        """For ``--json``: where, the statement, and its operands' values."""
+        return {
+            "where": self.where,
+            "statement": self.statement,
+            "values": [{"operand": operand, "value": value, "defined": value is not None,
+                        "each_of": operand in self.several} for operand, value in self.values],
+            "note": self.note,
+        }  # fmt: skip
+
+
+def run_rego_tests(
+    root: Path, *, max_bytes: int = 1 << 20, entrypoint: str = _ENTRYPOINT, select: re.Pattern[str] | None = None
+) -> list[RegoTestResult]:
     """Run every ``test_*`` rule of every ``*_test.rego`` under ``root`` on the interpreter and
     decide every input each one feeds through ``with input as`` on the RVM too (module docstring).
+
+    ``select``: run only the tests whose rule path (``data.<package>.<name>``) or
+    ``file::name`` it matches (``re.search``), as ``opa test -r`` does.
 
     Raises:
         PolicyBundleError: the directory cannot be loaded or parsed.
     """
     bundle = load_bundle(root, max_bytes=max_bytes)
     engine = regorus.Engine()
+    engine.set_gather_prints(True)
     try:
         for path, text in bundle.modules:
             engine.add_policy(path, text)
         engine.add_data_json(bundle.data_json)
     except RuntimeError as exc:
-        raise PolicyBundleError(f"policy in {root} does not parse: {str(exc).strip()}") from exc
-    tests = _test_rules(bundle)
+        raise PolicyBundleError(f"policy in {root} does not parse: {without_backtrace(exc)}") from exc
+    tests = [
+        (path, name, rule)
+        for path, name, rule in _test_rules(bundle)
+        if select is None or select.search(rule) or select.search(f"{path}::{name}")
+    ]
+    if not tests:
+        return []
     recorder = _Recorder()
     instrumented = _instrument(bundle, engine, recorder)
     replayer = _Replayer(bundle, engine, entrypoint)
+    prober = Prober(engine)
     results: list[RegoTestResult] = []
     for path, name, rule in tests:
+        engine.take_prints()
         started = time.perf_counter()
         error: str | None = None
         try:
             value = engine.eval_rule(rule)
         except RuntimeError as exc:
-            value, error = None, str(exc).strip()
+            value, error = None, without_backtrace(exc)
         elapsed = (time.perf_counter() - started) * 1000
+        prints = tuple(engine.take_prints())
+        failure = None if value is True or error is not None else prober.why_test_failed(path, name, value)
         replayed, disagreements, not_replayed = _replay(instrumented, recorder, replayer, path, rule, error is not None)
         results.append(
             RegoTestResult(
@@ -142,6 +210,9 @@ def run_rego_tests(root: Path, *, max_bytes: int = 1 << 20, entrypoint: str = _E
                 disagreements=tuple(disagreements),
                 not_replayed=tuple(not_replayed),
                 interpreter_passed=value is True,
+                failure=failure,
+                prints=prints,
+                rule=rule,
             )
         )
     return results
@@ -238,6 +309,7 @@ def _instrument(bundle: PolicyBundle, engine: Any, recorder: _Recorder) -> _Inst
             rewritten = text
         modules.append((path, rewritten))
     instrumented = regorus.Engine()
+    instrumented.set_gather_prints(True)  # the test's prints were shown from its first run
     instrumented.add_extension(_RECORD, 4, recorder)
     for path, text in modules:
         try:
@@ -421,6 +493,186 @@ def _overlaps(target: tuple[str, ...], rule: tuple[str, ...]) -> bool:
     return target[:shorter] == rule[:shorter]
 
 
+# -- explaining a failure --------------------------------------------------------------------
+
+_PROBE = "__stockade_probe"
+_PROBE_VAR = "__stockade_value"
+_LITERALS = {"String", "RawString", "Number", "Bool", "Null"}
+
+
+class Prober:
+    """Finds the first statement of a rule body that does not hold, on copies of an interpreter.
+
+    Each prefix of the body (its statements' source text, ``with`` modifiers included) becomes
+    a rule ``__stockade_probe`` in a module of its own in the same package, with the original
+    module's imports, added to a clone of ``engine`` (an unsafe prefix poisons only its own
+    clone). The first prefix that is undefined ends with the failing statement; its operands
+    are then evaluated after the statements before it, each as ``[v | v := <operand> <with>]``.
+    """
+
+    def __init__(self, engine: Any, input_json: str | None = None) -> None:
+        self._engine = engine
+        self._input_json = input_json
+        tree = json.loads(engine.get_ast_as_json())
+        self.modules: dict[str, Any] = {item["source"]["file"]: item["ast"] for item in tree}
+        self._sources = {item["source"]["file"]: item["source"]["contents"].encode() for item in tree}
+        self._probes = 0
+
+    def rules(self, file: str, name: str) -> list[dict[str, Any]]:
+        """The definitions (``Spec`` bodies) of rule ``name`` in ``file``."""
+        found = []
+        for rule in self.modules.get(file, {}).get("rules", []):
+            kind, body = next(iter(rule.items()))
+            if kind == "Spec" and _head_name(body) == name:
+                found.append(body)
+        return found
+
+    def why_test_failed(self, file: str, name: str, value: Any) -> FailedStatement | None:
+        """The first failing statement of the test's first body that fails; None if none found."""
+        for rule in self.rules(file, name):
+            for body in rule.get("bodies", []):
+                failure = self.first_failure(file, body)
+                if failure is not None:
+                    return failure
+            if value is not None:  # every statement holds: the rule's value is what is wrong
+                note = f"the body holds, but the test's value is {_compact(value)}, not true"
+                return FailedStatement(f"{file}:{rule['span']['line']}", self.text(file, rule["head"]), note=note)
+        return None
+
+    def first_failure(self, file: str, body: dict[str, Any]) -> FailedStatement | None:
+        """The first statement of ``body`` (a rule body from the AST) that does not hold, with
+        its operands' values; None when every prefix holds or none could be evaluated."""
+        statements = body["query"]["stmts"]
+        texts = [self.text(file, statement) for statement in statements]
+        for k, statement in enumerate(statements):
+            holds, error = self.evaluate(file, f"{_PROBE} if {{\n{_lines(texts[: k + 1])}\n}}")
+            if holds is not None or error is not None:  # an error: this prefix alone is unsafe, try the next
+                continue
+            return self._failed(file, statement, texts[:k])
+        return None
+
+    def _failed(self, file: str, statement: dict[str, Any], before: list[str]) -> FailedStatement:
+        kind, literal = next(iter(statement["literal"].items()))
+        mods = statement.get("with_mods") or []
+        with_text = ""
+        if mods:
+            with_text = " " + self._slice(file, mods[0]["span"]["start"], mods[-1]["span"]["end"])
+        values: list[tuple[str, Any]] = []
+        several: list[str] = []
+        for operand in _operands(kind, literal):
+            text = self.text(file, operand)
+            if any(text == shown for shown, _ in values):
+                continue
+            collect = f"[{_PROBE_VAR} | {_PROBE_VAR} := {text}{with_text}]"
+            found, error = self.evaluate(file, f"{_PROBE} contains {collect} if {{\n{_lines(before or ['true'])}\n}}")
+            if error is not None or not isinstance(found, list) or not found:
+                continue  # an operand the statement itself binds (`some x in ...`) has no value before it
+            first = found[0]
+            if _literal(text) == first[:1]:
+                continue  # [1, 2, 3] = [1,2,3] says nothing
+            if len(first) == 1:
+                values.append((text, first[0]))
+            elif not first:
+                values.append((text, None))
+            else:
+                values.append((text, first))
+                several.append(text)
+        line = statement["span"]["line"]
+        return FailedStatement(f"{file}:{line}", self.text(file, statement), tuple(values), tuple(several))
+
+    def evaluate(self, file: str, rule: str) -> tuple[Any, str | None]:
+        """The value of ``rule`` (named ``__stockade_probe``) added in a module of ``file``'s
+        package: (value or None if undefined, error)."""
+        tree = self.modules[file]
+        package = self.text(file, tree["package"]["refr"])
+        imports = [self._slice(file, item["span"]["start"], item["span"]["end"]) for item in tree.get("imports", [])]
+        self._probes += 1
+        module = f"package {package}\n\n" + "".join(f"{line}\n" for line in imports) + "\n" + rule + "\n"
+        engine = self._engine.clone()
+        engine.set_gather_prints(True)
+        try:
+            if self._input_json is not None:
+                engine.set_input_json(self._input_json)
+            engine.add_policy(f"{file}#probe{self._probes}", module)
+            raw = engine.eval_rule_as_json(f"data.{package}.{_PROBE}")
+        except BaseException as exc:
+            if not (isinstance(exc, Exception) or _is_panic(exc)):
+                raise
+            return None, _message(exc)
+        return _decoded(raw), None
+
+    def text(self, file: str, node: dict[str, Any]) -> str:
+        """The source text of an AST node (a tagged node, or one with a ``span``)."""
+        span = node.get("span") or _span(node)
+        return self._slice(file, span["start"], span["end"])
+
+    def _slice(self, file: str, start: int, end: int) -> str:
+        source = self._sources[file]
+        # A string literal's span leaves out its quotes: a node that starts or ends with one does too.
+        if start > 0 and source[start - 1 : start] in _QUOTES:
+            start -= 1
+        if source[end : end + 1] in _QUOTES:
+            end += 1
+        return str(source[start:end].decode())
+
+
+_QUOTES = (b'"', b"`")
+
+
+def _head_name(rule: dict[str, Any]) -> str | None:
+    heads: dict[str, dict[str, Any]] = rule.get("head") or {}
+    head = next(iter(heads.values()), {}).get("refr")
+    prefix = _static_prefix(head) if head is not None else ()
+    return prefix[0] if prefix else None
+
+
+def _operands(kind: str, literal: dict[str, Any]) -> list[dict[str, Any]]:
+    """The sub-expressions of a statement worth showing the value of (not literals)."""
+    if kind == "NotExpr":
+        return _operands("Expr", {"expr": literal["expr"]})
+    if kind == "SomeIn":
+        found = [literal["collection"]]
+    elif kind == "Every":
+        found = [literal["domain"]]
+    elif kind == "Expr":
+        expr_kind, expr = next(iter(literal["expr"].items()))
+        if expr_kind in {"BoolExpr", "ArithExpr", "BinExpr"}:
+            found = [expr["lhs"], expr["rhs"]]
+        elif expr_kind == "AssignExpr":
+            found = [expr["rhs"]] if expr["op"] == "ColEq" else [expr["lhs"], expr["rhs"]]
+        elif expr_kind == "Membership":
+            found = [node for node in (expr.get("key"), expr["value"], expr["collection"]) if node]
+        elif expr_kind == "Call":
+            found = [literal["expr"], *expr["params"]]
+        else:
+            found = [literal["expr"]]
+    else:
+        found = []
+    return [node for node in found if next(iter(node)) not in _LITERALS]
+
+
+def _literal(text: str) -> list[Any] | None:
+    """``[value]`` if ``text`` is a JSON literal (an array or object of constants)."""
+    try:
+        return [json.loads(text)]
+    except ValueError:
+        return None
+
+
+def _lines(statements: list[str]) -> str:
+    return "\n".join(f"\t{statement}" for statement in statements)
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+def without_backtrace(exc: BaseException) -> str:
+    """A regorus error's whole text (``--> file:line:col``, the source snippet and the message)
+    without the Rust backtrace ``RUST_BACKTRACE`` adds."""
+    return str(exc).split("Stack backtrace:", 1)[0].strip() or type(exc).__name__
+
+
 # -- replaying the recorded inputs --------------------------------------------------------
 
 
@@ -440,7 +692,9 @@ def _replay(
     recorder.records.clear()
     try:
         instrumented.engine.eval_rule(rule)
+        instrumented.engine.take_prints()
     except RuntimeError as exc:
+        instrumented.engine.take_prints()
         if not errored:
             not_replayed.append(f"{path}: the instrumented copy of the test raised ({_message(exc)}); "
                                 "what it feeds after that is not replayed")  # fmt: skip
@@ -582,6 +836,7 @@ class _Replayer:
         try:
             if self._interpreter is None:
                 self._interpreter = self._engine.clone()
+                self._interpreter.set_gather_prints(True)
                 self._interpreter_data = self.bundle.data_json
             if self._interpreter_data != data_json:
                 self._interpreter.clear_data()
@@ -589,6 +844,7 @@ class _Replayer:
                 self._interpreter_data = data_json
             self._interpreter.set_input_json(input_json)
             raw = self._interpreter.eval_rule_as_json(self._entrypoint)
+            self._interpreter.take_prints()
         except BaseException as exc:
             if not (isinstance(exc, Exception) or _is_panic(exc)):
                 raise
@@ -635,7 +891,7 @@ def _differences(a: Any, b: Any, path: str = "") -> Iterator[str]:
     """The paths (``obligations.limits``) at which two JSON values differ."""
     if isinstance(a, dict) and isinstance(b, dict):
         for key in sorted(a.keys() | b.keys()):
-            if a.get(key, _UNDEFINED) != b.get(key, _UNDEFINED):
+            if key not in a or key not in b or a[key] != b[key]:
                 yield from _differences(a.get(key), b.get(key), f"{path}.{key}" if path else str(key))
     elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
         for i, (x, y) in enumerate(zip(a, b, strict=True)):

@@ -22,7 +22,7 @@ import typer
 from policy import EmbeddedEngine, PolicyInput, PolicySettings, load_bundle, run_rego_tests
 from policy.base import ToolInfo
 from router import Settings
-from router.interfaces import cli
+from router.interfaces import policy_cli
 from tests.conftest import REPO
 
 CATALOG: dict[str, Any] = load_bundle(REPO / "policies").data["stockade"]["catalog"]
@@ -455,7 +455,7 @@ def policy_test(root: Path, capsys: pytest.CaptureFixture[str], *args: str) -> t
     app's callback, which would configure logging for the whole test session."""
     context = SimpleNamespace(obj=Settings())
     with pytest.raises(typer.Exit) as exited:
-        cli.policy_test(context, directory=root, as_json="--json" in args)  # type: ignore[arg-type]
+        policy_cli.policy_test(context, directory=root, as_json="--json" in args)  # type: ignore[arg-type]
     return exited.value.exit_code, capsys.readouterr().out
 
 

@@ -1,9 +1,11 @@
-"""Policy tooling on real regorus: coverage, explain, check."""
+"""Policy tooling on real regorus: coverage, explain, failing tests explained, check."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+from policy.testing import run_rego_tests
 from policy.tooling import check, coverage, explain
 from tests.conftest import REPO
 from tests.policy.test_embedded import make_input, trifecta_input
@@ -27,19 +29,43 @@ def test_the_shipped_policy_is_fully_covered_by_its_tests() -> None:
     assert all(c.percent == 100.0 for c in coverage(REPO / "policies"))
 
 
-def test_explain_locates_each_reason_and_shows_the_helpers() -> None:
+def test_explain_locates_each_reason_in_whichever_rule_area_file_produces_it() -> None:
     why = explain(REPO / "policies", trifecta_input(["untrusted:web:c-1"], ["untrusted_content"]))
     assert why.decision["outcome"] == "deny"
-    [reason] = why.reasons
-    assert reason["code"] == "provenance.untrusted_destination"
-    assert reason["defined_at"][0].startswith("stockade/decision.rego:")
-    assert why.helpers["is_consequential"] is True
-    assert why.helpers["watched_args"] == ["amount", "to"]
+    assert "provenance.untrusted_destination" in {reason["code"] for reason in why.reasons}
+    for reason in why.reasons:
+        assert reason["defined_at"], reason
+        assert all(re.fullmatch(r"stockade/[a-z_]+\.rego:\d+", place) for place in reason["defined_at"])
+    assert why.rules["deny_reasons"]  # every rule of the package, not a fixed list
+    assert why.why_not_allow
+    assert all(entry["failed"] for entry in why.why_not_allow)
 
 
 def test_explain_an_allowed_call() -> None:
     why = explain(REPO / "policies", make_input())
-    assert (why.decision["outcome"], why.reasons, why.helpers["is_auto_allowed"]) == ("allow", [], True)
+    assert (why.decision["outcome"], why.reasons, why.why_not_allow) == ("allow", [], [])
+    assert why.interpreter["outcome"] == "allow"
+
+
+def test_a_failing_test_names_its_first_failing_statement_and_the_values(tmp_path: Path) -> None:
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "rules.rego").write_text('package p\n\nlabel := "x[arg]" if input.a > 1\n')
+    (tmp_path / "p" / "rules_test.rego").write_text(
+        "package p_test\n\nimport data.p\n\n"
+        "test_label if {\n"
+        "\tsome n in [1, 2]\n"
+        '\tprint("n is", n)\n'
+        '\tp.label == "y" with input as {"a": n + 5}\n'
+        "}\n"
+    )
+    [result] = run_rego_tests(tmp_path)
+    assert (result.passed, result.error) == (False, None)
+    assert result.failure is not None
+    assert result.failure.where == "p/rules_test.rego:8"
+    assert result.failure.statement == 'p.label == "y" with input as {"a": n + 5}'
+    assert result.failure.values == (("p.label", "x[arg]"),)
+    assert result.failure.describe()[1] == '  p.label = "x[arg]"'
+    assert result.prints == ("p/rules_test.rego:7: n is 1", "p/rules_test.rego:7: n is 2")
 
 
 def test_check_passes_the_shipped_policy() -> None:

@@ -67,6 +67,12 @@ def test_policy_test_fails_with_exit_1_on_a_failing_test(tmp_path: Path) -> None
             "passed": False,
             "ms": json.loads(result.stdout)[0]["ms"],
             "error": None,
+            "failure": {
+                "where": "p/decision_test.rego:3",
+                "statement": 'p.decision.outcome == "allow"',
+                "values": [{"operand": "p.decision.outcome", "value": "deny", "defined": True, "each_of": False}],
+                "note": "",
+            },
         }
     ]
 
