@@ -46,8 +46,6 @@ from policy.testing import (
     without_backtrace,
 )
 
-_RULE_HEAD = re.compile(r"^([a-z_][A-Za-z0-9_]*)\s*(?:\(|:=|=|contains\b|if\b|\{|\[)", re.MULTILINE)
-_UNKNOWN_FN = re.compile(r"Unknown function: '([^']+)'|could not find function ([\w.]+)")
 T = TypeVar("T")
 _RULE_PATH = re.compile(r"^data(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 
@@ -621,57 +619,6 @@ test_{area}_other_tools_are_not_denied_by_it if {{
 	not "{code}" in {{reason.code | some reason in reasons}}
 }}
 """
-
-
-def check(root: Path) -> list[str]:
-    """Problems that would stop the policy loading or evaluating here; empty if none.
-
-    Compiles every rule of every non-test module as an entry point, so a builtin regorus lacks
-    is found even in a rule the decision does not reach yet.
-    """
-    try:
-        bundle = load_bundle(root)
-        _engine(bundle)
-    except (PolicyBundleError, RuntimeError) as exc:
-        return [str(exc).strip()]
-    problems: list[str] = []
-    entry_points = _all_rules(bundle)
-    # The compiler stops at its first error: take out the module at fault and go again.
-    remaining = list(bundle.decision_modules)
-    while remaining and entry_points:
-        try:
-            regorus.Program.compile_from_modules(bundle.data_json, remaining, sorted(entry_points))
-            break
-        except RuntimeError as exc:
-            message = str(exc).strip()
-            match = _UNKNOWN_FN.search(message)
-            culprit = _module_calling(remaining, match.group(1) or match.group(2)) if match else None
-            if match and culprit:
-                problems.append(f"{culprit}: builtin {match.group(1) or match.group(2)} is not provided by regorus")
-                remaining = [m for m in remaining if m[0] != culprit]
-                entry_points = _all_rules_of(remaining)
-            else:
-                problems.append(message.splitlines()[-1] if message else "compile failed")
-                break
-    return problems
-
-
-def _module_calling(modules: list[tuple[str, str]], function: str) -> str | None:
-    return next((path for path, text in modules if f"{function}(" in text), None)
-
-
-def _all_rules(bundle: PolicyBundle) -> set[str]:
-    return _all_rules_of(bundle.decision_modules)
-
-
-def _all_rules_of(modules: list[tuple[str, str]]) -> set[str]:
-    rules: set[str] = set()
-    for _, text in modules:
-        package = _PACKAGE.search(text)
-        if package:
-            rules.update(f"data.{package.group(1)}.{name}" for name in _RULE_HEAD.findall(text)
-                         if name not in ("package", "import", "default"))  # fmt: skip
-    return rules
 
 
 def _engine(bundle: PolicyBundle, *, coverage: bool = False) -> Any:

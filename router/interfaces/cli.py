@@ -11,11 +11,10 @@ import asyncio
 import gc
 import getpass
 import hashlib
-import json
 import secrets
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, TypeVar
 
 import typer
 from rich.markup import escape
@@ -30,7 +29,7 @@ from router.audit.redis import RedisAuditLog
 from router.audit.verify import inclusion_proofs, proof_document, verify_log
 from router.control import VERSION
 from router.errors import AuditError, StockadeError
-from router.interfaces.cli_common import AuditPath, JsonFlag, err, out
+from router.interfaces.cli_common import AuditPath, JsonFlag, err, out, tool_specs
 from router.interfaces.cli_common import audit_log as _audit_log
 from router.interfaces.cli_common import emit_json as _emit_json
 from router.interfaces.cli_common import fail as _fail
@@ -109,7 +108,7 @@ def serve(
     from router.interfaces.api import create_app  # noqa: PLC0415
 
     settings = _settings(ctx)
-    specs = _tool_specs(tools) if tools else []
+    specs = tool_specs(tools) if tools else []
     if not settings.api_principals:
         err.print("warning: STOCKADE_API_PRINCIPALS is empty: every /v1 request will be refused (401)")
     try:
@@ -172,7 +171,7 @@ def mcp(
     from router.interfaces.mcp import build_server, is_loopback, require_bearer, token_names  # noqa: PLC0415
 
     settings = _settings(ctx)
-    specs = _tool_specs(tools) if tools else []
+    specs = tool_specs(tools) if tools else []
     tokens = token_names(settings.api_principals) if http else {}
     if http and not tokens and not is_loopback(host):
         raise _fail(f"refusing to serve MCP on {host} without authentication: configure agent principals "
@@ -208,33 +207,6 @@ def mcp(
         raise _fail(str(exc)) from exc
     if refused:
         raise _fail(refused[0])
-
-
-def _tool_specs(path: Path) -> list[dict[str, Any]]:
-    """The tool specs in a JSON file (a list), or in each ``*.json`` file of a directory (a list
-    or one spec; by name), each checked as a ToolSpec: exit 2 naming the file, tool and field."""
-    from pydantic import ValidationError  # noqa: PLC0415
-
-    from router.tools import ToolSpec  # noqa: PLC0415
-
-    if path.is_dir():
-        return [spec for file in sorted(path.glob("*.json")) for spec in _tool_specs(file)]
-    try:
-        specs = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise _fail(f"cannot read the tool specs in {path}: {exc}") from exc
-    if isinstance(specs, dict):
-        specs = [specs]
-    if not isinstance(specs, list) or not all(isinstance(s, dict) for s in specs):
-        raise _fail(f"{path} must hold a JSON list of tool specs (objects), or one spec")
-    for i, spec in enumerate(specs):
-        try:
-            ToolSpec.model_validate(spec)
-        except ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(spec)'}: {e['msg']}" for e in exc.errors())
-            raise _fail(f"{path}: tool #{i} ({str(spec.get('name', '?'))[:64]}) is not a valid tool spec: "
-                        f"{problems[:1500]}") from None  # fmt: skip
-    return specs
 
 
 @app.command("api-token")

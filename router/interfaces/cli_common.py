@@ -60,3 +60,30 @@ def audit_log(ctx: typer.Context, path: Path | None) -> JsonlAuditLog:
     if not target.exists():
         raise fail(f"no audit log at {target}; pass --path or set STOCKADE_AUDIT__PATH")
     return JsonlAuditLog(target, durability=settings.durability)
+
+
+def tool_specs(path: Path) -> list[dict[str, Any]]:
+    """The tool specs in a JSON file (a list), or in each ``*.json`` file of a directory (a list
+    or one spec; by name), each checked as a ToolSpec: exit 2 naming the file, tool and field."""
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    from router.tools import ToolSpec  # noqa: PLC0415
+
+    if path.is_dir():
+        return [spec for file in sorted(path.glob("*.json")) for spec in tool_specs(file)]
+    try:
+        specs = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise fail(f"cannot read the tool specs in {path}: {exc}") from exc
+    if isinstance(specs, dict):
+        specs = [specs]
+    if not isinstance(specs, list) or not all(isinstance(s, dict) for s in specs):
+        raise fail(f"{path} must hold a JSON list of tool specs (objects), or one spec")
+    for i, spec in enumerate(specs):
+        try:
+            ToolSpec.model_validate(spec)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(spec)'}: {e['msg']}" for e in exc.errors())
+            raise fail(f"{path}: tool #{i} ({str(spec.get('name', '?'))[:64]}) is not a valid tool spec: "
+                        f"{problems[:1500]}") from None  # fmt: skip
+    return specs

@@ -5,8 +5,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from policy.check import check_policy
 from policy.testing import run_rego_tests
-from policy.tooling import check, coverage, explain
+from policy.tooling import coverage, explain
 from tests.conftest import REPO
 from tests.policy.test_embedded import make_input, trifecta_input
 
@@ -69,17 +70,21 @@ def test_a_failing_test_names_its_first_failing_statement_and_the_values(tmp_pat
 
 
 def test_check_passes_the_shipped_policy() -> None:
-    assert check(REPO / "policies") == []
+    assert [p for p in check_policy(REPO / "policies") if p.severity == "error"] == []
 
 
 def test_check_names_builtins_regorus_lacks(tmp_path: Path) -> None:
     (tmp_path / "p").mkdir()
     (tmp_path / "p" / "tokens.rego").write_text("package p\n\nclaims := io.jwt.decode(input.token)\n")
     (tmp_path / "p" / "ok.rego").write_text('package p\n\nfine := upper("x")\n')
-    assert check(tmp_path) == ["p/tokens.rego: builtin io.jwt.decode is not provided by regorus"]
+    found = [p for p in check_policy(tmp_path) if p.code == "builtin.unsupported"]
+    assert [(p.file, p.line) for p in found] == [(str(tmp_path / "p" / "tokens.rego"), 3)]
+    assert "io.jwt.decode is not provided by regorus" in found[0].message
 
 
 def test_check_reports_a_syntax_error(tmp_path: Path) -> None:
     (tmp_path / "bad.rego").write_text("package bad\n\nx := {\n")
-    [problem] = check(tmp_path)
-    assert "bad.rego" in problem
+    problems = check_policy(tmp_path)
+    assert problems
+    assert all(p.severity == "error" for p in problems)
+    assert problems[0].file == str(tmp_path / "bad.rego")
