@@ -26,15 +26,16 @@ from policy.base import (
     ValueSources,
     deny,
 )
-from policy.bundle import PolicyBundle, load_bundle
+from policy.bundle import PolicyBundle, build_bundle, load_bundle, load_bundle_archive
 from policy.config import PolicySettings
 from policy.embedded import EmbeddedEngine
 from policy.errors import PolicyBundleError, PolicyError
+from policy.status import LoadStatus, ReportsLoadStatus
 from policy.testing import RegoTestResult, run_rego_tests
 
 
 def make_engine(settings: PolicySettings) -> PolicyEngine:
-    """The engine ``settings.engine`` names, loaded from ``settings.dir``.
+    """The engine ``settings.engine`` names, loaded from ``settings.dir`` (a directory or a bundle file).
 
     Raises:
         PolicyBundleError: the directory does not load (or, embedded, does not compile).
@@ -52,6 +53,7 @@ __all__ = [
     "EgressRule",
     "EmbeddedEngine",
     "Limits",
+    "LoadStatus",
     "Obligations",
     "Outcome",
     "PolicyBundle",
@@ -62,12 +64,15 @@ __all__ = [
     "PolicySettings",
     "Reason",
     "RegoTestResult",
+    "ReportsLoadStatus",
     "SessionInfo",
     "SubjectInfo",
     "ToolInfo",
     "ValueSources",
+    "build_bundle",
     "deny",
     "load_bundle",
+    "load_bundle_archive",
     "make_engine",
     "run_rego_tests",
 ]

@@ -28,9 +28,10 @@ import regorus
 import structlog
 
 from policy.base import POLICY_ERROR, Decision, Outcome, PolicyInput, deny, to_decision
-from policy.bundle import PolicyBundle, load_bundle
+from policy.bundle import PolicyBundle, digest_of, load_configured
 from policy.config import PolicySettings
 from policy.errors import PolicyBundleError
+from policy.status import LoadStatus
 
 log = structlog.get_logger(__name__)
 
@@ -63,6 +64,9 @@ def _compile(bundle: PolicyBundle, entrypoint: str, generation: int) -> _Loaded:
     except BaseException as exc:
         if not (isinstance(exc, Exception) or _is_panic(exc)):
             raise
+        # The traceback keeps this frame, and so the half-built engine, alive: regorus objects are
+        # unsendable, and one freed later by the collector on another thread raises there.
+        interpreter = program = None
         raise PolicyBundleError(f"policy in {bundle.root} does not compile: {_without_backtrace(exc)}") from exc
     return _Loaded(bundle=bundle, program=program, interpreter=interpreter, generation=generation)
 
@@ -71,14 +75,17 @@ class EmbeddedEngine:
     """`PolicyEngine` backed by regorus in this process.
 
     One RVM per thread (an RVM is not shareable across threads); each is loaded lazily from
-    the current compiled program.
+    the current compiled program. Loads from a directory or a bundle file (``settings.dir``,
+    checked against ``settings.bundle_public_key``); every load attempt is recorded in
+    `load_status`.
     """
 
     def __init__(self, settings: PolicySettings) -> None:
         self._settings = settings
         self._lock = threading.Lock()
         self._local = threading.local()
-        self._loaded = _compile(load_bundle(settings.dir, max_bytes=settings.max_policy_bytes), settings.entrypoint, 1)
+        self._loaded = _compile(load_configured(settings), settings.entrypoint, 1)
+        self._status = LoadStatus.first(str(settings.dir), self._loaded.bundle.revision)
         log.info("policy_loaded", revision=self.revision, modules=len(self._loaded.bundle.modules))
 
     @property
@@ -90,16 +97,25 @@ class EmbeddedEngine:
         """The policy files and data currently in force."""
         return self._loaded.bundle
 
+    @property
+    def load_status(self) -> LoadStatus:
+        """The revision in force, and whether the files on disk loaded at the last attempt."""
+        return self._status
+
     async def reload(self) -> str:
         with self._lock:
             old = self._loaded
+            bundle: PolicyBundle | None = None
             try:
-                bundle = load_bundle(self._settings.dir, max_bytes=self._settings.max_policy_bytes)
+                bundle = load_configured(self._settings)
                 new = _compile(bundle, self._settings.entrypoint, old.generation + 1)
             except PolicyBundleError as exc:
+                failed = bundle.revision if bundle is not None else digest_of(self._settings.dir)
+                self._status = self._status.failed(str(exc), failed)
                 log.error("policy_reload_refused", error=str(exc), kept_revision=old.bundle.revision)
                 raise
             self._loaded = new
+            self._status = self._status.loaded(new.bundle.revision)
         log.info("policy_reloaded", revision=new.bundle.revision, previous=old.bundle.revision)
         return new.bundle.revision
 

@@ -1,14 +1,15 @@
 """The OPA server engine: the same policy directory, decided by an OPA server over its REST API
 (through opa-python-client).
 
-The engine uploads the directory's decision modules (``PUT /v1/policies/stockade/<path>``) and
-its data (``PUT /v1/data/<top-level key>``) before its first decision and on every reload, then
-asks ``POST /v1/data/stockade/decision``. With ``opa_upload`` off, the server has loaded the same
-directory itself (mounted and watched, as in compose.yaml) and the engine only asks. Every
-failure (unreachable, slow, refused upload, undefined or malformed decision) is a deny with
-``policy.error``, as in the embedded engine, whose decisions are the reference. OPA's REST API
-has no atomic multi-module swap: a reload that OPA refuses half-way is rolled back by uploading
-the previous bundle again.
+The engine loads the directory or bundle file ``settings.dir`` names (a bundle checked against
+``settings.bundle_public_key``, as the embedded engine does), uploads its decision modules
+(``PUT /v1/policies/stockade/<path>``) and its data (``PUT /v1/data/<top-level key>``) before
+its first decision and on every reload, then asks ``POST /v1/data/stockade/decision``. With
+``opa_upload`` off, the server has loaded the same directory itself (mounted and watched, as in
+compose.yaml) and the engine only asks. Every failure (unreachable, slow, refused upload,
+undefined or malformed decision) is a deny with ``policy.error``, as in the embedded engine,
+whose decisions are the reference. OPA's REST API has no atomic multi-module swap: a reload that
+OPA refuses half-way is rolled back by uploading the previous bundle again.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ import structlog
 from opa_client.opa_async import AsyncOpaClient
 
 from policy.base import POLICY_ERROR, Decision, PolicyInput, deny, to_decision
-from policy.bundle import PolicyBundle, load_bundle
+from policy.bundle import PolicyBundle, digest_of, load_configured
 from policy.config import PolicySettings
 from policy.errors import PolicyBundleError
+from policy.status import LoadStatus
 
 log = structlog.get_logger(__name__)
 
@@ -40,7 +42,8 @@ class OpaEngine:
 
     def __init__(self, settings: PolicySettings) -> None:
         self._settings = settings
-        self._bundle = load_bundle(settings.dir, max_bytes=settings.max_policy_bytes)
+        self._bundle = load_configured(settings)
+        self._status = LoadStatus.first(str(settings.dir), self._bundle.revision)
         parts = urlsplit(settings.opa_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise PolicyBundleError(
@@ -64,6 +67,11 @@ class OpaEngine:
     def revision(self) -> str:
         return self._bundle.revision
 
+    @property
+    def load_status(self) -> LoadStatus:
+        """The revision in force, and whether the files on disk loaded at the last attempt."""
+        return self._status
+
     async def _open(self) -> None:
         if not self._session_open:
             await self._client.__aenter__()
@@ -73,8 +81,22 @@ class OpaEngine:
         """Put ``bundle`` on the server and remove this engine's modules it no longer has."""
         await self._open()
         ids = {_POLICY_PREFIX + path.removesuffix(".rego"): text for path, text in bundle.decision_modules}
-        for policy_id, text in ids.items():
-            await self._client.update_policy_from_string(text, policy_id, rego_compat=False)
+        # OPA compiles each module against those it already holds, so one that uses a rule
+        # another file defines is refused until that file is there: put what it accepts, then
+        # try the rest again, until a round adds nothing (then the policy itself is at fault).
+        pending = dict(ids)
+        while pending:
+            before = len(pending)
+            refused: list[Exception] = []
+            for policy_id, text in list(pending.items()):
+                try:
+                    await self._client.update_policy_from_string(text, policy_id, rego_compat=False)
+                except Exception as exc:  # the client raises its own, aiohttp's and TypeErrors alike
+                    refused.append(exc)
+                    continue
+                del pending[policy_id]
+            if len(pending) == before:
+                raise refused[0]
         for key, value in bundle.data.items():
             await self._client.update_or_create_data(value, key)
         for stale in self._ids - ids.keys():
@@ -109,9 +131,15 @@ class OpaEngine:
         return to_decision(value, revision)
 
     async def reload(self) -> str:
-        bundle = load_bundle(self._settings.dir, max_bytes=self._settings.max_policy_bytes)
+        try:
+            bundle = load_configured(self._settings)
+        except PolicyBundleError as exc:
+            self._status = self._status.failed(str(exc), digest_of(self._settings.dir))
+            log.error("policy_reload_refused", error=str(exc), kept_revision=self._bundle.revision)
+            raise
         if not self._settings.opa_upload:  # the server watches the same files and reloads them itself
             old, self._bundle = self._bundle, bundle
+            self._status = self._status.loaded(bundle.revision)
             log.info("policy_reloaded", revision=bundle.revision, previous=old.revision, served_by="opa")
             return bundle.revision
         async with self._lock:
@@ -125,8 +153,11 @@ class OpaEngine:
                 except Exception as restore:  # the server is down: the next decide uploads again
                     log.error("opa_restore_failed", error=str(restore)[:500])
                     self._served = None
+                self._status = self._status.failed(f"OPA at {self._settings.opa_url} refused the policy: {exc}",
+                                                   bundle.revision)  # fmt: skip
                 raise PolicyBundleError(f"OPA at {self._settings.opa_url} refused the policy: {exc}") from exc
             self._bundle = bundle
+            self._status = self._status.loaded(bundle.revision)
         log.info("policy_reloaded", revision=bundle.revision, previous=old.revision)
         return bundle.revision
 

@@ -22,13 +22,14 @@ import typer
 from rich.text import Text
 
 from policy import EmbeddedEngine, PolicyBundleError, PolicyInput, PolicySettings, RegoTestResult, run_rego_tests
-from policy.bundle import fingerprint
+from policy.bundle import fingerprint, load_bundle
+from policy.check import check_policy
+from policy.schema import data_schema, input_schema
 from policy.tooling import (
     BenchReport,
     FileCoverage,
     Latency,
     bench,
-    check,
     coverage,
     evaluate_rule,
     explain,
@@ -36,7 +37,8 @@ from policy.tooling import (
     rule_path,
     total_percent,
 )
-from router.interfaces.cli_common import JsonFlag, PolicyDir, emit_json, err, fail, out, settings_of
+from router.interfaces.bundle_cli import policy_build, policy_verify_bundle
+from router.interfaces.cli_common import JsonFlag, PolicyDir, emit_json, err, fail, out, settings_of, tool_specs
 from router.interfaces.replay_cli import policy_replay
 
 policy_app = typer.Typer(help="Test and evaluate the Rego policies.", no_args_is_help=True)
@@ -44,7 +46,7 @@ policy_app = typer.Typer(help="Test and evaluate the Rego policies.", no_args_is
 _WATCH_INTERVAL_S = 0.3  # how often --watch looks at the files' mtimes and sizes
 
 
-def _policysettings_of(ctx: typer.Context, directory: Path | None) -> PolicySettings:
+def policy_settings(ctx: typer.Context, directory: Path | None) -> PolicySettings:
     base = settings_of(ctx).policy
     return base.model_copy(update={"dir": directory}) if directory else base
 
@@ -105,7 +107,7 @@ def policy_test(
         select = re.compile(run) if run is not None else None
     except re.error as exc:
         raise fail(f"--run {run!r} is not a regular expression: {exc}") from exc
-    options = _TestOptions(_policysettings_of(ctx, directory), select, verbose,
+    options = _TestOptions(policy_settings(ctx, directory), select, verbose,
                            with_coverage or threshold is not None, threshold, as_json)  # fmt: skip
     if not watch:
         raise typer.Exit(_test_once(options))
@@ -268,7 +270,7 @@ def policy_eval(
         raise fail("give the rule either as an argument or with --query, not both")
     if fail_undefined and fail_defined:
         raise fail("--fail and --fail-defined exclude each other")
-    settings = _policysettings_of(ctx, directory)
+    settings = policy_settings(ctx, directory)
     policy_input = _read_input(input_file) if input_file is not None else None
     wanted = rule or query
     try:
@@ -319,7 +321,7 @@ def policy_explain(
     """Show the decision for one input as production makes it, where in the policy each reason
     comes from, every rule of the policy's package and, unless it allows, why not."""
     policy_input = _read_input(input_file)
-    settings = _policysettings_of(ctx, directory)
+    settings = policy_settings(ctx, directory)
     try:
         why = explain(settings.dir, policy_input, settings.entrypoint, max_bytes=settings.max_policy_bytes)
     except PolicyBundleError as exc:
@@ -357,16 +359,66 @@ def policy_explain(
             out.print(_plain(f"    {line}"))
 
 
+ToolsOption = Annotated[
+    Path | None,
+    typer.Option("--tools", help="Tool specs (a JSON file or a directory of them, as `stockade mcp --tools` takes): "
+                 "input.args and input.tool.name are then checked per tool."),
+]  # fmt: skip
+
+
 @policy_app.command("check")
-def policy_check(ctx: typer.Context, directory: PolicyDir = None) -> None:
-    """Parse and compile every rule; name builtins regorus lacks. Exit 1 on any problem."""
-    root = _policysettings_of(ctx, directory).dir
-    problems = check(root)
+def policy_check(
+    ctx: typer.Context,
+    directory: PolicyDir = None,
+    tools: ToolsOption = None,
+    strict: Annotated[bool, typer.Option("--strict", help="Warnings fail the check too.")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Check the policy against what production runs: parse and compile it, refuse builtins regorus
+    lacks or stockade refuses (http.send), resolve every input.* and data.* reference against the
+    input contract (`stockade policy schema`) and data.json's schema, find type mismatches and
+    reason codes missing from the catalog. Each problem with file:line:col. Exit 1 on any error
+    (or warning, with --strict), 2 if the tool specs cannot be read."""
+    settings = policy_settings(ctx, directory)
+    specs = tool_specs(tools) if tools else None
+    problems = check_policy(settings.dir, tools=specs, max_bytes=settings.max_policy_bytes)
+    errors = [p for p in problems if p.severity == "error"]
+    failed = bool(errors) or (strict and bool(problems))
+    if as_json:
+        emit_json({"ok": not failed, "problems": [p.as_json() for p in problems]})
+        raise typer.Exit(1 if failed else 0)
     for problem in problems:
-        err.print(f"[red]problem:[/red] {problem}", markup=True)
+        label = Text("error: ", style="red") if problem.severity == "error" else Text("warning: ", style="yellow")
+        err.print(label + Text(str(problem)))
     if not problems:
-        out.print(f"[green]OK[/green] {root}: parses, compiles, and uses only builtins regorus provides")
-    raise typer.Exit(1 if problems else 0)
+        out.print(Text(f"OK {settings.dir}: parses, compiles, and every reference, type and reason code checks"))
+    else:
+        summary = f"{len(errors)} error(s), {len(problems) - len(errors)} warning(s)"
+        (err if failed else out).print(Text(summary))
+    raise typer.Exit(1 if failed else 0)
+
+
+@policy_app.command("schema")
+def policy_schema(
+    ctx: typer.Context,
+    data: Annotated[
+        bool, typer.Option("--data", help="The schema of data.json instead of the input contract.")
+    ] = False,
+    directory: PolicyDir = None,
+    tools: ToolsOption = None,
+) -> None:
+    """Print the input contract (JSON Schema of `input`, generated from the router's PolicyInput and
+    refined per tool with --tools), or with --data the schema of the policy's data.json: for
+    editors, `opa check --schema`, and reviewers."""
+    if data:
+        settings = policy_settings(ctx, directory)
+        try:
+            bundle = load_bundle(settings.dir, max_bytes=settings.max_policy_bytes)
+        except PolicyBundleError as exc:
+            raise fail(str(exc)) from exc
+        emit_json(data_schema(bundle))
+        return
+    emit_json(input_schema(tool_specs(tools) if tools else None))
 
 
 @policy_app.command("reload")
@@ -414,7 +466,7 @@ def policy_bench(
 ) -> None:
     """Decision latency (p50/p99, µs) of the whole policy on the production path, of a one-rule
     policy on the same path (the baseline), and of each rule area (one .rego file's rules)."""
-    settings = _policysettings_of(ctx, directory)
+    settings = policy_settings(ctx, directory)
     chosen = {path.name: _read_input(path) for path in inputs} if inputs else None
     try:
         report = bench(settings.dir, chosen, iterations=iterations, entrypoint=settings.entrypoint,
@@ -454,7 +506,7 @@ def policy_new(
     """Scaffold a rule area: stockade/AREA.rego (a rule adding to deny_reasons, with METADATA) and
     AREA_test.rego (tests that pass as written), and the reason code's catalog entry (added to
     stockade/reasons/data.json if it exists, else printed). Never overwrites: exit 2 if a file exists."""
-    root = _policysettings_of(ctx, directory).dir
+    root = policy_settings(ctx, directory).dir
     try:
         made = new_area(root, area)
     except (ValueError, FileExistsError) as exc:
@@ -470,3 +522,5 @@ def policy_new(
 
 
 policy_app.command("replay")(policy_replay)
+policy_app.command("build")(policy_build)
+policy_app.command("verify-bundle")(policy_verify_bundle)

@@ -194,7 +194,13 @@ async def test_health_readiness_policy_status_and_openapi(api: tuple[httpx.Async
     ready = await client.get("/readyz")
     assert (ready.status_code, ready.json()["checks"]) == (200, {"policy": True, "store": True, "audit": True})
     status = (await client.get("/v1/policy", headers=auth("audit"))).json()
-    assert status == {"revision": plane.policy.revision, "engine": "embedded", "files_problem": None}
+    assert {k: status[k] for k in ("revision", "engine", "files_problem")} == {
+        "revision": plane.policy.revision,
+        "engine": "embedded",
+        "files_problem": None,
+    }
+    assert status["on_disk"]["loaded"] is True
+    assert status["in_force"]["revision"] == plane.policy.revision
     schema = (await client.get("/openapi.json")).json()
     assert schema["openapi"].startswith("3.1")
     assert "/v1/sessions/{session_id}/calls" in schema["paths"]

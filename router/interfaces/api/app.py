@@ -47,6 +47,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from policy import ReportsLoadStatus
 from router import metrics
 from router.approvals import Approval, ApprovalStatus
 from router.audit.checkpoint import Checkpoint
@@ -149,18 +150,42 @@ class Endorsement(_Body):
     source: str = Field(description="the endorsed source label, as policy sees it in input.session.endorsed")
 
 
+class PolicyInForce(_Body):
+    revision: str = Field(description="the revision deciding now (R+sha256 for a bundle with manifest revision R)")
+    source: str = Field(description="the policy directory or bundle file it was loaded from")
+    loaded_at: AwareDatetime = Field(description="when it was loaded")
+
+
+class PolicyOnDisk(_Body):
+    loaded: bool = Field(description="whether the files on disk loaded at the last attempt (then they are in force)")
+    error: str | None = Field(default=None, description="why they did not (file:line: message)")
+    revision: str | None = Field(
+        default=None,
+        description="the revision of the files that failed (sha256:<digest> for a bundle file that could not be "
+        "read as one); once they load, the revision in force",
+    )
+    at: AwareDatetime = Field(description="when the router last tried to load them")
+
+
 class PolicyStatus(_Body):
-    revision: str = Field(description="sha256 of the policy in force (the last one that loaded)")
+    revision: str = Field(description="the revision of the policy in force (the last one that loaded)")
     engine: str
     files_problem: str | None = Field(
         default=None, description="why the files on disk did not load at the last try (the revision above decides)"
     )
+    in_force: PolicyInForce | None = Field(default=None, description="the policy deciding now")
+    on_disk: PolicyOnDisk | None = Field(default=None, description="whether the files on disk loaded at the last try")
 
 
 class Readiness(_Body):
     ready: bool
     checks: dict[str, bool] = Field(description="policy, store, audit: whether each passes")
     problems: dict[str, str] = Field(description="why each failing check fails (and policy_files, if they do not load)")
+    degraded: dict[str, str] = Field(
+        default_factory=dict,
+        description="checks that pass with a warning: policy, when the files on disk failed to load (the previous "
+        "revision stays in force and decides)",
+    )
 
 
 class Introspection(_Body):
@@ -625,7 +650,17 @@ def _errors(app: FastAPI, plane: ControlPlane, gate: Gate) -> None:
         found = await plane.readiness_problems()
         checks = {name: found[name] is None for name in ("policy", "store", "audit")}
         ready = all(checks.values())
-        body = Readiness(ready=ready, checks=checks,
+        # Files on disk that fail to load leave the router ready (200), reported as degraded: the
+        # previous revision stays in force and decides every call as it did before the bad push.
+        # Unready would gain nothing (a restart cannot load the files either, and would drop the
+        # good policy) and would cost everything: every replica reads the same files, so an
+        # orchestrator would take them all out of service at once over one broken edit.
+        degraded: dict[str, str] = {}
+        problem = policy_files_problem(plane)
+        if problem is not None and checks["policy"]:
+            degraded["policy"] = (f"the files on disk failed to load: {problem}; the previous revision "
+                                  f"{plane.policy.revision} stays in force")  # fmt: skip
+        body = Readiness(ready=ready, checks=checks, degraded=degraded,
                          problems={name: why for name, why in found.items() if why is not None})  # fmt: skip
         return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
 
@@ -759,7 +794,6 @@ def _checkpoints(app: FastAPI, plane: ControlPlane, gate: Gate) -> None:
 def _audit(app: FastAPI, plane: ControlPlane, gate: Gate) -> None:
     Auditor = Annotated[ApiPrincipal, Depends(gate.require("auditor", "admin"))]
     Admin = Annotated[ApiPrincipal, Depends(gate.require("admin"))]
-    settings = plane.settings
 
     from router.interfaces.api.audit_query import add_query_routes  # noqa: PLC0415  (it imports this module)
 
@@ -774,16 +808,40 @@ def _audit(app: FastAPI, plane: ControlPlane, gate: Gate) -> None:
 
     @app.get("/v1/policy", tags=["audit"])
     async def get_policy_status(_: Auditor) -> PolicyStatus:
-        return PolicyStatus(
-            revision=plane.policy.revision, engine=settings.policy.engine, files_problem=plane.policy_problem
-        )
+        """The policy in force, and whether the files on disk loaded at the last try."""
+        return policy_status(plane)
 
     @app.post("/v1/policy/reload", tags=["audit"], responses=problems((503, "the policy did not load: the old one "
                                                                            "stays in force")))  # fmt: skip
     async def reload_policy(principal: Admin, source: Literal["api", "cli"] = "api") -> PolicyStatus:
-        """Reload the policy directory now; audited (``kind: policy``) whether it loads or not."""
-        revision = await plane.reload_policy(source=source, by=principal.name)
-        return PolicyStatus(revision=revision, engine=settings.policy.engine)
+        """Reload the policy directory or bundle now; audited (``kind: policy``) whether it loads or not."""
+        await plane.reload_policy(source=source, by=principal.name)
+        return policy_status(plane)
+
+
+def policy_files_problem(plane: ControlPlane) -> str | None:
+    """Why the policy files on disk did not load at the last try (None: they did): the engine's
+    own record, else what the control plane's watcher met reading them."""
+    status = plane.policy.load_status if isinstance(plane.policy, ReportsLoadStatus) else None
+    if status is not None and status.error is not None:
+        return status.error
+    return plane.policy_problem
+
+
+def policy_status(plane: ControlPlane) -> PolicyStatus:
+    """``GET /v1/policy``: the revision in force and what became of the files on disk."""
+    engine = plane.policy
+    status = engine.load_status if isinstance(engine, ReportsLoadStatus) else None
+    in_force = on_disk = None
+    if status is not None:
+        in_force = PolicyInForce(revision=status.revision, source=status.source, loaded_at=status.loaded_at)
+        problem = policy_files_problem(plane)
+        on_disk = PolicyOnDisk(
+            loaded=problem is None, error=problem, at=status.attempted_at,
+            revision=status.revision if problem is None else status.failed_revision,
+        )  # fmt: skip
+    return PolicyStatus(revision=engine.revision, engine=plane.settings.policy.engine,
+                        files_problem=plane.policy_problem, in_force=in_force, on_disk=on_disk)  # fmt: skip
 
 
 # RFC 7662 §2.1: the form a service posts (the route reads it itself: FastAPI's form parsing

@@ -1,0 +1,338 @@
+"""Policy bundles: built, signed, verified and loaded as OPA does, with every tampering refused
+and the member at fault named (real regorus, real tarballs, real Ed25519 keys)."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import io
+import json
+import tarfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import typer
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from typer.testing import CliRunner
+
+from policy import EmbeddedEngine, Outcome, PolicyBundleError, PolicyInput, PolicySettings
+from policy.bundle import (
+    MANIFEST,
+    MAX_MEMBERS,
+    SIGNATURES,
+    build_bundle,
+    file_hash,
+    fingerprint,
+    key_id,
+    load_bundle,
+    load_bundle_archive,
+    sign_files,
+)
+from router.interfaces.bundle_cli import policy_build, policy_verify_bundle
+from tests.conftest import copy_policies, edit_catalog
+
+MEDIUM = PolicyInput.model_validate({
+    "subject": {"agent": "a", "principal": "p@example.com"}, "session": {"id": "s-1"},
+    "tool": {"name": "t", "capabilities": [], "risk": "medium"}, "args": {}, "now": "2026-11-22T10:00:00Z",
+})  # fmt: skip
+
+
+@dataclass
+class Keys:
+    private: Ed25519PrivateKey
+    private_pem: Path
+    public_pem: Path
+
+
+def write_keys(where: Path, name: str) -> Keys:
+    private = Ed25519PrivateKey.generate()
+    private_pem, public_pem = where / f"{name}.pem", where / f"{name}.pub"
+    pem = serialization.Encoding.PEM
+    private_pem.write_bytes(private.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    public_pem.write_bytes(private.public_key().public_bytes(pem, serialization.PublicFormat.SubjectPublicKeyInfo))
+    return Keys(private, private_pem, public_pem)
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> Keys:
+    return write_keys(tmp_path, "signing")
+
+
+def members_of(bundle: Path) -> list[tuple[str, bytes]]:
+    with tarfile.open(bundle, "r:gz") as tar:
+        return [(m.name, tar.extractfile(m).read()) for m in tar.getmembers() if m.isreg()]  # type: ignore[union-attr]
+
+
+def pack(target: Path, members: list[tarfile.TarInfo | tuple[str, bytes]]) -> Path:
+    """A gzip tarball of ``members``: (name, bytes) for a regular file, or a prepared TarInfo."""
+    buffer = io.BytesIO()
+    with gzip.GzipFile(fileobj=buffer, mode="wb") as compressed, tarfile.open(fileobj=compressed, mode="w") as tar:
+        for member in members:
+            if isinstance(member, tarfile.TarInfo):
+                tar.addfile(member)
+                continue
+            info = tarfile.TarInfo(member[0])
+            info.size = len(member[1])
+            tar.addfile(info, io.BytesIO(member[1]))
+    target.write_bytes(buffer.getvalue())
+    return target
+
+
+def signed_bundle(tmp_path: Path, keys: Keys, revision: str = "v1") -> Path:
+    return build_bundle(copy_policies(tmp_path), tmp_path / "bundle.tar.gz", revision=revision,
+                        signing_key=keys.private).root  # fmt: skip
+
+
+def test_a_built_bundle_carries_the_directory_and_loads_into_the_engine_that_decides(
+    tmp_path: Path, keys: Keys
+) -> None:
+    root = copy_policies(tmp_path)
+    bundle = build_bundle(root, tmp_path / "b.tar.gz", revision="2026.11.1", signing_key=keys.private)
+    directory = load_bundle(root)
+    assert bundle.revision == f"2026.11.1+{directory.revision}"  # the manifest revision plus the content hash
+    assert (bundle.content_hash, bundle.signed_by) == (directory.revision, key_id(keys.private.public_key()))
+    assert bundle.modules == directory.modules
+    assert bundle.data == directory.data
+    names = [name for name, _ in members_of(tmp_path / "b.tar.gz")]
+    assert names[:2] == [MANIFEST, SIGNATURES]
+    assert set(names[2:]) == {rel for rel, _ in directory.modules} | {
+        "stockade/data.json",
+        "stockade/reasons/data.json",
+    }
+    manifest = json.loads(dict(members_of(tmp_path / "b.tar.gz"))[MANIFEST])
+    assert manifest["revision"] == "2026.11.1"
+    assert "stockade" in manifest["roots"]
+
+    engine = EmbeddedEngine(PolicySettings(bundle=tmp_path / "b.tar.gz", bundle_public_key=keys.public_pem))
+    assert engine.revision == bundle.revision
+    decision = engine.evaluate(MEDIUM)
+    assert (decision.outcome, decision.policy_revision) == (Outcome.ALLOW, bundle.revision)
+    unsigned = build_bundle(root, tmp_path / "u.tar.gz")
+    assert unsigned.revision == directory.revision
+    assert unsigned.signed_by is None
+    assert EmbeddedEngine(PolicySettings(bundle=tmp_path / "u.tar.gz")).evaluate(MEDIUM).outcome is Outcome.ALLOW
+
+
+async def test_hot_reload_picks_up_a_replaced_bundle_and_keeps_the_old_one_over_a_tampered_one(
+    tmp_path: Path, keys: Keys
+) -> None:
+    root = copy_policies(tmp_path)
+    target = tmp_path / "bundle.tar.gz"
+    first = build_bundle(root, target, revision="v1", signing_key=keys.private)
+    engine = EmbeddedEngine(PolicySettings(bundle=target, bundle_public_key=keys.public_pem))
+    seen = fingerprint(target)
+    edit_catalog(root, auto_allow_risks=["low"])  # medium-risk calls now need more than policy
+    second = build_bundle(root, target, revision="v2", signing_key=keys.private)
+    assert fingerprint(target) != seen  # what the control plane's watcher compares
+    assert await engine.reload() == second.revision != first.revision
+    assert (await engine.decide(MEDIUM)).reasons[0].code == "policy.default_deny"
+    assert engine.load_status.error is None
+
+    members = [(n, b + b"\ndefault allow_everything := true\n" if n == "stockade/risk.rego" else b)
+               for n, b in members_of(target)]  # fmt: skip
+    pack(target, members)
+    with pytest.raises(PolicyBundleError, match=r"stockade/risk\.rego"):
+        await engine.reload()
+    assert engine.revision == second.revision
+    status = engine.load_status
+    assert status.revision == second.revision
+    assert status.error is not None
+    assert "member 'stockade/risk.rego' was modified after signing" in status.error
+    assert status.failed_revision is not None
+    assert status.failed_revision.startswith("sha256:")
+    assert (await engine.decide(MEDIUM)).policy_revision == second.revision  # the good bundle still decides
+
+
+def forged_token(files: dict[str, bytes], header: dict[str, str], signer: Ed25519PrivateKey) -> bytes:
+    """A .signatures.json with the given JWS header, signed by ``signer``."""
+
+    def b64(raw: bytes) -> str:
+        return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+    payload = {"files": [{"name": n, "hash": file_hash(n, b), "algorithm": "SHA-256"} for n, b in files.items()]}
+    signing_input = f"{b64(json.dumps(header).encode())}.{b64(json.dumps(payload).encode())}"
+    return json.dumps({"signatures": [f"{signing_input}.{b64(signer.sign(signing_input.encode()))}"]}).encode()
+
+
+def padded(name: str, header_bytes: int) -> tarfile.TarInfo:
+    """An empty member behind a PAX header of ``header_bytes`` (read whole before the member)."""
+    info = tarfile.TarInfo(name)
+    info.pax_headers = {"comment": "x" * header_bytes}
+    return info
+
+
+def link(name: str, target: str, kind: bytes) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, target
+    return info
+
+
+Tamper = Callable[[list[tuple[str, bytes]], Keys, Keys], list[tarfile.TarInfo | tuple[str, bytes]]]
+
+
+def _replace(members: list[tuple[str, bytes]], name: str, raw: bytes) -> list[tarfile.TarInfo | tuple[str, bytes]]:
+    return [(n, raw if n == name else b) for n, b in members]
+
+
+def _resigned(members: list[tuple[str, bytes]], signer: Ed25519PrivateKey, kid: str,
+              alg: str = "EdDSA") -> list[tarfile.TarInfo | tuple[str, bytes]]:  # fmt: skip
+    files = {n: b for n, b in members if n != SIGNATURES}
+    return [*files.items(), (SIGNATURES, forged_token(files, {"alg": alg, "typ": "JWT", "kid": kid}, signer))]
+
+
+# Each tampering, and the member (or file) the refusal must name.
+TAMPERINGS: dict[str, tuple[Tamper, str]] = {
+    "modified rego": (
+        lambda m, _, __: _replace(m, "stockade/decision.rego", dict(m)["stockade/decision.rego"] + b"\n# harmless?\n"),
+        "'stockade/decision.rego' was modified",
+    ),
+    "modified data": (
+        lambda m, _, __: _replace(
+            m, "stockade/data.json", json.dumps({**json.loads(dict(m)["stockade/data.json"]), "extra": 1}).encode()
+        ),
+        "'stockade/data.json' was modified",
+    ),
+    "modified manifest": (
+        lambda m, _, __: _replace(m, MANIFEST, b'{"revision": "v9", "roots": ["stockade"]}'),
+        "'.manifest' was modified",
+    ),
+    "added file": (
+        lambda m, _, __: [*m, ("stockade/zz_allow.rego", b"package stockade\n")],
+        "'stockade/zz_allow.rego' is not covered by the signature",
+    ),
+    "removed file": (
+        lambda m, _, __: [(n, b) for n, b in m if n != "stockade/risk.rego"],
+        "'stockade/risk.rego' is signed but missing",
+    ),
+    "unsigned": (lambda m, _, __: [(n, b) for n, b in m if n != SIGNATURES], "is not signed"),
+    "signed by another key": (
+        lambda m, _, other: _resigned(m, other.private, key_id(other.private.public_key())),
+        "signed with key",
+    ),
+    "another key claiming ours": (
+        lambda m, ours, other: _resigned(m, other.private, key_id(ours.private.public_key())),
+        "does not verify",
+    ),
+    "alg none": (
+        lambda m, ours, _: _resigned(m, ours.private, key_id(ours.private.public_key()), alg="none"),
+        "alg 'none' is not accepted",
+    ),
+    "traversal": (lambda m, _, __: [*m, ("../stockade/evil.rego", b"package stockade\n")], "'../stockade/evil.rego'"),
+    "absolute name": (lambda m, _, __: [*m, ("/etc/evil.rego", b"package stockade\n")], "'/etc/evil.rego'"),
+    "symlink": (
+        lambda m, _, __: [*m, link("stockade/passwd.rego", "/etc/passwd", tarfile.SYMTYPE)],
+        "'stockade/passwd.rego' is a link",
+    ),
+    "hard link": (
+        lambda m, _, __: [*m, link("stockade/again.rego", "stockade/risk.rego", tarfile.LNKTYPE)],
+        "'stockade/again.rego' is a link",
+    ),
+    "duplicate name": (
+        lambda m, _, __: [*m, ("stockade/risk.rego", b"package stockade\n")],
+        "'stockade/risk.rego' appears twice",
+    ),
+    "tar bomb": (
+        lambda m, _, __: [*m, ("stockade/zeros/data.json", b"0" * (2 << 20))],
+        "'stockade/zeros/data.json' (2097152 bytes)",
+    ),
+    "header bomb": (
+        lambda m, _, __: [*m, padded("stockade/padded.rego", 16 << 20)],
+        "decompresses to more than",
+    ),
+    "member flood": (
+        lambda m, _, __: [*m, *((f"stockade/f{i}/data.json", b"{}") for i in range(MAX_MEMBERS))],
+        f"more than {MAX_MEMBERS} members",
+    ),
+    "other file type": (
+        lambda m, _, __: [*m, ("stockade/run.sh", b"#!/bin/sh\n")],
+        "'stockade/run.sh' is not a policy file",
+    ),
+}
+
+
+def test_every_tampering_is_refused_naming_the_member(tmp_path: Path, keys: Keys) -> None:
+    other = write_keys(tmp_path, "attacker")
+    original = members_of(signed_bundle(tmp_path, keys))
+    settings = PolicySettings(bundle=tmp_path / "x", bundle_public_key=keys.public_pem)  # the router's view
+    undetected: list[str] = []
+    for name, (tamper, expected) in TAMPERINGS.items():
+        target = pack(tmp_path / f"{name.replace(' ', '-')}.tar.gz", tamper(original, keys, other))
+        try:
+            EmbeddedEngine(settings.model_copy(update={"dir": target, "bundle": target}))
+        except PolicyBundleError as exc:
+            if expected not in str(exc):
+                undetected.append(f"{name}: refused without naming it: {exc}")
+            continue
+        undetected.append(f"{name}: loaded")
+    assert undetected == []
+    assert len(TAMPERINGS) == 18
+
+
+def test_signatures_follow_opa_hashing_and_signed_bundles_need_a_key(tmp_path: Path, keys: Keys) -> None:
+    """Data files are hashed as sorted JSON (reformatting them keeps the signature, as in OPA);
+    numbers by their literal; Rego by its bytes. A signed bundle without a key is refused, as OPA does."""
+    assert file_hash("a/data.json", b'{"b": 1, "a": [true, null]}') == file_hash(
+        "a/data.json", b'{"a":[true,null],"b":1}'
+    )
+    assert file_hash("a/data.json", b'{"a": 1}') != file_hash("a/data.json", b'{"a": 1.0}')
+    assert file_hash("x.rego", b"package x\n") != file_hash("x.rego", b"package x\n\n")
+    target = signed_bundle(tmp_path, keys)
+    members = members_of(target)
+    data = json.loads(dict(members)["stockade/data.json"])
+    pack(target, _replace(members, "stockade/data.json", json.dumps(data, indent=7).encode()))
+    assert (
+        load_bundle_archive(target, public_key=keys.private.public_key()).data["stockade"]["catalog"] == data["catalog"]
+    )
+    with pytest.raises(PolicyBundleError, match="is signed, but no public key is configured"):
+        load_bundle_archive(target)
+    with pytest.raises(PolicyBundleError, match="is a directory, which carries no signature"):
+        EmbeddedEngine(PolicySettings(dir=copy_policies(tmp_path / "d"), bundle_public_key=keys.public_pem))
+    payload = sign_files({"stockade/x.rego": b"package stockade\n"}, keys.private)
+    assert json.loads(payload)["signatures"][0].count(".") == 2  # one compact JWS, as OPA writes
+
+
+def test_manifest_roots_bound_what_a_bundle_may_define(tmp_path: Path) -> None:
+    rego = b"package other\n\nallow := true\n"
+    target = pack(tmp_path / "r.tar.gz", [(MANIFEST, b'{"revision": "r", "roots": ["stockade"]}'),
+                                          ("stockade/policy.rego", b"package stockade\n\nx := 1\n"),
+                                          ("other/policy.rego", rego)])  # fmt: skip
+    with pytest.raises(PolicyBundleError, match=r"'other/policy\.rego' has package other, outside"):
+        load_bundle_archive(target)
+
+
+def test_cli_builds_and_verifies_bundles(tmp_path: Path, keys: Keys) -> None:
+    cli = typer.Typer()
+    cli.command("build")(policy_build)
+    cli.command("verify-bundle")(policy_verify_bundle)
+    runner = CliRunner()
+    root = copy_policies(tmp_path)
+    target = tmp_path / "out.tar.gz"
+    built = runner.invoke(cli, ["build", str(root), "-o", str(target), "--revision", "r7",
+                                "--signing-key", str(keys.private_pem), "--json"])  # fmt: skip
+    assert built.exit_code == 0, built.output
+    report = json.loads(built.stdout)
+    assert report["manifest_revision"] == "r7"
+    assert report["signed_by"] == key_id(keys.private.public_key())
+    verified = runner.invoke(cli, ["verify-bundle", str(target), "--public-key", str(keys.public_pem)])
+    assert verified.exit_code == 0, verified.output
+    assert f"revision {report['revision']}" in verified.stdout
+    assert "signed by ed25519:" in verified.stdout
+
+    other = write_keys(tmp_path, "other")
+    wrong = runner.invoke(cli, ["verify-bundle", str(target), "--public-key", str(other.public_pem)])
+    assert wrong.exit_code == 1
+    assert "signed with key" in wrong.output
+    pack(target, [*members_of(target), ("stockade/zz.rego", b"package stockade\n")])
+    added = runner.invoke(cli, ["verify-bundle", str(target), "--public-key", str(keys.public_pem)])
+    assert added.exit_code == 1
+    assert "'stockade/zz.rego' is not covered by the signature" in added.output
+    (root / "stockade" / "broken.rego").write_text("package stockade\n\nthis is not rego\n")
+    broken = runner.invoke(cli, ["build", str(root), "-o", str(tmp_path / "never.tar.gz")])
+    assert broken.exit_code == 2
+    assert "broken.rego" in broken.output
+    assert not (tmp_path / "never.tar.gz").exists()
+    missing_key = runner.invoke(cli, ["verify-bundle", str(target), "--public-key", str(tmp_path / "nope.pub")])
+    assert missing_key.exit_code == 2
