@@ -218,6 +218,20 @@ class ApiPrincipal(PrincipalConfig):
     token_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     # Agents register tools only if allowed to; admins always may.
     may_register: bool = False
+    # For an agent: the principals it may open sessions for (None: any principal that has no
+    # groups or labels configured). A principal with groups or labels is acted for only by agents
+    # that list it, so an agent cannot claim someone's groups by naming them in a session.
+    acts_for: list[Annotated[str, Field(pattern=_PRINCIPAL_NAME)]] | None = Field(default=None, max_length=1024)
+
+    def refuses_to_act_for(self, name: str, config: PrincipalConfig) -> str | None:
+        """Why this agent may not open a session for the principal ``name`` (configured as
+        ``config``); None if it may."""
+        if self.acts_for is not None and name not in self.acts_for:
+            return f"agent {self.name} may open sessions only for the principals its acts_for lists, not {name}"
+        if config.configured and self.acts_for is None:
+            return (f"principal {name} has groups or labels configured: only an agent whose acts_for lists it "
+                    "may open a session for it")  # fmt: skip
+        return None
 
 
 class Settings(BaseSettings):

@@ -195,7 +195,7 @@ async def test_the_same_policy_denies_outside_prod(tmp_path: Path) -> None:
         assert (await plane.call(alice, "deploy", {})).reasons == ["deploy.refused"]
 
 
-TOKENS = {"deploy-bot": "tok-bot", "alice@example.com": "tok-alice", "root": "tok-root"}
+TOKENS = {"deploy-bot": "tok-bot", "other-bot": "tok-other", "alice@example.com": "tok-alice", "root": "tok-root"}
 
 
 def token_hash(name: str) -> str:
@@ -206,7 +206,9 @@ def token_hash(name: str) -> str:
 async def api(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, ControlPlane]]:
     """The HTTP API, with alice's groups and labels on her own API principal entry (she approves)."""
     settings = settings_for(tmp_path, DEPLOY_GUARD, environment="prod", api_principals=[
-        ApiPrincipal(name="deploy-bot", role="agent", token_sha256=token_hash("deploy-bot")),
+        ApiPrincipal(name="deploy-bot", role="agent", token_sha256=token_hash("deploy-bot"),
+                     acts_for=["alice@example.com", "bob@example.com"]),
+        ApiPrincipal(name="other-bot", role="agent", token_sha256=token_hash("other-bot")),
         ApiPrincipal(name="alice@example.com", role="approver", token_sha256=token_hash("alice@example.com"),
                      groups=["deployers"], labels={"team": "payments"}),
         ApiPrincipal(name="root", role="admin", token_sha256=token_hash("root")),
@@ -236,6 +238,29 @@ async def test_over_http_a_session_acting_for_a_configured_principal_gets_its_gr
     assert [(i["subject"]["groups"], i["subject"]["labels"]) for i in seen] == [
         (["deployers"], {"team": "payments"}),
         ([], {}),
+    ]
+
+
+async def test_an_agent_cannot_claim_a_configured_principal_it_does_not_act_for(
+    api: tuple[httpx.AsyncClient, ControlPlane],
+) -> None:
+    """The session's principal is in the body, which the agent writes: groups and labels would be
+    anyone's for the naming. A principal with groups or labels is acted for only by agents whose
+    acts_for lists it; an agent with acts_for opens sessions for those principals only."""
+    client, plane = api
+    other = {"Authorization": "Bearer tok-other"}
+    bot = {"Authorization": "Bearer tok-bot"}
+    claimed = await client.post("/v1/sessions", json={"principal": "alice@example.com"}, headers=other)
+    assert (claimed.status_code, claimed.json()["code"]) == (403, "auth.forbidden")
+    assert "acts_for" in claimed.json()["detail"]
+    unlisted = await client.post("/v1/sessions", json={"principal": "carol@example.com"}, headers=bot)
+    assert unlisted.status_code == 403
+    plain = await client.post("/v1/sessions", json={"principal": "bob@example.com"}, headers=other)
+    assert plain.status_code == 201  # no groups or labels to claim: any agent may act for bob
+    refusals = [e for e in await plane.audit.query(AuditFilter(kind="error")) if e.outcome == "refused"]
+    assert [(e.agent, e.result["request"]) for e in refusals if e.result] == [
+        ("other-bot", "POST /v1/sessions"),
+        ("deploy-bot", "POST /v1/sessions"),
     ]
 
 

@@ -691,8 +691,12 @@ def _sessions(app: FastAPI, plane: ControlPlane, gate: Gate, per_call: PerCallRo
     async def list_tools(_: Anyone) -> list[ToolSpec]:
         return await plane.list_tools()  # with those other routers added to the shared store
 
-    @app.post("/v1/sessions", status_code=201, tags=["sessions"], responses=problems(503))
+    @app.post("/v1/sessions", status_code=201, tags=["sessions"], responses=problems(403, 503))
     async def open_session(body: OpenSession, principal: Agent) -> SessionOpened:
+        refusal = principal.refuses_to_act_for(body.principal, plane.settings.principal_config(body.principal))
+        if refusal is not None:
+            await plane.record_refusal(principal.name, "POST /v1/sessions", refusal)
+            raise _Refused(problem(403, "auth.forbidden", "Forbidden", refusal))
         return SessionOpened(session_id=await plane.open_session(principal.name, body.principal, body.trusted_context))
 
     @app.delete("/v1/sessions/{session_id}", status_code=204, tags=["sessions"],
