@@ -8,6 +8,7 @@ the package's types (the audit log's readers, the SDK) stays light.
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from runner.base import (
@@ -24,26 +25,33 @@ from runner.base import (
     Usage,
     Verdict,
 )
-from runner.config import RunnerSettings
 from runner.errors import SandboxError, SandboxUnavailable
-from runner.python import parse_result, python_job
 
 if TYPE_CHECKING:
     from runner.bwrap import BwrapSandbox
+    from runner.config import RunnerSettings
     from runner.container import ContainerSandbox
+    from runner.python import parse_result, python_job
+
+
+_LAZY = {
+    "BwrapSandbox": "runner.bwrap",
+    "ContainerSandbox": "runner.container",
+    "RunnerSettings": "runner.config",
+    "parse_result": "runner.python",
+    "python_job": "runner.python",
+}
 
 
 def __getattr__(name: str) -> Any:
-    """`BwrapSandbox` and `ContainerSandbox`, imported when first asked for (PEP 562)."""
-    if name == "BwrapSandbox":
-        from runner.bwrap import BwrapSandbox  # noqa: PLC0415
-
-        return BwrapSandbox
-    if name == "ContainerSandbox":
-        from runner.container import ContainerSandbox  # noqa: PLC0415
-
-        return ContainerSandbox
-    raise AttributeError(f"module 'runner' has no attribute {name!r}")
+    """The tiers, the settings and the python job helpers, imported when first asked for
+    (PEP 562): the settings bring pydantic-settings, the tiers docker's client."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'runner' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
 
 TIERS = ("bwrap", "docker", "gvisor")  # weakest to strongest boundary

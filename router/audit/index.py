@@ -44,8 +44,6 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
-import structlog
-
 from router.audit.chain import head_of, line_hash
 from router.audit.layout import LogLayout, Manifest, Part, complete_lines, write_json_atomically
 from router.errors import AuditError
@@ -54,7 +52,15 @@ from router.text import escape_invalid_text
 if TYPE_CHECKING:
     import duckdb
 
-log = structlog.get_logger(__name__)
+
+def _log() -> Any:
+    """This module's logger, made when first used: a fresh process that only queries does not
+    pay for importing structlog (and the rich it loads)."""
+    import structlog  # noqa: PLC0415
+
+    return structlog.get_logger(__name__)
+
+
 _T = TypeVar("_T")
 
 __all__ = [
@@ -532,13 +538,13 @@ def _index_locked(
                 continue
             if marker is not None and marker.sha256 != manifest.sha256:
                 report.replaced.append(name)
-                log.warning("audit_index_segment_replaced", segment=name, indexed=marker.sha256, now=manifest.sha256)
+                _log().warning("audit_index_segment_replaced", segment=name, indexed=marker.sha256, now=manifest.sha256)
             if markers_dir.joinpath(f"{name}.json").exists():
                 _drop(index_dir, markers_dir / f"{name}.json")
             problem = _index_segment(connection, part, manifest.sha256, index_dir, temp)
             if problem:
                 report.problems.append(f"{name}: {problem}")
-                log.error("audit_index_segment_refused", segment=name, problem=problem)
+                _log().error("audit_index_segment_refused", segment=name, problem=problem)
                 continue
             count = part.last_seq - part.first_seq + 1
             report.indexed.append(name)
@@ -775,7 +781,7 @@ def _snapshot(
     query = f"SELECT * FROM ({_PROJECTION.replace('{source}', _csv_source([active]))}) WHERE seq <= {int(last_seq)}"  # noqa: S608  (constant SQL, a quoted path and an int)
     days, problem = _write_days(connection, query, temp / "stage", (last_seq - head[0] + 1, head[0], last_seq))
     if problem:
-        log.warning("audit_index_snapshot_skipped", problem=problem)
+        _log().warning("audit_index_snapshot_skipped", problem=problem)
         _drop_snapshot(index_dir, marker_path)
         return 0
     name = _name(head[0], last_seq)
@@ -899,7 +905,7 @@ def spawn_indexer(audit_path: Path) -> None:
                 start_new_session=True, close_fds=True,
             )  # fmt: skip
     except OSError as exc:
-        log.error("audit_indexer_not_started", path=str(audit_path), error=str(exc))
+        _log().error("audit_indexer_not_started", path=str(audit_path), error=str(exc))
         return
     # Reaped when it exits, so no zombie is left behind in a long-lived router.
     threading.Thread(target=child.wait, name="audit-indexer-reaper", daemon=True).start()
@@ -1284,9 +1290,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         report = index_log(audit_path)
     except (AuditError, OSError) as exc:
-        log.error("audit_index_failed", path=str(audit_path), error=str(exc))
+        _log().error("audit_index_failed", path=str(audit_path), error=str(exc))
         return 1
-    log.info("audit_indexed", path=str(audit_path), **report.as_json())
+    _log().info("audit_indexed", path=str(audit_path), **report.as_json())
     return 0
 
 
