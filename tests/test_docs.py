@@ -2,9 +2,10 @@
 the docs would: ``python`` blocks run as programs (against a real `stockade serve` when they talk
 to one; an agent framework's LLM replaced by that framework's own test model), shell commands run
 with their placeholders filled in, JSON parsed and validated (an MCP client's configuration is
-started as that client would start it), Rego accepted by `stockade policy check`; a command run
-elsewhere (scripts/test and the benchmarks by .ci/run, `claude mcp add` by the wheel test) is
-checked to be run there, and a diagram to be no code. A block that is none of these fails
+started as that client would start it; reason-catalog entries validated), Rego accepted by
+`stockade policy check` (beside the catalog entries its page shows); a command run elsewhere
+(scripts/test and the benchmarks by .ci/run, `claude mcp add` by the wheel test) is checked to be
+run there, and a diagram to be no code. A block that is none of these fails
 `test_every_block_is_run_or_checked`: the docs cannot grow unverified snippets. Test ids name
 the block: ``docs/interfaces.md#2-python`` is that file's second fenced block; a
 shell block's commands are tested one by one (``README.md#4-sh:stockade policy test``).
@@ -59,6 +60,7 @@ from pydantic import Field
 from pydantic_ai import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
+from policy.schema import ReasonCatalog
 from router.client import StockadeClient, SyncStockadeClient
 from router.settings import ApiPrincipal
 from router.tools import ToolSpec
@@ -549,7 +551,17 @@ def demo_ran(command: Command, ctx: Context) -> None:
 
 
 def policy_test(command: Command, ctx: Context) -> None:
-    report = json.loads(execute(command.argv(), ctx))
+    """With ``--json``: every test passed and coverage names the entrypoint; as a table: the
+    summary says nothing failed and the RVM agreed on every input."""
+    said = execute(command.argv(), ctx)
+    if "--json" not in command.words and "[--json]" not in command.words:
+        summary = re.search(r"^(\d+) passed, 0 failed; .* 0 disagree", said, re.MULTILINE)
+        assert summary is not None, said
+        assert int(summary[1]) > 0, said
+        if "--coverage" in command.words:
+            assert re.search(r"^coverage stockade/decision\.rego: ", said, re.MULTILINE), said
+        return
+    report = json.loads(said)
     assert report["tests"], "no Rego tests ran"
     assert all(t["passed"] for t in report["tests"]), [t for t in report["tests"] if not t["passed"]]
     assert {c["file"] for c in report["coverage"]} >= {"stockade/decision.rego"}
@@ -574,7 +586,7 @@ def policy_explain(command: Command, ctx: Context) -> None:
     said = execute(command.argv(), ctx)
     assert "outcome: deny" in said
     for reason in denied["result"]["reasons"]:
-        assert re.search(re.escape(reason["code"]) + r".*\(stockade/decision\.rego:\d+\)", said), said
+        assert re.search(re.escape(reason["code"]) + r".*\(stockade/\w+\.rego:\d+\)", said), said
 
 
 def policy_check(command: Command, ctx: Context) -> None:
@@ -582,7 +594,11 @@ def policy_check(command: Command, ctx: Context) -> None:
 
 
 def policy_replay(command: Command, ctx: Context) -> None:
+    """``candidate/`` narrows the shipped policy, so a gate on widened changes passes; ``policies/``
+    (a ``--baseline``) is the shipped policy."""
     edit_catalog(copy_policies(ctx.cwd).rename(ctx.cwd / "candidate"), auto_allow_risks=["low"])
+    if "policies/" in command.words:
+        copy_policies(ctx.cwd)
     said = execute(command.argv(), ctx, ctx.env(STOCKADE_AUDIT__PATH=str(ctx.demo.log)))
     summary = re.search(r"(\d+) decisions replayed, (\d+) would change", said)
     assert summary is not None, said
@@ -783,6 +799,8 @@ def check_json(block: Block, ctx: Context) -> None:
     elif all(isinstance(i, dict) and "token_sha256" in i for i in items):
         for item in items:
             ApiPrincipal.model_validate(item | {"token_sha256": "0" * 64})
+    elif is_reason_catalog(document):
+        ReasonCatalog.model_validate(document)
     else:
         pytest.fail(f"{block.id}: no check for this JSON; add one to check_json")
 
@@ -799,13 +817,35 @@ def check_mcp_client_config(document: dict[str, Any], ctx: Context) -> None:
 
 
 def check_rego(block: Block, ctx: Context) -> None:
-    """A Rego block is accepted by `stockade policy check` as a module beside the shipped policy
-    (a fragment without a ``package`` goes in a package of its own)."""
+    """A Rego block is accepted by `stockade policy check` as a module beside the shipped policy:
+    a rule of ``package stockade`` in policies/stockade/ with the reason-catalog entries the same
+    page shows, a test package as a ``_test.rego`` file, a fragment without a ``package`` in a
+    package of its own."""
     policies = copy_policies(ctx.root / f"rego-{block.number}")
-    module = block.text if re.search(r"^package ", block.text, re.MULTILINE) else f"package docs\n\n{block.text}"
-    (policies / "docs").mkdir(exist_ok=True)
-    (policies / "docs" / f"block_{block.number}.rego").write_text(module)
+    package = re.search(r"^package ([\w.]+)", block.text, re.MULTILINE)
+    module = block.text if package else f"package docs\n\n{block.text}"
+    folder = policies / ("stockade" if package and package[1].startswith("stockade") else "docs")
+    folder.mkdir(exist_ok=True)
+    suffix = "_test" if package and package[1].endswith("_test") else ""
+    (folder / f"docs_block_{block.number}{suffix}.rego").write_text(module)
+    page = fenced_blocks(block.file) if (REPO / block.file).exists() else []
+    entries = [e for b in page if b.lang == "json" and is_reason_catalog(e := json.loads(b.text))]
+    if entries:
+        catalog = policies / "stockade" / "reasons" / "data.json"
+        merged = json.loads(catalog.read_text())
+        for entry in entries:
+            merged |= entry
+        catalog.write_text(json.dumps(merged))
     execute([str(STOCKADE), "policy", "check", "--dir", str(policies)], ctx)
+
+
+def is_reason_catalog(document: Any) -> bool:
+    """Entries of ``data.stockade.reasons``: an object of codes, each with an outcome."""
+    return (
+        isinstance(document, dict)
+        and bool(document)
+        and all(isinstance(v, dict) and "outcome" in v for v in document.values())
+    )
 
 
 # -- the cases ------------------------------------------------------------------------------------
@@ -888,9 +928,8 @@ def test_every_block_is_run_or_checked() -> None:
 
 
 def test_a_rego_block_is_checked_by_stockade_policy_check(request: pytest.FixtureRequest, workdir: Path) -> None:
-    """The docs hold no Rego block today: the check a new one gets accepts a rule and refuses a
-    builtin regorus lacks."""
+    """The check a Rego block gets accepts a rule and refuses a builtin regorus lacks."""
     ctx = Context(request, workdir)
-    check_rego(Block("docs/x.md", 1, "rego", 1, "is_big if input.amount > 100\n"), ctx)
+    check_rego(Block("docs/x.md", 1, "rego", 1, "is_broad if count(input.tool.capabilities) > 3\n"), ctx)
     with pytest.raises(AssertionError, match=r"regex\.globs_match"):
         check_rego(Block("docs/x.md", 2, "rego", 1, 'odd if regex.globs_match("a", "b")\n'), ctx)

@@ -101,7 +101,7 @@ def test_cli_explain_and_check(tmp_path: Path) -> None:
                                capture_output=True, text=True, check=False)  # fmt: skip
     assert explained.returncode == 0, explained.stderr
     assert "approval.financial" in explained.stdout
-    assert "stockade/decision.rego:" in explained.stdout
+    assert "stockade/provenance.rego:" in explained.stdout  # the rule area that holds unchecked payments
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "x.rego").write_text("package x\n\ny := crypto.x509.parse_certificates(input.pem)\n")

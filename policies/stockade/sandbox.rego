@@ -1,0 +1,21 @@
+# How the call runs: limits are the tool's defaults (or the catalog's) capped by the
+# catalog's maxima; the sandbox tier is raised to the strongest one any of the tool's
+# capabilities requires (catalog.min_tier_by_capability).
+package stockade
+
+import data.stockade.catalog
+
+limits := {name: capped_limit(name, maximum) | some name, maximum in catalog.limits.max}
+
+capped_limit(name, maximum) := min([object.get(input.tool.limits, name, catalog.limits.default[name]), maximum])
+
+required_tiers contains tier if {
+	some c in tool_capabilities
+	tier := catalog.min_tier_by_capability[c]
+}
+
+default sandbox := {}
+
+sandbox := {"min_tier": catalog.tiers[max({i | some i, tier in catalog.tiers; tier in required_tiers})]} if {
+	count(required_tiers) > 0
+}
