@@ -160,6 +160,7 @@ class JsonlAuditLog:
             self._read_rest(active)  # another process rotated, or someone moved the file: finish the old one
             old_first, old_size = active.first_seq, active.size
             os.close(active.fd)
+            self._follow_sealed()  # segments sealed since, whole, while this writer was idle
             self._active = self._open_active()
             self._read_rest(self._active)
             sealed = old_first and self.layout.segment_path(old_first, self._seq, "manifest.json").exists()
@@ -171,6 +172,30 @@ class JsonlAuditLog:
                 notes.append(torn)
         self._read_checkpoints()
         return notes
+
+    def _follow_sealed(self) -> None:
+        """Take the chain past every segment other processes sealed (and, retention, retired)
+        since this writer last read the files: several rotations can happen while it is idle, so
+        the active segment it opens next may start far past where it stopped. Each segment must
+        continue the chain from here; its manifest (or tombstone), written under the lock, holds
+        the state at its end, as `_load` trusts it.
+
+        Raises:
+            AuditError: a sealed segment that does not continue the chain, or that cannot be read.
+        """
+        for part in self.layout.parts():
+            if part.kind == "active" or part.last_seq <= self._seq:
+                continue
+            try:
+                end = part.manifest() if part.kind == "sealed" else part.tombstone()
+            except (OSError, ValueError) as exc:
+                raise AuditError(f"{part.path} cannot be read ({exc}); run `stockade audit verify`") from exc
+            first_prev = end.first_prev_hash if isinstance(end, Manifest) else self._head
+            if end.first_seq != self._seq + 1 or first_prev != self._head:
+                raise AuditError(
+                    f"{part.path} does not continue the chain at seq {self._seq + 1}; run `stockade audit verify`"
+                )
+            self._seq, self._head, self._tree = end.last_seq, end.last_hash, CompactRange.from_json(end.tree)
 
     def _load(self) -> None:
         """The state at the end of the log, rebuilt from the last sealed segment's manifest (or

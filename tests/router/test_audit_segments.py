@@ -263,6 +263,27 @@ async def test_two_processes_appending_and_rotating_keep_one_chain(tmp_path: Pat
 # -- a seal cut short -----------------------------------------------------------------------------
 
 
+async def test_a_writer_idle_while_others_seal_several_segments_continues_the_chain(tmp_path: Path) -> None:
+    """Found under CI load: a writer that sleeps through two rotations by another process opens
+    an active segment that starts past a whole segment it never read. It must follow the sealed
+    segments' manifests, not refuse the log as broken (or fork the chain)."""
+    path = tmp_path / "audit.jsonl"
+    chosen = LogOptions(signer=key_of(tmp_path), checkpoint_interval_s=3600, segment_max_bytes=1200)
+    idle = JsonlAuditLog(path, options=chosen)
+    busy = JsonlAuditLog(path, options=chosen)  # its own descriptors and lock: another process, to the file
+    await idle.append(event(0, agent="idle"))
+    for n in range(14):  # four events a segment: three seals while `idle` waits
+        await busy.append(event(n, agent="busy"))
+    layout = LogLayout(path)
+    assert sum(part.kind == "sealed" for part in layout.parts()) >= 3
+    await idle.append(event(1, agent="idle"))
+    await busy.append(event(99, agent="busy"))
+    await idle.aclose()
+    await busy.aclose()
+    assert seqs(layout) == list(range(1, 18))
+    assert verify_log(layout, keys=[key_of(tmp_path).verify_key]).ok
+
+
 async def test_a_crash_between_the_manifest_and_the_rename_is_finished_on_restart(tmp_path: Path) -> None:
     """A seal writes the manifest, then renames the segment. The state between the two is made
     from a completed seal: the sealed file put back as the active one, and what came after removed."""
