@@ -165,16 +165,53 @@ def _assemble(files: list[tuple[str, bytes]], where: Path) -> tuple[tuple[tuple[
         except UnicodeDecodeError as exc:
             raise PolicyBundleError(f"{rel}: not UTF-8 ({exc.reason} at byte {exc.start})") from exc
         if rel.endswith(".rego"):
+            _check_nesting(rel, text)
             modules.append((rel, text))
             continue
         try:
             value = json.loads(text)
         except json.JSONDecodeError as exc:
             raise PolicyBundleError(f"{rel}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from exc
+        except RecursionError as exc:
+            raise PolicyBundleError(f"{rel}: JSON nested too deeply to load; flatten it") from exc
         _mount(data, tuple(rel.split("/")[:-1]), value, rel)
     if not any(not rel.endswith("_test.rego") for rel, _ in modules):
         raise PolicyBundleError(f"policy {where} holds no .rego policy")
     return tuple(modules), data
+
+
+# regorus parses nested ``[`` and ``{`` in time exponential in their depth (about 2.2x a level:
+# 12 levels 0.1 s, 18 levels 13 s, 22 over a minute), and a router parses on reload. Real
+# policies nest a few levels; past this a module is refused before regorus sees it.
+MAX_REGO_NESTING = 12
+_STRING_OR_COMMENT = re.compile(r'"(?:[^"\\\n]|\\.)*"|`[^`]*`|#[^\n]*')
+
+
+def _check_nesting(rel: str, text: str) -> None:
+    """Refuse a module whose ``[``/``{`` nesting (outside strings and comments) is deeper than
+    `MAX_REGO_NESTING`, naming the line.
+
+    Raises:
+        PolicyBundleError: too deep.
+    """
+    depth = 0
+    position = 0
+    for match in [*_STRING_OR_COMMENT.finditer(text), None]:
+        end = match.start() if match is not None else len(text)
+        for offset in range(position, end):
+            char = text[offset]
+            if char in "[{":
+                depth += 1
+                if depth > MAX_REGO_NESTING:
+                    line = text.count("\n", 0, offset) + 1
+                    raise PolicyBundleError(
+                        f"{rel}:{line}: brackets nested more than {MAX_REGO_NESTING} deep; regorus parses such "
+                        "nesting in exponential time: split the expression (name the inner parts)"
+                    )
+            elif char in "]}":
+                depth = max(depth - 1, 0)
+        if match is not None:
+            position = match.end()
 
 
 def load_bundle(root: Path, *, max_bytes: int = 1 << 20, public_key: Ed25519PublicKey | None = None) -> PolicyBundle:
@@ -325,7 +362,7 @@ def _manifest(raw: bytes | None, where: Path) -> _Manifest:
         return _Manifest(revision="", roots=("",))  # OPA's default: no revision, every path
     try:
         value = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise PolicyBundleError(f"bundle {where}: member {MANIFEST!r} is not JSON: {exc}") from exc
     if not isinstance(value, dict):
         raise PolicyBundleError(f"bundle {where}: member {MANIFEST!r} must hold a JSON object")
@@ -593,7 +630,7 @@ def verify_signatures(
         encoded_header, encoded_payload, encoded_signature = token.split(".")
         header = json.loads(_unb64(encoded_header))
         signature = _unb64(encoded_signature)
-    except (ValueError, TypeError, KeyError, AttributeError, binascii.Error) as exc:
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError, binascii.Error) as exc:
         raise PolicyBundleError(f'{prefix} is not {{"signatures": [one compact JWT]}}: {exc}') from exc
     if not isinstance(header, dict) or header.get("alg") != _ALGORITHM:
         alg = header.get("alg") if isinstance(header, dict) else None
@@ -640,6 +677,9 @@ def _compare(entries: list[tuple[str, str, str]], files: Mapping[str, bytes], wh
             continue
         try:
             actual = file_hash(name, files[name])
+        except RecursionError:
+            problems.append(f"member {name!r} is JSON nested too deeply to load")
+            continue
         except ValueError as exc:
             problems.append(f"member {name!r} is not valid JSON: {exc}")
             continue

@@ -30,7 +30,7 @@ import structlog
 from policy.base import POLICY_ERROR, Decision, Outcome, PolicyInput, deny, to_decision
 from policy.bundle import PolicyBundle, digest_of, load_configured
 from policy.config import PolicySettings
-from policy.errors import PolicyBundleError
+from policy.errors import PolicyBundleError, as_bundle_error
 from policy.status import LoadStatus
 
 log = structlog.get_logger(__name__)
@@ -109,11 +109,17 @@ class EmbeddedEngine:
             try:
                 bundle = load_configured(self._settings)
                 new = _compile(bundle, self._settings.entrypoint, old.generation + 1)
-            except PolicyBundleError as exc:
+            except Exception as exc:  # whatever went wrong, the refusal is the same: recorded, audited, old policy kept
+                refused = as_bundle_error(exc, self._settings.dir)
                 failed = bundle.revision if bundle is not None else digest_of(self._settings.dir)
-                self._status = self._status.failed(str(exc), failed)
-                log.error("policy_reload_refused", error=str(exc), kept_revision=old.bundle.revision)
-                raise
+                self._status = self._status.failed(str(refused), failed)
+                log.error("policy_reload_refused", error=str(refused), kept_revision=old.bundle.revision)
+                # The raised error's traceback keeps this frame: it must not keep the old compiled
+                # policy too (unsendable; freed later by a collector on another thread, it raises).
+                del old
+                if refused is exc:
+                    raise
+                raise refused from exc
             self._loaded = new
             self._status = self._status.loaded(new.bundle.revision)
         log.info("policy_reloaded", revision=new.bundle.revision, previous=old.bundle.revision)

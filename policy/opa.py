@@ -25,7 +25,7 @@ from opa_client.opa_async import AsyncOpaClient
 from policy.base import POLICY_ERROR, Decision, PolicyInput, deny, to_decision
 from policy.bundle import PolicyBundle, digest_of, load_configured
 from policy.config import PolicySettings
-from policy.errors import PolicyBundleError
+from policy.errors import PolicyBundleError, as_bundle_error
 from policy.status import LoadStatus
 
 log = structlog.get_logger(__name__)
@@ -133,10 +133,13 @@ class OpaEngine:
     async def reload(self) -> str:
         try:
             bundle = load_configured(self._settings)
-        except PolicyBundleError as exc:
-            self._status = self._status.failed(str(exc), digest_of(self._settings.dir))
-            log.error("policy_reload_refused", error=str(exc), kept_revision=self._bundle.revision)
-            raise
+        except Exception as exc:  # any failure to load is a refusal: recorded, audited, old policy kept
+            refused = as_bundle_error(exc, self._settings.dir)
+            self._status = self._status.failed(str(refused), digest_of(self._settings.dir))
+            log.error("policy_reload_refused", error=str(refused), kept_revision=self._bundle.revision)
+            if refused is exc:
+                raise
+            raise refused from exc
         if not self._settings.opa_upload:  # the server watches the same files and reloads them itself
             old, self._bundle = self._bundle, bundle
             self._status = self._status.loaded(bundle.revision)

@@ -74,7 +74,7 @@ def document_of(line: bytes) -> dict[str, Any] | None:
     """The event a line records, with its ``hash`` (None: not a JSON object)."""
     try:
         value = json.loads(line)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # a line nested past the parser: unreadable
         return None
     if not isinstance(value, dict):
         return None

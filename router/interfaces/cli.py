@@ -173,6 +173,11 @@ def mcp(
     settings = _settings(ctx)
     specs = tool_specs(tools) if tools else []
     tokens = token_names(settings.api_principals) if http else {}
+    # Each token names an agent, --principal the human: an agent whose acts_for leaves that
+    # principal out (or who would claim a configured principal's groups without acts_for) is refused.
+    config = settings.principal_config(principal)
+    agents = [p for p in settings.api_principals if p.role == "agent"]
+    acting_refused = {p.name: why for p in agents if (why := p.refuses_to_act_for(principal, config)) is not None}
     if http and not tokens and not is_loopback(host):
         raise _fail(f"refusing to serve MCP on {host} without authentication: configure agent principals "
                     "(STOCKADE_API_PRINCIPALS, tokens from `stockade api-token`) or listen on 127.0.0.1")  # fmt: skip
@@ -193,7 +198,7 @@ def mcp(
             async with approval_socket(plane):  # `stockade approvals` reaches an embedded store here
                 if http:
                     asgi = server.streamable_http_app(host=host)
-                    guarded = require_bearer(asgi, tokens, plane) if tokens else asgi
+                    guarded = require_bearer(asgi, tokens, plane, acting_refused) if tokens else asgi
                     config = uvicorn.Config(guarded, host=host, port=port, log_level=settings.log_level,
                                             access_log=False)  # fmt: skip
                     await uvicorn.Server(config).serve()

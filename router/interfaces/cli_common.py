@@ -5,18 +5,43 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.segment import Segment
 
 from router.audit import JsonlAuditLog
 from router.settings import Settings
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# C0 controls but newline and tab, DEL and C1 controls: what a terminal would act on. Each becomes
+# one visible character (its control picture, or U+FFFD), so widths and styled spans stay put.
+_CONTROLS = {c: chr(0x2400 + c) for c in range(0x20) if c not in (0x09, 0x0A)}
+_CONTROLS |= {0x7F: "\u2421"} | dict.fromkeys(range(0x80, 0xA0), "\ufffd")
+
+
+def visible(text: str) -> str:
+    """``text`` with every character a terminal would act on (ESC, CSI, BEL...) shown instead."""
+    return text.translate(_CONTROLS)
+
+
+class SafeConsole(Console):
+    """A console that never writes a control character it was given as text: names and messages
+    from an audit log or a policy (an agent's, an attacker's) cannot clear the screen, recolour
+    it or plant links. Rich's own styling is added after this, so it still works."""
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        # Segment.control marks rich's own codes (cursor moves for progress): kept as they are.
+        return super()._render_buffer(
+            segment if segment.control else Segment(visible(segment.text), segment.style) for segment in buffer
+        )
+
+
+out = SafeConsole(highlight=False, soft_wrap=True)
+err = SafeConsole(stderr=True, highlight=False, soft_wrap=True)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
 PolicyDir = Annotated[Path | None, typer.Option("--dir", help="Policy directory (default: STOCKADE_POLICY__DIR).")]

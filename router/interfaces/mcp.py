@@ -373,28 +373,38 @@ def _token_agent(header: str | None, tokens: Mapping[bytes, str]) -> str | None:
     return bearer.match(bearer.presented(header), tokens.items())
 
 
-def require_bearer(app: ASGIApp, tokens: Mapping[bytes, str], plane: ControlPlane | None = None) -> ASGIApp:
-    """Wrap the streamable-HTTP app: a request without a known agent's bearer token gets 401
-    (audited on ``plane``). A known one is the request's user, so the SDK binds each MCP session
-    to the credential that opened it: another agent's token cannot use or end it."""
+def require_bearer(
+    app: ASGIApp, tokens: Mapping[bytes, str], plane: ControlPlane | None = None,
+    refused: Mapping[str, str] | None = None,
+) -> ASGIApp:  # fmt: skip
+    """Wrap the streamable-HTTP app: a request without a known agent's bearer token gets 401, one
+    whose agent may not act for the server's principal (``refused``: agent -> why, from its
+    ``acts_for``) 403, both audited on ``plane``. A known one is the request's user, so the SDK
+    binds each MCP session to the credential that opened it: another agent's token cannot use or
+    end it."""
 
     async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
             name = _token_agent(header, tokens)
-            if name is None:
-                if plane is not None:
-                    what = f"{scope.get('method', '?')} {scope.get('path', '?')}"
+            why = (refused or {}).get(name) if name is not None else None
+            if name is None or why is not None:
+                what = f"{scope.get('method', '?')} {scope.get('path', '?')}"
+                if name is None:
                     reason = "missing bearer token" if not header else "unknown bearer token"
-                    await plane.record_refusal(None, what, f"MCP over HTTP: {reason}", code="auth.unauthenticated")
-                body = json.dumps({
-                    "type": "urn:stockade:problem:auth.unauthenticated", "title": "Unauthorized", "status": 401,
-                    "detail": "send Authorization: Bearer <token> of an agent principal (STOCKADE_API_PRINCIPALS)",
-                }).encode()  # fmt: skip
-                await send({"type": "http.response.start", "status": 401, "headers": [
-                    (b"content-type", b"application/problem+json"), (b"www-authenticate", b'Bearer realm="stockade"'),
-                    (b"content-length", str(len(body)).encode()),
-                ]})  # fmt: skip
+                    status, code, title = 401, "auth.unauthenticated", "Unauthorized"
+                    detail = "send Authorization: Bearer <token> of an agent principal (STOCKADE_API_PRINCIPALS)"
+                else:
+                    reason = detail = str(why)
+                    status, code, title = 403, "auth.forbidden", "Forbidden"
+                if plane is not None:
+                    await plane.record_refusal(name, what, f"MCP over HTTP: {reason}", code=code)
+                body = json.dumps({"type": f"urn:stockade:problem:{code}", "title": title, "status": status,
+                                   "detail": detail}).encode()  # fmt: skip
+                headers = [(b"content-type", b"application/problem+json"), (b"content-length", str(len(body)).encode())]
+                if status == 401:
+                    headers.append((b"www-authenticate", b'Bearer realm="stockade"'))
+                await send({"type": "http.response.start", "status": status, "headers": headers})
                 await send({"type": "http.response.body", "body": body})
                 return
             scope = {**scope, "user": AuthenticatedUser(AccessToken(token="", client_id=name, scopes=[]))}

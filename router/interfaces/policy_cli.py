@@ -56,7 +56,7 @@ InputFile = Annotated[Path, typer.Option("--input", "-i", help="JSON file holdin
 
 def _read_input(path: Path) -> PolicyInput:
     try:
-        raw = sys.stdin.read() if str(path) == "-" else path.read_text()
+        raw = sys.stdin.buffer.read() if str(path) == "-" else path.read_bytes()
     except OSError as exc:
         raise fail(f"cannot read {path}: {exc.strerror}") from exc
     try:
