@@ -12,9 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import gzip
 import hashlib
-import io
 import json
 import os
 import secrets
@@ -49,6 +47,7 @@ from router.audit import AuditFilter
 from router.interfaces.api import create_app
 from router.settings import ApiPrincipal, AuditSettings, StoreSettings
 from tests.conftest import ECHO, REPO, external_tool, python_tool, stockade_server
+from tests.policy.test_bundles import pack
 
 STOCKADE = str(Path(sys.executable).parent / "stockade")
 SEND = external_tool("send_email", capabilities=["sends_external"])
@@ -335,23 +334,6 @@ def new_key(where: Path, name: str) -> tuple[Ed25519PrivateKey, Path]:
     public.write_bytes(private.public_key().public_bytes(serialization.Encoding.PEM,
                                                          serialization.PublicFormat.SubjectPublicKeyInfo))  # fmt: skip
     return private, public
-
-
-def pack(target: Path, members: list[tarfile.TarInfo | tuple[str, bytes]], *, fmt: int = tarfile.PAX_FORMAT) -> Path:
-    buffer = io.BytesIO()
-    with (
-        gzip.GzipFile(fileobj=buffer, mode="wb") as compressed,
-        tarfile.open(fileobj=compressed, mode="w", format=fmt) as tar,
-    ):
-        for member in members:
-            if isinstance(member, tarfile.TarInfo):
-                tar.addfile(member)
-                continue
-            info = tarfile.TarInfo(member[0])
-            info.size = len(member[1])
-            tar.addfile(info, io.BytesIO(member[1]))
-    target.write_bytes(buffer.getvalue())
-    return target
 
 
 def special(name: str, kind: bytes, link: str = "") -> tarfile.TarInfo:

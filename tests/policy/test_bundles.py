@@ -66,10 +66,14 @@ def members_of(bundle: Path) -> list[tuple[str, bytes]]:
         return [(m.name, tar.extractfile(m).read()) for m in tar.getmembers() if m.isreg()]  # type: ignore[union-attr]
 
 
-def pack(target: Path, members: list[tarfile.TarInfo | tuple[str, bytes]]) -> Path:
-    """A gzip tarball of ``members``: (name, bytes) for a regular file, or a prepared TarInfo."""
+def pack(target: Path, members: list[tarfile.TarInfo | tuple[str, bytes]], *, fmt: int = tarfile.PAX_FORMAT) -> Path:
+    """A gzip tarball of ``members``: (name, bytes) for a regular file, or a prepared TarInfo;
+    ``fmt``: the tar format (GNU and ustar headers are attacks of their own)."""
     buffer = io.BytesIO()
-    with gzip.GzipFile(fileobj=buffer, mode="wb") as compressed, tarfile.open(fileobj=compressed, mode="w") as tar:
+    with (
+        gzip.GzipFile(fileobj=buffer, mode="wb") as compressed,
+        tarfile.open(fileobj=compressed, mode="w", format=fmt) as tar,
+    ):
         for member in members:
             if isinstance(member, tarfile.TarInfo):
                 tar.addfile(member)
