@@ -20,6 +20,9 @@ What runs in place of the docs' placeholders:
 - ``tools.json``, ``/path/to/tools.json``: a file listing `WORD_COUNT`, a python tool.
 - ``in.json``: the PolicyInput of the call `stockade demo` saw denied (from the demo's audit log).
 - ``candidate/``: a copy of policies/ whose catalog auto-allows only ``low`` risk.
+- ``policies/`` (a policy directory to scaffold in or bundle): a copy of the shipped policies.
+- ``signing.pem``, ``signing.pub``: an Ed25519 key pair made for the block (as its own
+  ``openssl`` commands make one); ``policy.tar.gz``: the copy of policies/ built and signed with it.
 - ``--session s-…``, ``--tool …``: that denied call's session and tool.
 - ``a-…``: a call to `DROP_TABLE` held for a human in the running router.
 - ``--port 8080`` and the ``--http`` port: a free loopback port.
@@ -53,6 +56,8 @@ from typing import Any
 import httpx
 import pytest
 from agents.testing import ScriptedModel, assistant_message, function_call
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, ToolMessage
 from mcp import Client, StdioServerParameters
@@ -60,8 +65,11 @@ from pydantic import Field
 from pydantic_ai import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
+from policy import PolicyBundleError, build_bundle, load_bundle
+from policy.base import RATE_WINDOWS
 from policy.schema import ReasonCatalog
 from router.client import StockadeClient, SyncStockadeClient
+from router.interfaces.api.app import PolicyStatus
 from router.settings import ApiPrincipal
 from router.tools import ToolSpec
 from tests.conftest import REPO, copy_policies, edit_catalog, server_process, stockade_server
@@ -552,7 +560,8 @@ def demo_ran(command: Command, ctx: Context) -> None:
 
 def policy_test(command: Command, ctx: Context) -> None:
     """With ``--json``: every test passed and coverage names the entrypoint; as a table: the
-    summary says nothing failed and the RVM agreed on every input."""
+    summary says nothing failed and the RVM agreed on every input; with ``-r``, only tests the
+    regex matches ran; with ``-v``, each passing test shows its RVM replay."""
     said = execute(command.argv(), ctx)
     if "--json" not in command.words and "[--json]" not in command.words:
         summary = re.search(r"^(\d+) passed, 0 failed; .* 0 disagree", said, re.MULTILINE)
@@ -560,6 +569,14 @@ def policy_test(command: Command, ctx: Context) -> None:
         assert int(summary[1]) > 0, said
         if "--coverage" in command.words:
             assert re.search(r"^coverage stockade/decision\.rego: ", said, re.MULTILINE), said
+        ran = re.findall(r"^PASS (\S+)(.*)$", said, re.MULTILINE)
+        if "-r" in command.words:  # matched against data.<package>.<name> or file::name
+            pattern = command.words[command.words.index("-r") + 1]
+            everything = execute([str(STOCKADE), "policy", "test"], ctx)
+            assert len(ran) < len(re.findall(r"^PASS ", everything, re.MULTILINE)), said
+            assert all(re.search(pattern, name) for name, _ in ran), said
+        if "-v" in command.words:
+            assert all(re.match(r" \([\d.]+ ms; RVM agrees on \d+ inputs?\)", rest) for _, rest in ran), said
         return
     report = json.loads(said)
     assert report["tests"], "no Rego tests ran"
@@ -575,7 +592,14 @@ def write_denied_input(ctx: Context) -> dict[str, Any]:
 
 
 def policy_eval(command: Command, ctx: Context) -> None:
+    """The decision of the demo's denied call, as recorded; given ``deny_reasons``, that rule's
+    value: the recorded reasons."""
     denied = write_denied_input(ctx)
+    if "deny_reasons" in command.words:
+        reasons = json.loads(execute(command.argv(), ctx))
+        assert [r["code"] for r in reasons] == [r["code"] for r in denied["result"]["reasons"]], reasons
+        return
+    assert command.name == "stockade policy eval", f"{command.text!r}: no check for this rule"
     decision = json.loads(execute(command.argv(), ctx))
     assert decision["outcome"] == denied["result"]["outcome"] == "deny"
     assert [r["code"] for r in decision["reasons"]] == [r["code"] for r in denied["result"]["reasons"]]
@@ -604,6 +628,101 @@ def policy_replay(command: Command, ctx: Context) -> None:
     assert summary is not None, said
     assert int(summary[2]) >= 1, said  # the demo's medium-risk calls
     assert "policy.default_deny" in said
+
+
+def policy_new(command: Command, ctx: Context) -> None:
+    """In a copy of the shipped ``policies/``: the area's rule, its tests (which pass) and its
+    reason code, and the directory still checks; a second run overwrites nothing (exit 2)."""
+    assert "policies/" in command.words, command.text
+    root = copy_policies(ctx.cwd)
+    area = command.words[command.words.index("new") + 1]
+    execute(command.argv(), ctx)
+    assert (root / "stockade" / f"{area}.rego").is_file()
+    assert (root / "stockade" / f"{area}_test.rego").is_file()
+    assert f"{area}.example" in json.loads((root / "stockade" / "reasons" / "data.json").read_text())
+    said = execute([str(STOCKADE), "policy", "test", "--dir", str(root), "-r", area], ctx)
+    assert re.search(r"^2 passed, 0 failed", said, re.MULTILINE), said
+    assert execute([str(STOCKADE), "policy", "check", "--dir", str(root)], ctx).startswith("OK ")
+    rule = (root / "stockade" / f"{area}.rego").read_text()
+    execute(command.argv(), ctx, codes=(2,))
+    assert (root / "stockade" / f"{area}.rego").read_text() == rule
+
+
+def policy_schema(command: Command, ctx: Context) -> None:
+    """The input contract: the subject's groups and labels, the environment, every rate window;
+    with ``--tools``, each tool's args schema under its name."""
+    schema = json.loads(execute(command.argv(), ctx))
+    fields = schema["properties"]
+    assert {"groups", "labels"} <= set(fields["subject"]["properties"])
+    assert set(fields["environment"]["properties"]) == {"name", "instance"}
+    assert "labels" in fields["session"]["properties"]
+    assert set(fields["rate"]["properties"]) == set(RATE_WINDOWS)
+    if "tools.json" in command.words:
+        [per_tool] = schema["allOf"]
+        assert per_tool["if"]["properties"]["tool"]["properties"]["name"] == {"const": WORD_COUNT["name"]}
+        assert per_tool["then"]["properties"]["args"] == WORD_COUNT["input_schema"]
+
+
+def policy_bench(command: Command, ctx: Context) -> None:
+    """The production path, the baseline, and a line for each shipped rule area."""
+    said = execute(command.argv(), ctx)
+    assert re.search(r"^  decision \(production path\) +\d+ +[\d.]+ +[\d.]+", said, re.MULTILINE), said
+    assert "baseline: one-rule policy" in said
+    areas = sorted(f.name for f in (REPO / "policies" / "stockade").glob("*.rego") if not f.stem.endswith("_test"))
+    assert areas == sorted(re.findall(r"^ +stockade/(\w+\.rego) ", said, re.MULTILINE)), said
+
+
+def signing_key(ctx: Context) -> Ed25519PrivateKey:
+    """``signing.pem`` in the block's directory (made as ``openssl genpkey`` makes it, if missing)."""
+    pem = ctx.cwd / "signing.pem"
+    if not pem.exists():
+        made = Ed25519PrivateKey.generate()
+        pem.write_bytes(made.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))  # fmt: skip
+    key = serialization.load_pem_private_key(pem.read_bytes(), password=None)
+    assert isinstance(key, Ed25519PrivateKey), f"{pem} is not an Ed25519 private key"
+    return key
+
+
+def public_pem(key: Ed25519PublicKey) -> bytes:
+    return key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+def openssl_genpkey(command: Command, ctx: Context) -> None:
+    """An Ed25519 private key, in PEM, where the command says."""
+    execute(command.argv(), ctx)
+    signing_key(ctx)
+
+
+def openssl_pkey(command: Command, ctx: Context) -> None:
+    """``signing.pub``: the public half of ``signing.pem``, in PEM."""
+    key = signing_key(ctx)
+    execute(command.argv(), ctx)
+    assert (ctx.cwd / "signing.pub").read_bytes() == public_pem(key.public_key())
+
+
+def policy_build(command: Command, ctx: Context) -> None:
+    """``policy.tar.gz``: ``policies/`` signed with ``signing.pem`` under the revision given; it
+    loads with that key's public half, and with no other key."""
+    key = signing_key(ctx)
+    root = copy_policies(ctx.cwd)
+    execute(command.argv(), ctx)
+    bundle = load_bundle(ctx.cwd / "policy.tar.gz", public_key=key.public_key())
+    revision = command.words[command.words.index("--revision") + 1]
+    assert bundle.revision == f"{revision}+{load_bundle(root).content_hash}"
+    with pytest.raises(PolicyBundleError):
+        load_bundle(ctx.cwd / "policy.tar.gz", public_key=Ed25519PrivateKey.generate().public_key())
+
+
+def policy_verify_bundle(command: Command, ctx: Context) -> None:
+    """A bundle signed with ``signing.pem`` verifies with ``signing.pub``; with another key it does not."""
+    key = signing_key(ctx)
+    (ctx.cwd / "signing.pub").write_bytes(public_pem(key.public_key()))
+    built = build_bundle(copy_policies(ctx.cwd), ctx.cwd / "policy.tar.gz", revision="v42", signing_key=key)
+    said = execute(command.argv(), ctx)
+    assert said.startswith(f"verified policy.tar.gz: revision {built.revision}"), said
+    (ctx.cwd / "signing.pub").write_bytes(public_pem(Ed25519PrivateKey.generate().public_key()))
+    execute(command.argv(), ctx, codes=(1,))
 
 
 def audit_verify(command: Command, ctx: Context) -> None:
@@ -726,7 +845,8 @@ def principals_export(command: Command, ctx: Context) -> None:
     assert exported == server.principals
 
 
-# Each command of a shell block is run by the check named for it here, or skipped below.
+# Each command of a shell block is run by the check named for it here (the longest entry its name
+# starts with: ``stockade policy eval deny_reasons`` by ``stockade policy eval``'s), or skipped below.
 COMMANDS: dict[str, Callable[[Command, Context], None]] = {
     "stockade demo": demo_ran,
     "stockade policy test": policy_test,
@@ -734,6 +854,13 @@ COMMANDS: dict[str, Callable[[Command, Context], None]] = {
     "stockade policy explain": policy_explain,
     "stockade policy check": policy_check,
     "stockade policy replay": policy_replay,
+    "stockade policy new": policy_new,
+    "stockade policy schema": policy_schema,
+    "stockade policy bench": policy_bench,
+    "stockade policy build": policy_build,
+    "stockade policy verify-bundle": policy_verify_bundle,
+    "openssl genpkey": openssl_genpkey,
+    "openssl pkey": openssl_pkey,
     "stockade audit verify": audit_verify,
     "stockade audit query": audit_query,
     "stockade approvals list": approvals_list,
@@ -787,7 +914,7 @@ NOT_CODE = {("README.md", "agent ─► ControlPlane.call")}
 def check_json(block: Block, ctx: Context) -> None:
     """JSON blocks parse; what they describe is checked by its shape: an MCP client's
     configuration is started as that client would, a tool spec is a `ToolSpec`, principals are
-    `ApiPrincipal`s."""
+    `ApiPrincipal`s, a ``GET /v1/policy`` answer a `PolicyStatus`."""
     document = json.loads(block.text)
     if isinstance(document, dict) and "mcpServers" in document:
         check_mcp_client_config(document, ctx)
@@ -801,6 +928,8 @@ def check_json(block: Block, ctx: Context) -> None:
             ApiPrincipal.model_validate(item | {"token_sha256": "0" * 64})
     elif is_reason_catalog(document):
         ReasonCatalog.model_validate(document)
+    elif isinstance(document, dict) and {"in_force", "on_disk"} <= set(document):
+        PolicyStatus.model_validate(document)  # GET /v1/policy's answer
     else:
         pytest.fail(f"{block.id}: no check for this JSON; add one to check_json")
 
@@ -886,12 +1015,16 @@ def plan(block: Block) -> list[Case]:
 
 def command_case(command: Command) -> Case:
     case_id = f"{command.block.id}:{command.name}"
-    if command.name in COMMANDS:
-        check = COMMANDS[command.name]
-        return Case(case_id, command.block, lambda ctx: check(command, ctx), uses=[f"command {command.name}"])
-    for prefix, elsewhere in RUN_ELSEWHERE.items():
-        if command.name.startswith(prefix):
-            return Case(case_id, command.block, lambda _, check=elsewhere: check(command), uses=[f"elsewhere {prefix}"])
+    named = [name for name in COMMANDS if f"{command.name} ".startswith(f"{name} ")]
+    if named:
+        name = max(named, key=len)
+        runs = COMMANDS[name]
+        return Case(case_id, command.block, lambda ctx: runs(command, ctx), uses=[f"command {name}"])
+    elsewhere = next(((prefix, shown) for prefix, shown in RUN_ELSEWHERE.items() if command.name.startswith(prefix)),
+                     None)  # fmt: skip
+    if elsewhere is not None:
+        prefix, shown = elsewhere
+        return Case(case_id, command.block, lambda _: shown(command), uses=[f"elsewhere {prefix}"])
     return Case(case_id, command.block, problem=f"{command.text!r} is neither run here (COMMANDS) nor shown to run "
                 "elsewhere (RUN_ELSEWHERE)")  # fmt: skip
 
