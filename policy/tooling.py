@@ -598,8 +598,8 @@ deny_reasons contains {{"code": "{code}", "message": sprintf("tool %s is refused
 _TEST_TEMPLATE = """\
 package {package}_test
 
-import data.{package}
-
+# The full path, not `import data.{package}`: regorus 0.13's interpreter can evaluate an imported
+# package file by file, and a rule area's reasons would then read as undefined.
 example_call := {{
 	"subject": {{"agent": "agent-1", "principal": "alice@example.com"}},
 	"session": {{"id": "s-1"}},
@@ -609,13 +609,13 @@ example_call := {{
 }}
 
 test_{area}_example_is_denied if {{
-	reasons := {package}.deny_reasons with input as example_call
+	reasons := data.{package}.deny_reasons with input as example_call
 	"{code}" in {{reason.code | some reason in reasons}}
 }}
 
 test_{area}_other_tools_are_not_denied_by_it if {{
 	other := object.union(example_call, {{"tool": {{"name": "another_tool"}}}})
-	reasons := {package}.deny_reasons with input as other
+	reasons := data.{package}.deny_reasons with input as other
 	not "{code}" in {{reason.code | some reason in reasons}}
 }}
 """

@@ -87,7 +87,8 @@ def policy_test(
     ctx: typer.Context,
     directory: PolicyDir = None,
     run: Annotated[
-        str | None, typer.Option("--run", "-r", help="Run only tests whose data.<package>.<name> matches this regex.")
+        str | None,
+        typer.Option("--run", "-r", help="Run only tests whose data.<pkg>.<name> or file::name matches this regex."),
     ] = None,
     verbose: Annotated[
         bool, typer.Option("--verbose", "-v", help="Every test's time, prints and RVM replay, passing ones too.")
