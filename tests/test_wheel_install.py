@@ -159,6 +159,47 @@ def test_the_installed_package_imports_from_the_venv_and_reads_its_own_policy(in
     assert seen["audit"] == str(user_state(home) / "audit.jsonl")
 
 
+# A stand-in server (any HTTP answer will do) and the SDK's client against it, in the installed venv;
+# after warm-up, every module search the requests make is counted. A module imported on every
+# request but not installed (httpcore's `import sniffio`) is searched for on sys.path each time.
+_REQUEST_IMPORTS = """
+import asyncio, json, sys
+from router.client import StockadeClient
+
+async def answer(reader, writer):
+    while await reader.readuntil(b"\\r\\n\\r\\n"):
+        writer.write(b"HTTP/1.1 200 OK\\r\\ncontent-type: application/json\\r\\ncontent-length: 2\\r\\n\\r\\n[]")
+        await writer.drain()
+
+class Searched:
+    names = []
+    def find_spec(self, name, path=None, target=None):
+        self.names.append(name)
+
+async def main():
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with StockadeClient(f"http://127.0.0.1:{port}", "t") as client:
+        for _ in range(3):
+            await client.list_tools()
+        sys.meta_path.insert(0, Searched())
+        for _ in range(20):
+            assert await client.list_tools() == []
+    print(json.dumps(Searched.names))
+
+asyncio.run(main())
+"""
+
+
+def test_sdk_requests_search_for_no_module_in_the_installed_venv(installed: Installed, home: Path) -> None:
+    # Found by bench/transports.py: without sniffio (a dependency of nothing since anyio 4.x), every
+    # async httpx request searched the venv for it four times, +0.7 ms per request of the SDK and CLI.
+    result = subprocess.run([str(installed.bin / "python"), "-c", _REQUEST_IMPORTS], capture_output=True,
+                            text=True, cwd="/", env=installed.env(home), timeout=60, check=False)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == []
+
+
 @pytest.mark.usefixtures("root_unchanged")
 def test_the_demo_runs_from_root_and_keeps_its_audit_log_in_the_state_directory(
     installed: Installed, home: Path, tmp_path: Path
