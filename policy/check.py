@@ -381,6 +381,8 @@ class _Checker:
         self.modules: list[_Module] = []
         self.rules: dict[tuple[str, ...], set[str]] = {}
         self.functions: set[tuple[str, ...]] = set()
+        self.package_files: dict[tuple[str, ...], set[str]] = {}
+        self.split_imports: set[tuple[str, int, int]] = set()  # (file, line, col) already warned about
         self.emitted: list[tuple[str, str | None, str, int, int]] = []  # code, outcome, file, line, col
         self.json_files = _data_files(root)
         self.builtins = known_builtins()
@@ -462,6 +464,8 @@ class _Checker:
         package = _static_path(module.ast["package"]["refr"])
         module.package = package or ()
         rules = self.rules.setdefault(module.package, set())
+        if module.ast.get("rules"):
+            self.package_files.setdefault(module.package, set()).add(module.path)
         for rule in module.ast.get("rules", []):
             kind, body = _kind(rule)
             head = body.get("head") if kind == "Spec" else body
@@ -824,6 +828,8 @@ class _Checker:
             return self.walk_schema(module, shown or root, schema, segs)
         if root in module.imports and root not in self.rules.get(module.package, set()):
             prefix = module.imports[root]
+            if segs:
+                self.split_package_alias(module, root, prefix, segs[0], line, col)
             segs = [*(_Seg(p, line, col) for p in prefix[1:]), *segs]
             root = prefix[0]
         if root == "input":
@@ -833,6 +839,31 @@ class _Checker:
         if root == "data":
             return self.resolve_data(module, segs)
         return None
+
+    def split_package_alias(
+        self, module: _Module, alias: str, prefix: tuple[str, ...], seg: _Seg, line: int, col: int
+    ) -> None:
+        """Warn about ``alias.rule`` where ``alias`` imports a whole package written in several files.
+
+        regorus 0.13's interpreter can evaluate such a reference with the rules of only some of the
+        package's files (which ones depends on the order the files load in), while the RVM sees them
+        all. The interpreter runs `policy test` and `explain`, and confirms every decision in
+        production that is not a deny: there the engines disagree and the call is denied with
+        policy.error. The full path, ``data.<package>.<rule>``, is evaluated whole by both."""
+        package = prefix[1:]
+        files = self.package_files.get(package, set())
+        if prefix[0] != "data" or len(files) < 2 or seg.key not in self.rules.get(package, set()):
+            return
+        if (module.path, line, col) in self.split_imports:
+            return
+        self.split_imports.add((module.path, line, col))
+        full = "data." + ".".join((*package, str(seg.key)))
+        self.report(module.path, line, col, "import.split_package",
+                    f"{alias}.{seg.key} reaches package data.{'.'.join(package)}, written in {len(files)} "
+                    f"files, through `import {'.'.join(prefix)}`: regorus's interpreter can evaluate it with "
+                    f"only some of those files (tests, explain and the production confirmation then see "
+                    f"rules as undefined, and production denies with policy.error); write {full}",
+                    "warning")  # fmt: skip
 
     def walk_schema(self, module: _Module, shown: str, schema: Any, segs: list[_Seg]) -> Any:
         for seg in segs:

@@ -318,3 +318,50 @@ def test_the_data_schema_accepts_the_shipped_data_and_refuses_silent_failures(
     schema = data_schema(bundle)
     assert "$ref" not in json.dumps(schema)
     assert Draft202012Validator(schema).is_valid(data) is valid
+
+
+# A package written in two files, and a rule that reads it through `import data.team`: regorus
+# 0.13's interpreter loads "areas.rego" first and then evaluates `team.decision` without the rules
+# of "decision.rego" (the RVM sees both), so the engines disagree on it.
+_SPLIT_TEAM = {
+    "team/areas.rego": 'package team\n\nreasons contains "area" if input.args.x\n',
+    "team/decision.rego": (
+        'package team\n\ndecision := {"reasons": reasons}\n\nreasons contains "own" if input.args.x\n'
+    ),
+}
+_BY_ALIAS = "package q\n\nimport data.team\n\nout := team.decision\n"
+_BY_PATH = "package q\n\nout := data.team.decision\n"
+
+
+def _split_package(tmp_path: Path, reader: str) -> Path:
+    root = tmp_path / "split"
+    for name, text in {**_SPLIT_TEAM, "q/q.rego": reader}.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+def test_a_split_package_read_through_an_import_alias_is_warned_about(tmp_path: Path) -> None:
+    problem = only(check_policy(_split_package(tmp_path, _BY_ALIAS)), "import.split_package")
+    assert (Path(problem.file).name, problem.line, problem.severity) == ("q.rego", 5, "warning")
+    assert "written in 2 files" in problem.message
+    assert problem.message.endswith("write data.team.decision")
+    assert not check_policy(_split_package(tmp_path / "by-path", _BY_PATH))
+
+
+@pytest.mark.parametrize(("reader", "expected"), [(_BY_ALIAS, "deny"), (_BY_PATH, "allow")])
+def test_what_the_warning_warns_of_happens_in_production(tmp_path: Path, reader: str, expected: str) -> None:
+    # The production engine decides on the RVM and confirms on the interpreter: through the alias
+    # the two disagree, and the call is denied (policy.error); through the full path both agree.
+    from policy import EmbeddedEngine, PolicyInput, PolicySettings  # noqa: PLC0415
+
+    root = _split_package(tmp_path, reader)
+    (root / "q" / "d.rego").write_text(
+        'package q\n\ndecision := {"outcome": "allow", "reasons": [], "obligations": {}} if count(out.reasons) == 2\n'
+    )
+    engine = EmbeddedEngine(PolicySettings(dir=root, entrypoint="data.q.decision"))
+    decision = engine.evaluate(PolicyInput.model_validate({
+        "subject": {"agent": "a", "principal": "p"}, "session": {"id": "s"}, "args": {"x": True},
+        "tool": {"name": "t", "capabilities": [], "risk": "low", "limits": {}}, "now": "2026-11-27T10:00:00Z",
+    }))  # fmt: skip
+    assert (decision.outcome.value, decision.reason_codes) == (expected, ["policy.error"] if expected == "deny" else [])
