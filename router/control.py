@@ -61,6 +61,7 @@ from router.logging import configure_default_logging
 from router.provenance import (
     call_keys_async,
     content_keys_async,
+    is_untrusted_only,
     source_label,
     split_output,
     trusted_context_keys_async,
@@ -120,6 +121,7 @@ class _Call:
         "rates",
         "session",
         "stage",
+        "steered",
         "tier",
         "tool",
         "values",
@@ -137,6 +139,7 @@ class _Call:
         self.provenance: dict[str, list[str]] = {}
         self.values: dict[str, list[ValueSources]] = {}
         self.arg_keys: set[str] = set()
+        self.steered = False  # an argument came only from untrusted content (see PendingExternal.steered)
         self.rates = RateCounts()
         self.tier: str | None = None  # the sandbox tier, once the call runs
         self.leases: list[Lease] = []  # minted credentials: revoked on every exit
@@ -729,7 +732,7 @@ class ControlPlane:
             call.stage = "awaiting_report"
             await self._store_step(call, self.store.expect_report(
                 PendingExternal(call.session.id, call.call_id, call.decision_id, call.tool.spec.name,
-                                tuple(sorted(call.arg_keys)))
+                                tuple(sorted(call.arg_keys)), steered=call.steered)
             ))  # fmt: skip
             call.closed = True  # the trail goes on with report()
             return self._result(call, "awaiting_report")
@@ -787,7 +790,9 @@ class ControlPlane:
             await self.store.expect_report(pending)
             raise
         try:
-            await self._remember(session, tool.spec, pending.call_id, output, echoed=pending.echoed)
+            await self._remember(
+                session, tool.spec, pending.call_id, output, echoed=pending.echoed, steered=pending.steered
+            )
         except StoreError as exc:
             await self._audit_store_failure(exc, pending.decision_id, session, tool.spec.name, pending.call_id)
             raise
@@ -853,6 +858,11 @@ class ControlPlane:
             sources = provenance.pop(f"{_ITEM}{i}", [])
             call.values.setdefault(value.arg, []).append(ValueSources(path=value.path, key=value.key, sources=sources))
         call.provenance, call.rates = provenance, context.rates
+        # A read the agent was steered to by untrusted content (a search for the words an injected
+        # text gave it) returns what that text chose: none of its output is a trusted source.
+        call.steered = bool(spec.untrusted_output) and any(
+            is_untrusted_only(sources, context.session.endorsed) for sources in provenance.values()
+        )
         call.arg_keys = {key for arg_keys in keys.values() for key in arg_keys}
         call.arg_keys.update(key for value in checked for key in value.keys)
         return call
@@ -1205,7 +1215,8 @@ class ControlPlane:
         # If that fails, the output is withheld: unindexed, it could later pass for the user's.
         call.stage = "indexing"
         await self._store_step(call, self._remember(
-            call.session, spec, call.call_id, output if output is not None else stdout, stderr, echoed=call.arg_keys
+            call.session, spec, call.call_id, output if output is not None else stdout, stderr, echoed=call.arg_keys,
+            steered=call.steered,
         ))  # fmt: skip
         log.info("tool_call_completed", verdict=verdict, wall_ms=round(usage.wall_ms, 2))
         return ToolResult(
@@ -1262,16 +1273,19 @@ class ControlPlane:
             raise _Refused(["audit.unavailable"])
 
     async def _remember(
-        self, session: SessionRecord, spec: ToolSpec, call_id: str, *content: Any, echoed: Collection[str] = ()
-    ) -> None:
+        self, session: SessionRecord, spec: ToolSpec, call_id: str, *content: Any, echoed: Collection[str] = (),
+        steered: bool = False,
+    ) -> None:  # fmt: skip
         """Index output the agent is about to see, and taint the session if the tool reads
         untrusted content. Raises `StoreError`.
 
         ``echoed``: the keys of the call's own arguments. A trusted tool's output is a trusted
         source, except for what it only repeats (an echo, a formatter, "sent to X"): those values
-        keep the sources they had, so a tool cannot launder an untrusted value into a trusted one."""
+        keep the sources they had, so a tool cannot launder an untrusted value into a trusted one.
+        ``steered``: an argument came only from untrusted content, so the tool's declared trusted
+        parts (``untrusted_output``) are untrusted content too."""
         untrusted = "reads_untrusted" in spec.capabilities
-        if untrusted and spec.untrusted_output:
+        if untrusted and spec.untrusted_output and not steered:
             # Its own data is a trusted tool's output (indexed first: the call's endorsable
             # source is its third-party part), the declared parts untrusted content.
             output, *rest = content  # the output, then what else the agent sees (stderr): third-party

@@ -68,7 +68,7 @@ from __future__ import annotations
 import asyncio
 import re
 import string
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, TypeVar
@@ -563,6 +563,13 @@ def value_keys(value: Any, depth: int = 0, *, indexing: bool = True) -> Iterator
 
 def source_label(tool: str, call_id: str, *, untrusted: bool) -> str:
     return f"{'untrusted' if untrusted else 'tool'}:{tool}:{call_id}"
+
+
+def is_untrusted_only(sources: Collection[str], endorsed: Collection[str] = ()) -> bool:
+    """Whether ``sources`` name untrusted content and nothing trusted: not the user, no trusted
+    tool, no source a human endorsed (policy's ``is_untrusted_only``, for the router's own use)."""
+    trusted = any(s == USER or s.startswith("tool:") or s in endorsed for s in sources)
+    return not trusted and any(s.startswith("untrusted:") for s in sources)
 
 
 def content_keys(items: Iterable[Any]) -> set[str]:

@@ -372,6 +372,7 @@ class RedisStore:
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.hset(keys.pending(pending.session_id), pending.call_id, json.dumps({
                     "decision_id": pending.decision_id, "tool": pending.tool, "echoed": list(pending.echoed),
+                    "steered": pending.steered,
                 }))  # fmt: skip
                 pipe.pexpire(keys.pending(pending.session_id), self._session_ttl_ms)
                 await pipe.execute()
@@ -384,7 +385,12 @@ class RedisStore:
             return None
         document = json.loads(value)
         return PendingExternal(
-            session_id, call_id, document["decision_id"], document["tool"], tuple(document.get("echoed", ()))
+            session_id,
+            call_id,
+            document["decision_id"],
+            document["tool"],
+            tuple(document.get("echoed", ())),
+            steered=bool(document.get("steered", False)),
         )
 
     async def put_approval(self, approval: Approval, keep_s: float) -> None:
