@@ -137,6 +137,7 @@ def _tool(
     amount: list[str] | None = None,
     content: list[str] | None = None,
     sensitive: list[str] | None = None,
+    untrusted_output: list[str] | None = None,
 ) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "name": name,
@@ -152,6 +153,7 @@ def _tool(
         "executor": {"kind": "external"},
     }
     for key, value in (
+        ("untrusted_output", untrusted_output),
         ("destination_args", destination),
         ("amount_args", amount),
         ("content_args", content),
@@ -163,6 +165,10 @@ def _tool(
 
 
 PRIVATE_UNTRUSTED = ["reads_private", "reads_untrusted"]  # the user's data, written partly by others
+# What the sender of an e-mail writes; the mailbox's own fields (id, date) are its provider's.
+_SENDER_WRITES = ("from", "to", "cc", "subject", "preview", "body", "attachments")
+MAIL_LIST_OUTPUT = [f"$.emails[*].{field}" for field in _SENDER_WRITES]
+MAIL_OUTPUT = [f"$.{field}" for field in _SENDER_WRITES]
 SEND = ["sends_external"]
 SEND_MUTATE = ["mutates_state", "sends_external"]
 # Payments and paid bookings are "medium", as docs/policy.md's guide says: they are decided by their
@@ -177,7 +183,7 @@ TOOLS: list[dict[str, Any]] = [
           {"recipients": EMAILS, "subject": STR, "body": STR, "cc": EMAILS, "attachments": STRS},
           ["recipients", "subject", "body"], destination=["recipients", "cc"], content=["subject", "body"]),
     _tool("search_emails", "Search the user's mailbox; returns matching e-mails with a preview.",
-          PRIVATE_UNTRUSTED, "low", {"query": STR}),
+          PRIVATE_UNTRUSTED, "low", {"query": STR}, untrusted_output=MAIL_LIST_OUTPUT),
     _tool("create_calendar_event", "Create an event in the user's calendar and invite the participants.",
           SEND_MUTATE, "medium",
           {"title": STR, "start_time": STR, "end_time": STR, "description": STR, "location": STR,
@@ -185,9 +191,13 @@ TOOLS: list[dict[str, Any]] = [
           ["title", "start_time", "end_time"], destination=["participants"],
           content=["title", "description", "location"]),
     # workspace: mail, calendar, files
-    _tool("get_unread_emails", "The user's unread e-mails, in full.", PRIVATE_UNTRUSTED, "low", {}),
-    _tool("read_email", "One e-mail in full.", PRIVATE_UNTRUSTED, "low", {"email_id": STR}),
-    _tool("delete_email", "Move an e-mail to the trash.", ["mutates_state"], "low", {"email_id": STR}),
+    _tool("get_unread_emails", "The user's unread e-mails, in full.", PRIVATE_UNTRUSTED, "low", {},
+          untrusted_output=MAIL_LIST_OUTPUT),
+    _tool("read_email", "One e-mail in full.", PRIVATE_UNTRUSTED, "low", {"email_id": STR},
+          untrusted_output=MAIL_OUTPUT),
+    # Which e-mail it deletes is security-relevant (a warning can be made to disappear): sensitive.
+    _tool("delete_email", "Move an e-mail to the trash.", ["mutates_state"], "low", {"email_id": STR},
+          sensitive=["email_id"]),
     _tool("set_email_forwarding", "Forward all incoming mail to an address (or stop forwarding).",
           SEND_MUTATE, "high", {"forward_to": EMAIL, "enabled": {"type": "boolean"}}, sensitive=["forward_to"]),
     _tool("get_day_calendar_events", "The events in the user's calendar on one day.", PRIVATE_UNTRUSTED, "low",
