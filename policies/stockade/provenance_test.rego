@@ -128,6 +128,26 @@ test_a_link_the_user_gave_in_a_message_body_is_allowed if {
 	d.outcome == "allow"
 }
 
+_invite := object.union(
+	_tool(["mutates_state", "sends_external"], "medium"),
+	{"destination_args": ["participants"], "content_args": ["title"]},
+)
+
+# An invite with no participants still has its content checked: the title an injection wrote
+# carries a link only untrusted content gave.
+test_a_link_in_the_title_of_an_invite_without_participants_is_denied if {
+	i := object.union(_input(_invite, ["untrusted_content"]), {
+		"args": {"title": "Verify your account at https://evil.example/sso before Friday"},
+		"values": {"title": [{
+			"path": "title", "key": "u:https://evil.example/sso",
+			"sources": ["untrusted:read_email:c-4"],
+		}]},
+	})
+	d := data.stockade.decision with input as i
+	d.outcome == "deny"
+	codes(d) == {"provenance.untrusted_content"}
+}
+
 _password_tool := object.union(_tool(["mutates_state"], "medium"), {"sensitive_args": ["new_password"]})
 
 test_a_sensitive_value_from_untrusted_content_is_denied_on_any_tool if {
