@@ -858,11 +858,9 @@ class ControlPlane:
             sources = provenance.pop(f"{_ITEM}{i}", [])
             call.values.setdefault(value.arg, []).append(ValueSources(path=value.path, key=value.key, sources=sources))
         call.provenance, call.rates = provenance, context.rates
-        # A read the agent was steered to by untrusted content (a search for the words an injected
+        # A call the agent was steered to by untrusted content (a search for the words an injected
         # text gave it) returns what that text chose: none of its output is a trusted source.
-        call.steered = bool(spec.untrusted_output) and any(
-            is_untrusted_only(sources, context.session.endorsed) for sources in provenance.values()
-        )
+        call.steered = any(is_untrusted_only(sources, context.session.endorsed) for sources in provenance.values())
         call.arg_keys = {key for arg_keys in keys.values() for key in arg_keys}
         call.arg_keys.update(key for value in checked for key in value.keys)
         return call
@@ -1282,9 +1280,10 @@ class ControlPlane:
         ``echoed``: the keys of the call's own arguments. A trusted tool's output is a trusted
         source, except for what it only repeats (an echo, a formatter, "sent to X"): those values
         keep the sources they had, so a tool cannot launder an untrusted value into a trusted one.
-        ``steered``: an argument came only from untrusted content, so the tool's declared trusted
-        parts (``untrusted_output``) are untrusted content too."""
-        untrusted = "reads_untrusted" in spec.capabilities
+        ``steered``: an argument came only from untrusted content, so all of the output is
+        untrusted content: a trusted tool's, and the parts a tool declares its own
+        (``untrusted_output``) alike. (The session is tainted already: that content tainted it.)"""
+        untrusted = steered or "reads_untrusted" in spec.capabilities
         if untrusted and spec.untrusted_output and not steered:
             # Its own data is a trusted tool's output (indexed first: the call's endorsable
             # source is its third-party part), the declared parts untrusted content.

@@ -59,8 +59,8 @@ class PendingExternal:
     # The provenance keys of the call's arguments: a trusted tool's output that repeats them does
     # not make them trusted (they keep the sources they had).
     echoed: tuple[str, ...] = ()
-    # An argument of the call came only from untrusted content: the read was steered by it, and
-    # its whole output is untrusted content (its declared trusted parts included).
+    # An argument of the call came only from untrusted content: the call was steered by it, and
+    # its whole output is untrusted content (a trusted tool's, and declared trusted parts, alike).
     steered: bool = False
 
 
