@@ -49,7 +49,7 @@ def configure_logging(
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
-        # sys.stderr looked up at each event, not now: whoever swaps it later (a test runner) gets the logs.
+        # sys.stderr looked up at each event (`_CurrentStderr`), cached loggers included.
         logger_factory=structlog.PrintLoggerFactory(file) if file is not None else _stderr_logger,
         cache_logger_on_first_use=cache,
     )
@@ -69,5 +69,21 @@ def configure_default_logging() -> None:
     configure_logging("json" if fmt == "json" else "console", level if level in _LEVELS else "warning", cache=False)
 
 
+class _CurrentStderr:
+    """``sys.stderr`` as it is when an event is written, not when its logger was made: a logger
+    structlog cached keeps working after whoever swapped stderr (a test runner capturing it, a
+    CLI runner) swaps it back and closes its own."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
+_CURRENT_STDERR = _CurrentStderr()
+
+
 def _stderr_logger(*_args: Any) -> structlog.PrintLogger:
-    return structlog.PrintLogger(sys.stderr)
+    # PrintLogger asks for a TextIO; it only calls write and flush, which the proxy has.
+    return structlog.PrintLogger(_CURRENT_STDERR)  # type: ignore[arg-type]

@@ -67,3 +67,28 @@ def test_at_stockade_log_level_info_events_go_to_stderr_redacted(tmp_path: Path)
 def test_an_application_that_configured_structlog_keeps_its_configuration(tmp_path: Path) -> None:
     done = run(tmp_path, CONFIGURED, STOCKADE_LOG_LEVEL="error")
     assert "app-renders session_opened" in done.stdout.splitlines()
+
+
+def test_a_cached_logger_writes_to_stderr_as_it_is_now_not_as_it_was() -> None:
+    # A logger structlog cached while stderr was a capture that is closed since (a test runner's, a
+    # CLI runner's) wrote into the closed file and raised ValueError at the next event.
+    import io  # noqa: PLC0415
+
+    import structlog  # noqa: PLC0415
+
+    from router.logging import configure_logging  # noqa: PLC0415
+
+    saved_config, saved_stderr = structlog.get_config(), sys.stderr
+    try:
+        configure_logging("console", "info", cache=True)
+        logger = structlog.get_logger("stockade.test")
+        first, second = io.StringIO(), io.StringIO()
+        sys.stderr = first
+        logger.info("first_event")
+        first.close()
+        sys.stderr = second
+        logger.info("second_event")
+    finally:
+        sys.stderr = saved_stderr
+        structlog.configure(**saved_config)
+    assert "second_event" in second.getvalue()
