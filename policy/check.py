@@ -382,7 +382,6 @@ class _Checker:
         self.rules: dict[tuple[str, ...], set[str]] = {}
         self.functions: set[tuple[str, ...]] = set()
         self.package_files: dict[tuple[str, ...], set[str]] = {}
-        self.split_imports: set[tuple[str, int, int]] = set()  # (file, line, col) already warned about
         self.emitted: list[tuple[str, str | None, str, int, int]] = []  # code, outcome, file, line, col
         self.json_files = _data_files(root)
         self.builtins = known_builtins()
@@ -854,9 +853,6 @@ class _Checker:
         files = self.package_files.get(package, set())
         if prefix[0] != "data" or len(files) < 2 or seg.key not in self.rules.get(package, set()):
             return
-        if (module.path, line, col) in self.split_imports:
-            return
-        self.split_imports.add((module.path, line, col))
         full = "data." + ".".join((*package, str(seg.key)))
         self.report(module.path, line, col, "import.split_package",
                     f"{alias}.{seg.key} reaches package data.{'.'.join(package)}, written in {len(files)} "

@@ -1284,7 +1284,7 @@ class ControlPlane:
         untrusted content: a trusted tool's, and the parts a tool declares its own
         (``untrusted_output``) alike. (The session is tainted already: that content tainted it.)"""
         untrusted = steered or "reads_untrusted" in spec.capabilities
-        if untrusted and spec.untrusted_output and not steered:
+        if spec.untrusted_output and not steered:  # (untrusted_output is only for reads_untrusted tools)
             # Its own data is a trusted tool's output (indexed first: the call's endorsable
             # source is its third-party part), the declared parts untrusted content.
             output, *rest = content  # the output, then what else the agent sees (stderr): third-party
