@@ -58,11 +58,17 @@ def adversarial(size: int) -> dict[str, Any]:
         "IBAN-ish 'DE89' repeated": "DE89" * (size // 4),
         "IBAN-ish 'DE89 ' repeated": "DE89 " * (size // 5),
         "a valid IBAN repeated": "DE89 3704 0044 0532 0130 00 " * (size // 28),
+        "an IBAN repeated, every 50th changed": "".join(
+            f"DE89 3704 0044 0532 0130 {i % 97 if i % 50 == 0 else 0:02d} " for i in range(size // 28)
+        ),
         "'ab.' labels, no TLD end": "ab1." * (size // 4),
         "nested JSON of strings": nested_strings(size),
         "distinct numbers (token budget)": "".join(f"{i} " for i in range(100_000, 100_000 + size // 7))[:size],
         "distinct e-mails (token budget)": "".join(f"u{i}@d{i}.example " for i in range(size // 20))[:size],
         "distinct URLs (token budget)": "".join(f"http://h{i}.example/{i} " for i in range(size // 24))[:size],
+        "distinct IBANs (token budget)": "".join(
+            f"DE{i % 97:02d} 3704 0044 0532 {i % 10000:04d} {i % 100:02d} " for i in range(size // 28)
+        ),
     }
 
 

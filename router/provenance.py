@@ -35,8 +35,11 @@ of its keys. A key remembers at most 16 sources.
 Cost. Every matcher runs in time linear in the text: each is a regular expression without
 nested or overlapping quantifiers (possessive where a retry could only fail again), or a scan
 anchored on a literal such as ``@`` with bounded work around it. Repeated words and lines are
-scanned once, and each distinct token is reduced once. Indexing one piece of content is bounded
-on top of that:
+scanned once, a text that is one unit repeated is read as a few repeats and its end (exactly:
+the same keys, `_unrepeated`), and each distinct token is reduced once. Words and lines are
+split a span at a time (a long line cut where no match can span it), so a flood of distinct
+tokens is read only as far as the budget below. Indexing one piece of content is bounded on top
+of that:
 
 - at most `MAX_INDEXED_CHARS` characters of its strings are read, and at most
   `MAX_INDEXED_TOKENS` distinct candidate tokens (and values, and containers) examined; the
@@ -93,6 +96,7 @@ MAX_INDEXED_TOKENS = 8192
 # Below this many characters (and nodes) a value is indexed inline: a few milliseconds at most.
 INLINE_CHARS = 64 * 1024
 _SPAN = 64 * 1024  # characters of distinct words scanned at a time while a budget lasts
+_CUT_WITHIN = 4096  # how far past a span's end to look for a place to cut a long line
 
 # The matchers. Each is linear: repeats are possessive where giving characters back could only
 # fail again; a pattern that must not start inside a token begins with its first character class
@@ -109,6 +113,11 @@ _LOCAL_RUN_REVERSED = re.compile(f"[{_LOCAL}]*+")
 _TLD_REVERSED = re.compile(r"[A-Za-z]{2}\.")  # reversed: the last '.' + two letters of a domain
 _TLD = re.compile(r"[A-Za-z]{2,63}")
 _URL = re.compile(r"https?://[^\s<>\"'`(){}\[\]]+", re.IGNORECASE)
+# A URL urlsplit reads as scheme, a host of letters, digits, dots and dashes, an optional port,
+# path, query and fragment (printable ASCII): (scheme, host, port, path, query).
+_PLAIN_URL = re.compile(
+    r"(https?)://([A-Za-z0-9.-]+)(?::(\d{1,5}))?(/[!-\"$->@-~]*)?(?:\?([!-\"$-~]*))?(?:#[!-~]*)?", re.I | re.A
+)
 # A host can only start a run of [A-Za-z0-9.-] that follows none of [\w@.-]; the run is taken
 # whole, with whether a word character follows it, and `_host_key` finds the host in it.
 _HOST_RUN = re.compile(r"(?<![\w@.-])([A-Za-z0-9][A-Za-z0-9-]*+\.[A-Za-z0-9.-]*+)(?=(\w?))")
@@ -131,10 +140,19 @@ _SKIPPED2, _SKIPPED3 = ("", ""), ("", "", "")
 # `\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?\b` (on upper-cased text), found from
 # its first check digit (the scan skips to digits, rarer than letters): (country, digit, rest).
 _IBAN = _compiled(r"\d(?:(?<=(?<!\w)([A-Z]{2})(\d))(\d(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?)\b|\w{16,}+)")
+# The same, found from the country's first letter, for ASCII text with fewer letters than digits
+# (a page of account numbers): ``(?<!\w)`` is ``\b`` before a letter. Whole matches, no groups
+# (cheaper to build when a line repeats one IBAN): `_iban_keys` splits them.
+_IBAN_BY_LETTER = re.compile(r"[A-Z](?<!\w[A-Z])[A-Z]\d\d(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?\b", re.ASCII)
 # `(?<![\w.])\d(?:[ -]?\d){7,}(?![\w.])`: a run of digits, spaces and dashes from where that may
 # start and long enough to hold 8 digits, taken whole, and the character after it: (digit, rest,
 # after); `_account_keys` splits the run and counts its digits as that pattern would.
 _ACCOUNT_RUN = _compiled(r"\d(?:(?<=(\d))(?<![\w.]\d)(?=[\d -]{7})([\d -]*+)(?=([\w.]?))|[\w.]{16,}+)")
+# Where a long line may be cut for the IBAN and account scans (`_Distinct`): after a character no
+# match can hold, or two spaces, or (for IBANs, read upper-cased) after a word and its space when
+# the word is not whole groups of four (an IBAN ends in such a word, or holds none of it).
+_IBAN_CUT = re.compile(r"[^\dA-Z ]|  |(?<![\dA-Z])(?:[\dA-Z]{4})*+[\dA-Z]{1,3} ")
+_ACCOUNT_CUT = re.compile(r"[^\d -]")
 _SEPARATORS = re.compile(r"[ -]{2,}")
 # `(?<![\w.])-?\d+(?:\.\d+)?(?![\w.])` for tokens of 3 or more written digits (fewer never make
 # a key, `_number_key`), as two scans that skip to a digit or to a '-': unsigned tokens (digit,
@@ -153,15 +171,25 @@ _QUOTED = re.compile(
 )
 _NAME_SCAN_CHARS = 64 << 10
 _GROUPED = re.compile(r"(?<![\w.,])\d{1,3}(?:,\d{3})++(?:\.\d++)?+(?![\w,]|\.\d)", re.ASCII)
-_CENTS = re.compile(r"-?\d{1,2}\.\d\d", re.ASCII)
+_CENTS = re.compile(r"-?\d{1,2}\.\d\d")
 _SIGNED = _compiled(r"-(?<![\w.]-)(?=\d(?:\.?\d){2})\d++(?:\.\d++)?+(?![\w.])")
 # ASCII text in outline (digits as 9, letters as A), to tell from a few substring scans whether a
 # digit matcher can find anything: an IBAN needs AA99, a number of 3 digits 999, 9.99 or 99.9.
 _OUTLINE = str.maketrans(string.digits + string.ascii_letters, "9" * 10 + "A" * 52)
 _IBAN_DIGITS = {ord(ch): str(int(ch, 36)) for ch in string.ascii_uppercase}
+_IBAN_COUNTRY = {
+    a + b: str(int(a, 36)) + str(int(b, 36)) for a in string.ascii_uppercase for b in string.ascii_uppercase
+}
 _SPACE = re.compile(r"\s+")
 # Characters no matcher can span (see the module docstring): content is only ever cut before one.
 _UNSPANNABLE = re.compile(r"[^\S ]|[<>\"'`(){}\[\]]|  ")
+
+# A text at least `_REPEAT_MIN` characters long that repeats one unit of at most `_MAX_PERIOD`
+# is read as a few repeats and its end (`_unrepeated`); `_REACH`: the farthest past the character
+# it stands on that any line matcher reads (an IBAN: 45).
+_REPEAT_MIN = 16 << 10
+_MAX_PERIOD = 4 << 10
+_REACH = 64
 
 _T = TypeVar("_T")
 
@@ -213,24 +241,98 @@ def _distinct(items: list[_T], budget: _Budget | None, skipped: _T | None = None
     return distinct if budget is None else budget.take(distinct)
 
 
-def _scan(pattern: re.Pattern[str], words: str, budget: _Budget | None, skipped: Any = None) -> list[Any]:
-    """`_distinct` over ``pattern``'s matches in ``words`` (distinct words joined by newlines),
-    read a span at a time and no further than the budget needs: a flood of distinct tokens costs
-    what the budget allows, not what the text holds."""
-    if budget is None:
-        return _distinct(pattern.findall(words), None, skipped)
+class _Distinct:
+    """The distinct words (``sep`` None) or lines (``sep`` "\\n") of a text, first occurrence
+    first, split a span of about `_SPAN` characters at a time as the matchers ask for them: a
+    flood of distinct pieces is split only as far as the budget reads, and each span is split once
+    however many matchers read it."""
+
+    __slots__ = ("_cut", "_pos", "_seen", "_sep", "_text", "spans")
+
+    def __init__(self, text: str, sep: str | None, cut: re.Pattern[str] | None = None) -> None:
+        self._text = text
+        self._sep = sep
+        self._cut = cut
+        self._pos = 0
+        self._seen: set[str] = set()
+        self.spans: list[list[str]] = []
+
+    def span(self, index: int) -> list[str] | None:
+        """The ``index``-th span's new pieces (possibly none), or None past the end of the text."""
+        while index >= len(self.spans):
+            text, pos = self._text, self._pos
+            if pos >= len(text):
+                return None
+            # A span ends at a separator (for words, a space or a line break: any whitespace
+            # would do, and these two are found fastest), so no piece is split between spans.
+            end = resume = len(text)
+            if pos + _SPAN < len(text):
+                found = text.find(self._sep or " ", pos + _SPAN)
+                if found < 0 and self._sep is None:
+                    found = text.find("\n", pos + _SPAN)
+                if found >= 0:
+                    end, resume = found, found + 1
+                if self._cut is not None and end > pos + 2 * _SPAN:
+                    # A long line is cut after a character ``cut`` finds, where no match can
+                    # span; both sides keep it, so what a pattern reads around a match is the same.
+                    cut = self._cut.search(text, pos + _SPAN, pos + _SPAN + _CUT_WITHIN)
+                    if cut is not None:
+                        end, resume = cut.end(), cut.end() - 1
+            piece = text[pos:end]
+            pieces = piece.split() if self._sep is None else piece.split(self._sep)
+            fresh = [piece for piece in dict.fromkeys(pieces) if piece not in self._seen]
+            self._seen.update(fresh)
+            self.spans.append(fresh)
+            self._pos = resume
+        return self.spans[index]
+
+    def joined(self, index: int, containing: str = "") -> str | None:
+        """The ``index``-th span's new pieces (those ``containing`` a character, if given) joined
+        by newlines (no match spans one), or None past the end of the text."""
+        pieces = self.span(index)
+        if pieces is None:
+            return None
+        return "\n".join([piece for piece in pieces if containing in piece] if containing else pieces)
+
+    def ended(self, index: int) -> bool:
+        """Whether the text has no ``index``-th span (without splitting one to find out)."""
+        return index >= len(self.spans) and self._pos >= len(self._text)
+
+
+def _email_scan(words: _Distinct, budget: _Budget | None) -> list[str]:
+    """`_emails` in the distinct ``words``, a span at a time while the budget lasts (each '@'
+    that may start an address costs a token): distinct, first occurrence first."""
+    found: dict[str, None] = {}
+    index = 0
+    while not words.ended(index):
+        if budget is not None and budget.tokens <= 0:
+            budget.cut = True
+            break
+        joined = words.joined(index)
+        if joined is None:  # pragma: no cover - ended() said there is a span
+            break
+        found.update(dict.fromkeys(_emails(joined, budget)))
+        index += 1
+    return list(found)
+
+
+def _scan(
+    pattern: re.Pattern[str], pieces: _Distinct, budget: _Budget | None, skipped: Any = None, containing: str = ""
+) -> list[Any]:
+    """`_distinct` over ``pattern``'s matches in the distinct ``pieces`` (those ``containing`` a
+    character, if given: the others cannot match), read a span at a time and no further than the
+    budget needs: a flood of distinct tokens costs what the budget allows, not what the text holds."""
     found: dict[Any, None] = {}
-    start = 0
-    while start < len(words) and len(found) <= budget.tokens:
-        end = words.find("\n", start + _SPAN)
-        end = len(words) if end < 0 else end
-        found.update(dict.fromkeys(pattern.findall(words, start, end)))  # a match never spans a newline
+    index = 0
+    while budget is None or len(found) <= budget.tokens:
+        joined = pieces.joined(index, containing)
+        if joined is None:
+            break
+        found.update(dict.fromkeys(pattern.findall(joined)))
         if skipped is not None:
             found.pop(skipped, None)
-        start = end + 1
-    if start < len(words):
-        budget.cut = True
-    return budget.take(list(found))
+        index += 1
+    return list(found) if budget is None else budget.take(list(found))
 
 
 def _left(budget: _Budget | None) -> bool:
@@ -266,40 +368,50 @@ def _iban_in(country: str, digit: str, rest: str) -> list[str]:
     (an attacker need not write valid check digits): every run of whole groups of an IBAN's
     length (15 to 34) is a key, so the one the argument holds is among them."""
     groups = rest.split(" ")
+    compact = country + digit + "".join(groups)
+    # ISO 13616 check: the IBAN with its first four characters moved to the end, letters as
+    # numbers (A = 10 ... Z = 35), mod 97 is 1. Past the country, most IBANs are digits only:
+    # each run's number is then a prefix of one string.
+    body = compact[4:]
+    numeric = body.isdecimal()
+    tail = _IBAN_COUNTRY[country] + compact[2:4]
     candidates = []
-    while groups:
-        iban = country + digit + "".join(groups)
-        if len(iban) >= 15 and _iban_checksum_ok(iban):
-            return [iban]
-        if 15 <= len(iban) <= 34:
+    end = len(compact)
+    for group in reversed(groups):  # the runs of whole groups, longest first
+        if 15 <= end <= 34:
+            iban = compact[:end]
+            number = body[: end - 4] if numeric else iban[4:].translate(_IBAN_DIGITS)
+            if int(number + tail) % 97 == 1:
+                return [iban]
             candidates.append(iban)
-        groups.pop()
+        end -= len(group)
     return candidates
 
 
-def _iban_checksum_ok(iban: str) -> bool:
-    """ISO 13616: move the first four characters to the end, letters to numbers, mod 97 == 1."""
-    if not 15 <= len(iban) <= 34:
-        return False
-    return int((iban[4:] + iban[:4]).translate(_IBAN_DIGITS)) % 97 == 1
-
-
-def _url_keys(url: str) -> Iterator[str]:
+def _url_keys(url: str) -> list[str]:
+    """The keys of a URL `_URL` found: the whole URL (normalised) and its host."""
     url = url.rstrip(".,;:!?")
-    try:
-        parts = urlsplit(url)
-        host = (parts.hostname or "").rstrip(".")
-        port = parts.port
-    except ValueError:
-        return
+    plain = _PLAIN_URL.fullmatch(url)
+    if plain is not None and (plain[3] is None or int(plain[3]) <= 65535):
+        # What urlsplit gives for this common shape, without its per-call cost (a flood of
+        # distinct URLs spends its budget here); anything else goes through urlsplit itself.
+        scheme, host = plain[1].lower(), plain[2].lower().rstrip(".")
+        port: int | None = None if plain[3] is None else int(plain[3])
+        path, query = plain[4] or "", plain[5]
+    else:
+        try:
+            parts = urlsplit(url)
+            host = (parts.hostname or "").rstrip(".")
+            port = parts.port
+        except ValueError:
+            return []
+        scheme, path, query = parts.scheme.lower(), parts.path, parts.query
     if not host:
-        return
-    default = {"http": 80, "https": 443}.get(parts.scheme.lower())
+        return []
+    default = {"http": 80, "https": 443}.get(scheme)
     netloc = host if port in (None, default) else f"{host}:{port}"
-    path = parts.path.rstrip("/")
-    query = f"?{parts.query}" if parts.query else ""
-    yield f"u:{parts.scheme.lower()}://{netloc}{path}{query}"
-    yield f"h:{host}"
+    query = f"?{query}" if query else ""
+    return [f"u:{scheme}://{netloc}{path.rstrip('/')}{query}", f"h:{host}"]
 
 
 def _emails(text: str, budget: _Budget | None) -> list[str]:
@@ -379,6 +491,44 @@ def _host_key(run: str, after_is_word: bool) -> str | None:
     return "h:" + run[: chain_end - 1 - tld.start()].lower()
 
 
+def _unrepeated(text: str, line_patterns: list[tuple[re.Pattern[str], bool]]) -> str:
+    """``text`` (ASCII) without whole repeats of its unit from its middle, if it is one unit of at
+    most `_MAX_PERIOD` characters repeated at least 8 times; else ``text`` itself.
+
+    Exact: the shorter text has the same distinct words, lines and matches of ``line_patterns``
+    (each with whether it reads upper-cased text). Where the scans are all free (next to a
+    whitespace character, inside no match of any pattern) before a position ``a`` and again some
+    whole units later, every scan repeats itself from there, that many units at a time, until it
+    comes within its reach (`_REACH`) of the end. Dropping such repeats between leaves the same
+    text at every place a scan reads, so the same tokens; the end is read as it is. (A match may
+    be longer than a unit: an IBAN of nine "DE89 " units repeats every nine units.) Each
+    pattern's matches are found at the start of the text to see where they are free."""
+    unit = text.find(text[:64], 1, _MAX_PERIOD + 64)
+    if unit <= 0 or len(text) < 8 * unit or _SPACE.search(text, 0, unit) is None:
+        return text  # no unit, or one without whitespace: one word, which no repeat leaves out
+    if text[unit:] != text[:-unit]:
+        return text
+    first = max(unit, 4)  # a lookbehind reads up to 3 characters back: from here, all repeats
+    longest = min(_MAX_PERIOD // unit, 64, len(text) // (8 * unit)) * unit  # the longest repeat tried
+    window = first + 2 * longest + _REACH
+    inside = bytearray(window)  # 1 where a match of some pattern spans the gap before a character
+    for pattern, upper in line_patterns:
+        sample = text[:window].upper() if upper else text[:window]
+        for match in pattern.finditer(sample):
+            start, end = match.span()
+            inside[start + 1 : end] = b"\x01" * max(0, end - start - 1)
+    free = [
+        a for a in range(first, first + 2 * longest) if (text[a - 1].isspace() or text[a].isspace()) and not inside[a]
+    ]
+    is_free = set(free)
+    for period in range(unit, longest + 1, unit):
+        a = next((a for a in free if a < first + period and a + period in is_free), None)
+        if a is not None:
+            repeats = (len(text) - a - 2 * period - _REACH) // period
+            return text[: len(text) - repeats * period] if repeats > 0 else text
+    return text
+
+
 def _string_keys(text: str, indexing: bool, budget: _Budget | None) -> list[str]:
     keys: list[str] = []
     whole = True
@@ -406,53 +556,71 @@ def _string_keys(text: str, indexing: bool, budget: _Budget | None) -> list[str]
     digits = outline.count("9") if ascii_ else len(text)
     ibans = digits >= 2 and (not ascii_ or "AA99" in outline)
     # Eight digits joined by single separators: eight in a row once separators are dropped.
-    accounts = digits >= 8 and (not ascii_ or "99999999" in outline.replace(" ", "").replace("-", ""))
+    accounts = digits >= 8 and (
+        not ascii_ or "99999999" in outline or "99999999" in outline.replace(" ", "").replace("-", "")
+    )
     signed = digits >= 3 and (not ascii_ or "-9" in outline)
     unsigned = digits >= 3 and (not ascii_ or "999" in outline or "9.99" in outline or "99.9" in outline)
-    if emails or urls or hosts or signed or unsigned:
-        # Emails, URLs, hosts and numbers never span whitespace, and whitespace is all their
-        # patterns can see around a word: each distinct word, scanned once (joined by newlines),
-        # gives the same keys as the text, at a fraction of the cost when words repeat.
-        words = dict.fromkeys(text.split())
-        distinct = "\n".join(words)
+    # IBANs are found from the rarer of their first letter and their first check digit: the scan
+    # tries fewer starts. (`_IBAN_BY_LETTER` gives whole matches, `_IBAN` groups.)
+    iban_pattern = _IBAN_BY_LETTER if ibans and ascii_ and outline.count("A") < digits else _IBAN[ascii_]
+    # One unit repeated is read as a few repeats and its end (the same words, lines and matches).
+    scanned = text
+    if ascii_ and len(text) >= _REPEAT_MIN:
+        line_patterns = [(iban_pattern, True)] if ibans else []
+        line_patterns += [(_ACCOUNT_RUN[True], False)] if accounts else []
+        scanned = _unrepeated(text, line_patterns)
+    # Emails, URLs, hosts and numbers never span whitespace, and whitespace is all their patterns
+    # can see around a word: each distinct word, scanned once (joined by newlines), gives the same
+    # keys as the text, at a fraction of the cost when words repeat.
+    words = _Distinct(scanned, None)
     if emails:
-        for found in dict.fromkeys(_emails(distinct, budget)):
+        for found in _email_scan(words, budget):
             email = found.lower()
-            keys.append("e:" + email)
-            if indexing:
-                keys.append("h:" + email.rsplit("@", 1)[1])
+            keys.extend(("e:" + email, "h:" + email.rsplit("@", 1)[1]) if indexing else ("e:" + email,))
     if urls and _left(budget):
-        for url in _scan(_URL, distinct, budget):
+        for url in _scan(_URL, words, budget):
             keys.extend(_url_keys(url))
     if hosts and _left(budget):
-        dotted = "\n".join([word for word in words if "." in word])
-        for run, after in _scan(_HOST_RUN, dotted, budget):
+        for run, after in _scan(_HOST_RUN, words, budget, containing="."):
             key = _host_key(run, bool(after))
             if key:
                 keys.append(key)
     # IBANs and account numbers span single spaces, never a line break: they are read from the
     # text's distinct lines.
-    lines = "\n".join(dict.fromkeys(text.split("\n"))) if ibans or accounts else ""
     if ibans and _left(budget):
-        for country, digit, rest in _distinct(_IBAN[ascii_].findall(lines.upper()), budget, _SKIPPED3):
-            keys.extend("i:" + iban for iban in _iban_in(country, digit, rest))
+        keys.extend(_iban_keys(scanned, iban_pattern, budget))
     if accounts and _left(budget):
-        for digit, rest, after in _distinct(_ACCOUNT_RUN[ascii_].findall(lines), budget, _SKIPPED3):
+        for digit, rest, after in _scan(
+            _ACCOUNT_RUN[ascii_], _Distinct(scanned, "\n", _ACCOUNT_CUT), budget, _SKIPPED3
+        ):
             keys.extend(_account_keys(digit + rest, bool(after), budget))
     if signed and _left(budget):
-        for number in _scan(_SIGNED[ascii_], distinct, budget):
+        for number in _scan(_SIGNED[ascii_], words, budget):
             keys.extend(_number_keys(number))
     if unsigned and _left(budget):
-        for digit, rest in _scan(_UNSIGNED[ascii_], distinct, budget, _SKIPPED2):
+        for digit, rest in _scan(_UNSIGNED[ascii_], words, budget, _SKIPPED2):
             keys.extend(_number_keys(digit + rest))
         if "," in text:
-            keys.extend(_grouped_keys(distinct, budget))
+            keys.extend(_grouped_keys(words, budget))
     if indexing:  # last: names take only what budget the identifiers left, never theirs
         keys.extend(_name_keys(text, budget))
     return keys
 
 
-def _grouped_keys(words: str, budget: _Budget | None) -> list[str]:
+def _iban_keys(text: str, pattern: re.Pattern[str], budget: _Budget | None) -> list[str]:
+    """The IBAN keys in ``text``'s distinct lines (upper-cased), found with ``pattern``:
+    `_IBAN_BY_LETTER` (whole matches) or `_IBAN` (groups)."""
+    lines = _Distinct(text.upper(), "\n", _IBAN_CUT)
+    found: list[tuple[str, str, str]]
+    if pattern is _IBAN_BY_LETTER:
+        found = [(iban[:2], iban[2], iban[3:]) for iban in _scan(pattern, lines, budget)]
+    else:
+        found = _scan(pattern, lines, budget, _SKIPPED3)
+    return ["i:" + iban for country, digit, rest in found for iban in _iban_in(country, digit, rest)]
+
+
+def _grouped_keys(words: _Distinct, budget: _Budget | None) -> list[str]:
     """Keys of numbers written with thousands separators (``1,150.00`` is 1150)."""
     found = []
     for token in _scan(_GROUPED, words, budget):
@@ -482,8 +650,8 @@ def _number_keys(token: str) -> list[str]:
     """The key of a number token (digits, at most one '.', a leading '-'), as a list of 0 or 1.
     A price written with cents (``35.00``, ``4.50``) is keyed whatever its size: it is an amount."""
     key = _number_key(token, len(token) - token.count(".") - token.count("-"))
-    if key is None and _CENTS.fullmatch(token):
-        key = _amount_key(token)
+    if key is None and _CENTS.fullmatch(token):  # any decimal digits, as the number matchers read
+        key = "n:" + format(Decimal(token).normalize(), "f")
     return [key] if key else []
 
 

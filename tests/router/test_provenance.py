@@ -349,6 +349,98 @@ def test_content_and_arguments_are_reduced_the_same_way_as_before(text: str) -> 
     }
 
 
+# Text that is one unit repeated, with a partial unit at its end: what `_unrepeated` shortens.
+_repeated = st.builds(
+    lambda unit, times, extra: unit * times + unit[: extra % len(unit)],
+    _text.filter(bool),
+    st.integers(min_value=8, max_value=40),
+    st.integers(min_value=0, max_value=400),
+)
+
+
+def _keys_read_in_pieces(text: str, *, indexing: bool) -> set[str]:
+    """``text``'s keys read a few characters at a time (`_SPAN`) and with repeats dropped at any
+    length (`_REPEAT_MIN`): the small bounds make every path run on short text."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(provenance_module, "_SPAN", 5)
+        patch.setattr(provenance_module, "_REPEAT_MIN", 0)
+        return set(string_keys(text, indexing=indexing))
+
+
+def _keys_read_whole(text: str, *, indexing: bool) -> set[str]:
+    """``text``'s keys read in one span, repeats and all."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(provenance_module, "_SPAN", 1 << 30)
+        patch.setattr(provenance_module, "_REPEAT_MIN", 1 << 30)
+        return set(string_keys(text, indexing=indexing))
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.one_of(_text, _repeated))
+def test_reading_in_spans_and_without_repeats_changes_no_key(text: str) -> None:
+    """Splitting words and lines a span at a time, and dropping repeats of a repeated unit, give
+    exactly the keys of reading the text whole (which the test above holds to the old patterns)."""
+    for indexing in (True, False):
+        assert _keys_read_in_pieces(text, indexing=indexing) == _keys_read_whole(text, indexing=indexing)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_repeated)
+def test_a_repeated_unit_is_matched_as_the_old_patterns_did(text: str) -> None:
+    assert _unnamed(_keys_read_in_pieces(text, indexing=True)) == set(_old_string_keys(text))
+
+
+def test_a_price_in_other_decimal_digits_is_keyed_as_the_old_patterns_did() -> None:
+    """Found by hypothesis: the number patterns read any decimal digit, so "\u0661" + "0.00" (an
+    Arabic-Indic one) is a price with cents, and its key is 10, as the old patterns made it."""
+    text = "paid \u06610.00 today"
+    assert "n:10" in string_keys(text)
+    assert _unnamed(string_keys(text)) == set(_old_string_keys(text))
+
+
+def test_a_line_that_repeats_one_unit_is_read_as_a_few_repeats() -> None:
+    """A MiB of one IBAN repeated on one line is scanned as a few hundred characters, with the
+    keys of the whole line (also where one match spans several units); a line of one account
+    run repeated is not shortened (its one key is as long as the line)."""
+    text = "DE89 3704 0044 0532 0130 00 " * (MIB // 28)
+    patterns = [(provenance_module._IBAN_BY_LETTER, True), (provenance_module._ACCOUNT_RUN[True], False)]
+    assert len(provenance_module._unrepeated(text, patterns)) < 1024
+    assert set(string_keys(text)) == _keys_read_whole(text, indexing=True)
+    assert {"i:DE89370400440532013000", "a:370400440532013000"} <= set(string_keys(text))
+    spaced = "DE89 " * (MIB // 5)  # an IBAN of nine of these units, then the next
+    assert len(provenance_module._unrepeated(spaced, patterns[:1])) < 1024
+    assert set(string_keys(spaced)) == _keys_read_whole(spaced, indexing=True)
+    assert "i:" + "DE89" * 8 in string_keys(spaced)
+    run = "1234 5678 " * 4096
+    assert provenance_module._unrepeated(run, patterns) == run
+    assert "a:" + "12345678" * 4096 in string_keys(run)
+
+
+_upper = st.text(alphabet="DEGB0123456789 _x\u0661", max_size=60)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.lists(st.one_of(_upper, st.sampled_from(["DE89 3704 0044 0532 0130 00", "GB82WEST12345698765432"])),
+                max_size=6).map("".join))  # fmt: skip
+def test_an_iban_is_found_alike_from_its_letters_and_from_its_digits(text: str) -> None:
+    by_digit = [m for m in provenance_module._IBAN[text.isascii()].findall(text) if m != ("", "", "")]
+    if text.isascii():
+        by_letter = [(m[:2], m[2], m[3:]) for m in provenance_module._IBAN_BY_LETTER.findall(text)]
+        assert by_letter == by_digit
+    assert [m.group(0) for m in _OLD_IBAN.finditer(text)] == ["".join(m) for m in by_digit]
+
+
+_url_tail = st.text(alphabet="aZ9.-:/?#@%[]_~ \x00\x7f\u00e9", max_size=16)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.sampled_from(["http://", "https://", "HTTP://", "hTtPs://"]), _url_tail)
+def test_a_url_is_keyed_as_urlsplit_reads_it(scheme: str, tail: str) -> None:
+    """The fast path for plain URLs gives what urlsplit gives, and anything else goes to urlsplit."""
+    url = scheme + tail
+    assert provenance_module._url_keys(url) == list(_old_url_keys(url))
+
+
 # -- bounds: time, size and which way a cut fails --------------------------------------------
 
 MIB = 1 << 20
@@ -370,6 +462,13 @@ def _adversarial(size: int) -> dict[str, str]:
         "labels without a TLD": "ab1." * (size // 4),
         "distinct numbers": "".join(f"{i} " for i in range(100_000, 100_000 + size // 7))[:size],
         "distinct URLs": "".join(f"http://h{i}.example/{i} " for i in range(size // 24))[:size],
+        "an IBAN repeated": "DE89 3704 0044 0532 0130 00 " * (size // 28),
+        "an IBAN repeated, every 50th changed": "".join(
+            f"DE89 3704 0044 0532 0130 {i % 97 if i % 50 == 0 else 0:02d} " for i in range(size // 28)
+        ),
+        "distinct IBANs": "".join(
+            f"DE{i % 97:02d} 3704 0044 0532 {i % 10000:04d} {i % 100:02d} " for i in range(size // 28)
+        ),
     }
 
 
@@ -458,8 +557,8 @@ async def test_a_flood_of_tokens_is_bounded_and_still_never_passes_as_the_users(
 async def test_large_content_is_indexed_off_the_event_loop() -> None:
     """While a MiB of text is indexed, the event loop keeps running other work; the keys are those
     of the synchronous call."""
-    text = ("Contact sales@vendor.example, https://vendor.example/p/1, 100.99 EUR, "
-            "DE89 3704 0044 0532 0130 00. ") * (MIB // 96)  # fmt: skip
+    text = "".join(f"Contact sales@vendor.example, https://vendor.example/p/{i}, {100 + i}.99 EUR, "
+                   "DE89 3704 0044 0532 0130 00. " for i in range(MIB // 96))  # fmt: skip
     ticks = 0
 
     async def tick() -> None:
