@@ -314,3 +314,23 @@ def sign_tombstone(key: SigningKey, **fields: Any) -> Tombstone:
         raise ValueError("sign_tombstone sets key_id and signature from the key; do not pass them")
     unsigned = Tombstone.model_validate({"time": _now(), **fields, "key_id": key.key_id, "signature": ""})
     return unsigned._signed_by(key)
+
+
+class Manifest(BaseModel):
+    """What sealing a segment recorded about it. Its checkpoint is signed; the rest is checked
+    against the segment's bytes and that checkpoint by `router.audit.verify`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    first_seq: int
+    last_seq: int
+    bytes: int
+    sha256: str
+    first_prev_hash: str
+    last_hash: str
+    tree: dict[str, Any]
+    """`CompactRange.to_json()` at size ``last_seq``: where the next segment's tree resumes."""
+    checkpoint: Checkpoint
+    """Signed at size ``last_seq`` when the segment was sealed."""
+    first_time: str
+    last_time: str

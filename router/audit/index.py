@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 from router.audit.chain import head_of, line_hash
-from router.audit.layout import LogLayout, Manifest, Part, complete_lines, write_json_atomically
+from router.audit.layout import LogLayout, Part, complete_lines, write_json_atomically
 from router.errors import AuditError
 from router.text import escape_invalid_text
 
@@ -115,6 +115,7 @@ _QUERY_MEMORY = "128MB"
 _EPOCH_DAY = "1970-01-01"
 _STALE_S = 300.0  # seconds a replaced snapshot file is kept for readers that listed it
 _MARKER = re.compile(r"(\d{12})-(\d{12})\.json")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 # One JSON parse per line: every path at once. Scalars come back as text; the lists as JSON.
 _SCALARS = (
@@ -1253,11 +1254,15 @@ def _columns() -> str:
 
 
 def _manifest_sha256(path: Path) -> str | None:
-    """The sha256 a sealed segment's manifest (at ``path``) records, None if it is unreadable."""
+    """The sha256 a sealed segment's manifest (at ``path``) records, None if it is unreadable.
+    Only that field is read, as plain JSON: a query matches it to an index marker and trusts
+    neither (`router.audit.verify` checks manifests), and a fresh query process does not load the
+    manifest model's libraries for it."""
     try:
-        return Manifest.model_validate_json(path.read_bytes()).sha256
-    except (OSError, ValueError):
+        recorded = json.loads(path.read_bytes()).get("sha256")
+    except (OSError, ValueError, AttributeError):  # unreadable, not JSON, or not an object
         return None
+    return recorded if isinstance(recorded, str) and _SHA256.fullmatch(recorded) else None
 
 
 def _manifest_of(part: Part) -> Path:

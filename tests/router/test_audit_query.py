@@ -524,6 +524,41 @@ def test_the_writer_starts_the_indexer_in_its_own_low_priority_process(tmp_path:
         assert query.unindexed == []
 
 
+@pytest.mark.parametrize("manifest", ["not json", '["a list"]', '{"sha256": "not a digest"}', '{"bytes": 1}'])
+def test_a_manifest_a_query_cannot_read_leaves_its_segment_read_line_by_line(
+    tmp_path: Path, audit_log: Log, manifest: str
+) -> None:
+    """The query reads only a manifest's recorded sha256 (as plain JSON) to match the segment to
+    its index; a manifest without a readable one matches nothing, so the segment's own lines answer."""
+    root = tmp_path / "copy"
+    shutil.copytree(audit_log.path.parent, root)
+    path = root / "audit.jsonl"
+    victim = next(p for p in LogLayout(path).parts() if p.kind == "sealed")
+    victim.path.with_name(victim.path.name[:26] + "manifest.json").write_text(manifest)
+    with AuditQuery(path) as query:
+        assert victim.path.name.removesuffix(".jsonl") in query.unindexed
+        assert [s for (s,) in query.events(EventFilter(), columns=("seq",))] == expected(path, EventFilter())
+
+
+def test_a_fresh_query_process_loads_neither_the_models_nor_the_signature_library(audit_log: Log) -> None:
+    """A query lists the parts and matches manifests to index markers by their recorded sha256:
+    it answers without pydantic or cryptography (and structlog), which cost a fresh
+    `stockade audit query` process more than the query itself."""
+    script = (
+        "import sys; from pathlib import Path; from router.audit.index import AuditQuery\n"
+        "with AuditQuery(Path(sys.argv[1])) as query:\n"
+        "    names, rows = query.sql('SELECT count(*) FROM events')\n"
+        "    print(list(rows)[0][0])\n"
+        "print(sorted(m for m in ('pydantic', 'cryptography', 'structlog') if m in sys.modules))\n"
+    )
+    said = subprocess.run(
+        [sys.executable, "-c", script, str(audit_log.path)], capture_output=True, text=True, check=True
+    )
+    count, loaded = said.stdout.splitlines()
+    assert int(count) > 0
+    assert loaded == "[]"
+
+
 # -- the command line ------------------------------------------------------------------------
 
 

@@ -31,9 +31,9 @@ from hypothesis import strategies as st
 from router.audit import AuditEvent, line_hash, timestamp
 from router.audit.base import VerifyReport
 from router.audit.chain import GENESIS_HASH, Unsealed, head_of
-from router.audit.checkpoint import Checkpoint, SigningKey, Tombstone, sign_checkpoint, sign_tombstone
+from router.audit.checkpoint import Checkpoint, Manifest, SigningKey, Tombstone, sign_checkpoint, sign_tombstone
 from router.audit.jsonl import JsonlAuditLog, LogOptions
-from router.audit.layout import LogLayout, Manifest
+from router.audit.layout import LogLayout
 from router.audit.merkle import CompactRange
 from router.audit.redis import CHECKPOINTS, HEAD, STREAM, RedisAuditLog
 from router.audit.verify import verify_log
