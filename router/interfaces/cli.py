@@ -169,6 +169,7 @@ def mcp(
 
     from router.control import ControlPlane  # noqa: PLC0415
     from router.interfaces.mcp import build_server, is_loopback, require_bearer, token_names  # noqa: PLC0415
+    from router.interfaces.mcp_stdio import stdio_wire  # noqa: PLC0415
 
     settings = _settings(ctx)
     specs = tool_specs(tools) if tools else []
@@ -203,7 +204,7 @@ def mcp(
                                             access_log=False)  # fmt: skip
                     await uvicorn.Server(config).serve()
                     return
-                async with mcp.server.stdio.stdio_server() as (read, write):
+                async with stdio_wire() as wire, mcp.server.stdio.stdio_server(*(wire or ())) as (read, write):
                     await server.run(read, write, server.create_initialization_options())
 
     try:

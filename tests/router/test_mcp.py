@@ -95,6 +95,67 @@ async def test_an_mcp_client_over_stdio(tmp_path: Path) -> None:
     assert {e["agent"] for e in audit if e["kind"] == "decision"} == {"claude"}
 
 
+# A server of the stdio wire that misbehaves while it serves: a stray print, a raw write to fd 1,
+# and a child that writes to its stdout and reads its stdin. Then it echoes one message back.
+_WIRE_SCRIPT = """
+import asyncio, os, subprocess
+from router.interfaces.mcp_stdio import stdio_wire
+
+async def main():
+    async with stdio_wire() as wire:
+        if wire is None:
+            os.write(2, b"no wire\\n")
+        else:
+            lines, out = wire
+            print("stray print", flush=True)
+            os.write(1, b"stray write\\n")
+            subprocess.run(["sh", "-c", "echo child says; cat"], check=True, timeout=10)
+            async for line in lines:
+                await out.write("echo " + line)
+                await out.flush()
+                break
+    print("after", flush=True)  # fd 1 is the client's wire again
+
+asyncio.run(main())
+"""
+
+
+def test_the_stdio_wire_carries_only_the_protocol_while_it_serves() -> None:
+    """Served on the event loop (no thread per line), the wire is still the server's own: what
+    the process or its children print goes to stderr, a child reads no message, and fd 1 is the
+    client's again after."""
+    done = subprocess.run(
+        [sys.executable, "-c", _WIRE_SCRIPT], input=b"hello\n", capture_output=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert done.stdout == b"echo hello\nafter\n"
+    assert {b"stray print", b"stray write", b"child says"} <= set(done.stderr.splitlines())
+
+
+def test_a_stdin_asyncio_cannot_serve_falls_back_to_the_sdks_threads(tmp_path: Path) -> None:
+    """A regular file on stdin (``stockade mcp < requests``) is no pipe: the SDK serves it."""
+    requests = tmp_path / "requests"
+    requests.write_bytes(b"hello\n")
+    with requests.open("rb") as stdin:
+        done = subprocess.run(
+            [sys.executable, "-c", _WIRE_SCRIPT], stdin=stdin, capture_output=True, timeout=60, check=False
+        )
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"after\n", b"no wire\n")
+
+
+def test_a_message_over_the_line_limit_ends_the_stream() -> None:
+    """A line longer than the reader's limit cannot be framed: the stream ends there (logged)."""
+    from router.interfaces import mcp_stdio  # noqa: PLC0415
+
+    async def read(data: bytes) -> list[str]:
+        reader = asyncio.StreamReader(limit=16)
+        reader.feed_data(data)
+        reader.feed_eof()
+        return [line async for line in mcp_stdio._Lines(reader)]
+
+    assert asyncio.run(read(b"short\n" + b"x" * 64 + b"\nnever\n")) == ["short\n"]
+
+
 @contextlib.contextmanager
 def mcp_http(tmp_path: Path, extra_env: dict[str, str] | None = None) -> Iterator[str]:
     args = ["mcp", "--agent", "claude", "--principal", "alice@example.com", "--tools", str(write_tools(tmp_path)),
