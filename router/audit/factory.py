@@ -32,13 +32,14 @@ def log_options(settings: Settings, *, index: bool = True) -> LogOptions:
         checkpoint_every=audit.checkpoint_every, publish_dir=audit.publish_dir,
         segment_max_bytes=audit.segment_max_bytes, rotate_daily=audit.rotate_daily,
         retention_days=audit.retention_days, masks=tuple((rule.path, rule.hash) for rule in audit.mask),
-        on_sealed=_index_in_background if index else None,
+        on_sealed=_index_in_background if index else None, on_grown=_index_in_background if index else None,
     )  # fmt: skip
 
 
 def _index_in_background(path: Path) -> None:
-    """After a seal: the indexer, in its own low-priority process (never this one)."""
-    from router.audit.index import spawn_indexer  # noqa: PLC0415  (only when a segment is sealed)
+    """After a seal, or as the active segment grows: the indexer (which indexes sealed segments
+    and snapshots the active one), in its own low-priority process, never this one."""
+    from router.audit.index import spawn_indexer  # noqa: PLC0415  (only when a segment is sealed or grew)
 
     spawn_indexer(path)
 

@@ -63,6 +63,9 @@ def _fallocate(fd: int, mode: int, offset: int, length: int) -> int:
     return int(_libc.fallocate(fd, mode, offset, length))
 
 
+GROWN_MIN_BYTES = 1 << 20  # the least growth of the active segment that calls `LogOptions.on_grown`
+
+
 @dataclass(frozen=True, slots=True)
 class LogOptions:
     """How a JSONL log seals, signs and keeps its segments (from `AuditSettings`)."""
@@ -77,6 +80,10 @@ class LogOptions:
     retention_days: int | None = None
     masks: tuple[tuple[str, bool], ...] = ()  # see router.audit.masking
     on_sealed: Callable[[Path], None] | None = field(default=None, compare=False)
+    # Called (after the append) each time the active segment has grown by a quarter since the
+    # last call, and by at least GROWN_MIN_BYTES: the factory then has the indexer snapshot it, so
+    # a fresh query reads few of its lines one by one, with no `audit index --follow` running.
+    on_grown: Callable[[Path], None] | None = field(default=None, compare=False)
 
 
 @dataclass(slots=True)
@@ -120,6 +127,7 @@ class JsonlAuditLog:
         self._waiting = 0  # appends written and waiting for their sync
         self._sync_task: asyncio.Task[None] | None = None
         self.failed: str | None = None  # why the last append failed; None after a good one
+        self._grown_at = 0  # the active segment's size at the last on_grown call
 
     # -- state ------------------------------------------------------------------------------
 
@@ -334,8 +342,26 @@ class JsonlAuditLog:
             self.failed = f"cannot append to audit log {self.path}: {exc.strerror or exc}"
             raise AuditError(self.failed) from exc
         self.failed = None
+        if self.options.on_grown is not None:
+            self._note_growth(self.options.on_grown)
         # The event was validated when it was built; only the chain fields are new.
         return event.model_copy(update=chain)
+
+    def _note_growth(self, on_grown: Callable[[Path], None]) -> None:
+        """Call ``on_grown`` when the active segment has grown enough since the last call (see
+        `LogOptions.on_grown`): geometrically, so re-snapshotting it stays linear in its size."""
+        active = self._active
+        if active is None:
+            return
+        if active.size < self._grown_at:  # sealed since: a new active segment
+            self._grown_at = 0
+        if active.size - self._grown_at < max(GROWN_MIN_BYTES, self._grown_at // 4):
+            return
+        self._grown_at = active.size
+        try:
+            on_grown(self.path)
+        except Exception:  # indexing is best effort; the log itself is complete
+            log.exception("audit_on_grown_failed", path=str(self.path))
 
     def _write_locked(self, unsealed: Unsealed, stamp: str) -> dict[str, Any]:
         """Chain and write one event under the lock; its chain fields. Raises `OSError`, with the

@@ -5,6 +5,7 @@ and a real `stockade serve`; every answer checked against a plain scan of the lo
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import random
@@ -26,7 +27,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from router.audit import AuditEvent, JsonlAuditLog, line_hash
+from router.audit import jsonl as audit_jsonl
 from router.audit.checkpoint import SigningKey
+from router.audit.factory import log_options
 from router.audit.index import (
     COLUMNS,
     AuditQuery,
@@ -39,6 +42,7 @@ from router.audit.index import (
 from router.audit.jsonl import LogOptions
 from router.audit.layout import LogLayout, lines
 from router.audit.redis import RedisAuditLog
+from router.settings import AuditSettings, Settings
 from tests.conftest import stockade_server
 from tests.router.test_api import auth, principals
 
@@ -522,6 +526,69 @@ def test_the_writer_starts_the_indexer_in_its_own_low_priority_process(tmp_path:
         time.sleep(0.1)
     with AuditQuery(path) as query:
         assert query.unindexed == []
+
+
+def test_the_writer_asks_for_a_snapshot_each_time_the_active_segment_grows_by_a_quarter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`LogOptions.on_grown` is called at geometric steps of the active segment's size (so the
+    snapshots it leads to stay linear work), and from the start again in each new segment."""
+    monkeypatch.setattr(audit_jsonl, "GROWN_MIN_BYTES", 4096)
+    path = tmp_path / "audit.jsonl"
+    sizes: list[int] = []
+
+    def grown(at: Path) -> None:
+        assert at == path
+        sizes.append(path.stat().st_size)
+
+    async def write() -> None:
+        key = SigningKey.load_or_create(tmp_path / "keys" / "audit.key")
+        chosen = LogOptions(signer=key, segment_max_bytes=200_000, rotate_daily=False, on_grown=grown)
+        log = JsonlAuditLog(path, durability="relaxed", options=chosen)
+        calls = Calls(seed=5)
+        while len([p for p in LogLayout(path).parts() if p.kind == "sealed"]) < 1 or path.stat().st_size < 50_000:
+            for event in calls.session(3):
+                await log.append(event)
+        await log.aclose()
+
+    asyncio.run(write())
+    restart = next(i for i in range(1, len(sizes)) if sizes[i] < sizes[i - 1])  # the first call in the new segment
+    first, second = sizes[:restart], sizes[restart:]
+    assert first[0] >= 4096
+    assert second[0] >= 4096
+    for run in (first, second):
+        assert all(b - a >= max(4096, a // 4) for a, b in itertools.pairwise(run))
+    assert len(first) <= 2 + 200_000 // 4096  # geometric: far fewer than one call per append
+
+
+def test_the_active_segment_is_snapshotted_without_an_operator(tmp_path: Path) -> None:
+    """With the settings' log (the router's), a MiB appended to the active segment has the indexer
+    snapshot it in the background: a fresh query reads those events from the index, not line by
+    line, though no `stockade audit index --follow` runs."""
+    path = tmp_path / "audit.jsonl"
+    # One segment: the generated calls span days, and each new day would seal the active segment.
+    audit = AuditSettings(path=path, signing_key=tmp_path / "keys" / "audit.key", rotate_daily=False)
+    chosen = log_options(Settings(audit=audit))
+
+    async def write() -> None:
+        log = JsonlAuditLog(path, durability="relaxed", options=chosen)
+        calls = Calls(seed=6)
+        while not path.exists() or path.stat().st_size < 5 * audit_jsonl.GROWN_MIN_BYTES // 4:
+            for event in calls.session(3):
+                await log.append(event)
+        await log.aclose()
+
+    asyncio.run(write())
+    marker = index_dir_of(path) / "active.json"
+    deadline = time.monotonic() + 60
+    while not marker.exists():
+        log_file = index_dir_of(path) / "indexer.log"
+        assert time.monotonic() < deadline, log_file.read_text()[-2000:] if log_file.exists() else "no indexer ran"
+        time.sleep(0.1)
+    snapshot = json.loads(marker.read_text())
+    assert snapshot["last_seq"] >= 1000
+    with AuditQuery(path) as query:
+        assert [s for (s,) in query.events(EventFilter(), columns=("seq",))] == expected(path, EventFilter())
 
 
 @pytest.mark.parametrize("manifest", ["not json", '["a list"]', '{"sha256": "not a digest"}', '{"bytes": 1}'])
