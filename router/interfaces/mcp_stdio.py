@@ -5,7 +5,7 @@ every write and every flush is a hop to a worker thread and back, several per to
 cost more than the rest of the transport together (bench/transports.py). When both ends are pipes
 or sockets, as when an MCP client starts ``stockade mcp``, `stdio_wire` serves them with asyncio's
 own pipe transports instead and hands the SDK the same line interface; anything else (a regular
-file, say) gets the SDK's threads as before.
+file, a terminal) gets the SDK's threads as before.
 
 Like the SDK's, it keeps the wire to itself while serving: fd 0 reads the null device and fd 1
 writes to stderr, so a child or a stray ``print`` can neither read the client's messages nor
@@ -63,9 +63,10 @@ class _Out:
 
 
 def _servable(fd: int) -> bool:
-    """Whether asyncio's pipe transports can serve ``fd`` (a pipe, socket or character device)."""
+    """Whether ``fd`` is a pipe or a socket, which asyncio's pipe transports serve. (Not a
+    terminal: they make its file non-blocking, and a terminal's is the shell's too.)"""
     mode = os.fstat(fd).st_mode
-    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode)
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
 
 
 @contextlib.asynccontextmanager
@@ -99,6 +100,9 @@ async def stdio_wire() -> AsyncIterator[tuple[Any, Any] | None]:
     finally:
         for transport in transports:
             transport.close()
+        # The transports made the wire's files non-blocking: hand them back as they came.
+        os.set_blocking(restore_in, True)
+        os.set_blocking(restore_out, True)
         os.dup2(restore_in, 0)
         os.dup2(restore_out, 1)
         os.close(restore_in)

@@ -114,7 +114,7 @@ async def main():
                 await out.write("echo " + line)
                 await out.flush()
                 break
-    print("after", flush=True)  # fd 1 is the client's wire again
+    print("after", os.get_blocking(0), os.get_blocking(1), flush=True)  # the client's wire again, as it came
 
 asyncio.run(main())
 """
@@ -123,12 +123,12 @@ asyncio.run(main())
 def test_the_stdio_wire_carries_only_the_protocol_while_it_serves() -> None:
     """Served on the event loop (no thread per line), the wire is still the server's own: what
     the process or its children print goes to stderr, a child reads no message, and fd 1 is the
-    client's again after."""
+    client's again after, blocking as it came."""
     done = subprocess.run(
         [sys.executable, "-c", _WIRE_SCRIPT], input=b"hello\n", capture_output=True, timeout=60, check=False
     )
     assert done.returncode == 0, done.stderr.decode()[-2000:]
-    assert done.stdout == b"echo hello\nafter\n"
+    assert done.stdout == b"echo hello\nafter True True\n"
     assert {b"stray print", b"stray write", b"child says"} <= set(done.stderr.splitlines())
 
 
@@ -140,7 +140,7 @@ def test_a_stdin_asyncio_cannot_serve_falls_back_to_the_sdks_threads(tmp_path: P
         done = subprocess.run(
             [sys.executable, "-c", _WIRE_SCRIPT], stdin=stdin, capture_output=True, timeout=60, check=False
         )
-    assert (done.returncode, done.stdout, done.stderr) == (0, b"after\n", b"no wire\n")
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"after True True\n", b"no wire\n")
 
 
 def test_a_message_over_the_line_limit_ends_the_stream() -> None:
