@@ -280,8 +280,11 @@ class _Distinct:
                         end, resume = cut.end(), cut.end() - 1
             piece = text[pos:end]
             pieces = piece.split() if self._sep is None else piece.split(self._sep)
-            fresh = [piece for piece in dict.fromkeys(pieces) if piece not in self._seen]
-            self._seen.update(fresh)
+            fresh = list(dict.fromkeys(pieces))
+            if self._seen:  # the first span (often the whole text) has nothing to compare with
+                fresh = [piece for piece in fresh if piece not in self._seen]
+            if resume < len(text):  # only a later span needs to know what this one held
+                self._seen.update(fresh)
             self.spans.append(fresh)
             self._pos = resume
         return self.spans[index]
@@ -304,12 +307,12 @@ def _email_scan(words: _Distinct, budget: _Budget | None) -> list[str]:
     that may start an address costs a token): distinct, first occurrence first."""
     found: dict[str, None] = {}
     index = 0
-    while not words.ended(index):
+    while True:
         if budget is not None and budget.tokens <= 0:
-            budget.cut = True
+            budget.cut = budget.cut or not words.ended(index)  # a span is left unread
             break
         joined = words.joined(index)
-        if joined is None:  # pragma: no cover - ended() said there is a span
+        if joined is None:
             break
         found.update(dict.fromkeys(_emails(joined, budget)))
         index += 1
