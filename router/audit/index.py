@@ -39,6 +39,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from pathlib import Path
@@ -112,6 +113,11 @@ _MAX_LINE = 64 << 20  # longer lines are not readable events here: a segment hol
 _ROW_GROUP = 8192  # rows: groups small enough that min/max and bloom filters skip most of a file
 _INDEX_MEMORY = "256MB"
 _QUERY_MEMORY = "128MB"
+# Queries run behind the router for CPU, as the indexer does: on a small host, a query at the
+# router's priority took a third of its appends (bench/audit.py). On Linux a nice value belongs to
+# a thread, and threads inherit it from the one that starts them.
+_NICE = 10
+_QUERY_THREADS = 2  # statements of one engine at once (the HTTP API runs two queries at a time)
 _EPOCH_DAY = "1970-01-01"
 _STALE_S = 300.0  # seconds a replaced snapshot file is kept for readers that listed it
 _MARKER = re.compile(r"(\d{12})-(\d{12})\.json")
@@ -426,6 +432,12 @@ class IndexReport:
             "unchanged": self.unchanged, "events": self.events, "active_events": self.active_events,
             "seconds": round(self.seconds, 3),
         }  # fmt: skip
+
+
+def _lower_priority() -> None:
+    """Make the calling thread (and those it starts) run behind the router for CPU, `_NICE`."""
+    with contextlib.suppress(OSError):  # raising one's own nice value is always allowed; not fatal anyway
+        os.nice(_NICE)
 
 
 def _connect(*, memory_limit: str, threads: int, temp: Path | None) -> duckdb.DuckDBPyConnection:
@@ -1000,24 +1012,38 @@ class AuditQuery:
         self._spill = Path(tempfile.mkdtemp(prefix="stockade-audit-"))
         # Removed at close, or when the engine is collected or the process exits without closing it.
         self._cleanup = weakref.finalize(self, shutil.rmtree, self._spill, True)
-        self._db = _connect(memory_limit=memory_limit, threads=threads, temp=self._spill)
-        self._db.execute(f"CREATE TABLE fed AS SELECT '' AS part, * FROM ({_EMPTY})")  # noqa: S608  (constant SQL)
+        # Every statement runs on these threads, niced: DuckDB's own threads, started by the one
+        # that connects, inherit it. So a query yields the CPU to the router wherever it runs (a
+        # CLI beside the router, the HTTP API inside it), and the caller's priority is untouched.
+        self._worker = ThreadPoolExecutor(
+            max_workers=_QUERY_THREADS, thread_name_prefix="stockade-audit-query", initializer=_lower_priority
+        )
         self._lock = threading.Lock()
         self._view_sql = ""
         self._fed: dict[str, _Fed] = {}
         self._files: list[_File] = []
         self._seen: dict[Path, tuple[tuple[int, int, int], Any]] = {}
         readable = [str(self.layout.segments_dir) + "/", str(self.index_dir) + "/", str(self._spill) + "/"]
+        self._db = self._run(_connect, memory_limit=memory_limit, threads=threads, temp=self._spill)
+        self._run(self._configure, readable, [str(self.layout.active), *map(str, writable)])
+        self.refresh()
+
+    def _configure(self, readable: list[str], writable: list[str]) -> None:
+        self._db.execute(f"CREATE TABLE fed AS SELECT '' AS part, * FROM ({_EMPTY})")  # noqa: S608  (constant SQL)
         self._db.execute("SET allowed_directories = ?", [readable])
-        self._db.execute("SET allowed_paths = ?", [[str(self.layout.active), *map(str, writable)]])
+        self._db.execute("SET allowed_paths = ?", [writable])
         self._db.execute("SET enable_external_access = false")
         # Footers read once per file, not per query (an index file is never rewritten under its name).
         self._db.execute("SET parquet_metadata_cache = true")
         self._db.execute("SET lock_configuration = true")
-        self.refresh()
+
+    def _run(self, work: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        """``work(*args, **kwargs)`` on a query thread; its result or its exception."""
+        return self._worker.submit(work, *args, **kwargs).result()
 
     def close(self) -> None:
-        self._db.close()
+        self._run(self._db.close)
+        self._worker.shutdown()
         self._cleanup()
 
     def __enter__(self) -> AuditQuery:
@@ -1030,6 +1056,9 @@ class AuditQuery:
 
     def refresh(self) -> None:
         """Point ``events`` at what the log and its index hold now."""
+        self._run(self._refresh)
+
+    def _refresh(self) -> None:
         with self._lock:
             view = self._view()
             if view != self._view_sql:
@@ -1158,12 +1187,12 @@ class AuditQuery:
         if limit is not None:
             select_seqs += f" LIMIT {int(limit)}"
         try:
-            for batch in _batches(seqs, select_seqs, params, _SPAN):
+            for batch in _batches(self._run, seqs, select_seqs, params, _SPAN):
                 first, last = batch[0][0], batch[-1][0]
                 # Only the files whose seqs overlap this batch: a row group or two of one file, mostly.
                 narrowed = _source(self._files, first, last, days)
                 select_rows = f"SELECT {', '.join(columns)} FROM ({narrowed}) WHERE seq BETWEEN ? AND ? AND {condition} ORDER BY seq"  # noqa: S608, E501  (known columns, bound values)
-                yield from _stream(rows, select_rows, [first, last, *params])
+                yield from _stream(self._run, rows, select_rows, [first, last, *params])
         finally:
             seqs.close()
             rows.close()
@@ -1177,7 +1206,7 @@ class AuditQuery:
         options = f"FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE {_ROW_GROUP}"
         cursor = self.cursor()
         try:
-            cursor.execute(f"COPY ({select}) TO {_literal(str(target))} ({options})", params)
+            self._run(cursor.execute, f"COPY ({select}) TO {_literal(str(target))} ({options})", params)
         except Exception as exc:  # DuckDB's errors, whatever their class
             raise AuditError(f"cannot write {target}: {_message(exc)}") from exc
         finally:
@@ -1197,7 +1226,7 @@ class AuditQuery:
             if len(statements) != 1 or statements[0].type != duckdb.StatementType.SELECT:
                 found = ", ".join(s.type.name for s in statements) or "nothing"
                 raise AuditError(f"audit sql runs {_READ_ONLY}; this is {found}")
-            cursor.execute(statement, list(params))
+            self._run(cursor.execute, statement, list(params))
         except duckdb.Error as exc:
             cursor.close()
             raise AuditError(_message(exc)) from exc
@@ -1205,7 +1234,7 @@ class AuditQuery:
             cursor.close()
             raise
         names = [d[0] for d in cursor.description or []]
-        return names, _drain(cursor)
+        return names, _drain(self._run, cursor)
 
 
 def _message(exc: Exception) -> str:
@@ -1213,35 +1242,38 @@ def _message(exc: Exception) -> str:
     return str(exc).split("\n\nPossible solutions", 1)[0].split("\n\nLINE", 1)[0]
 
 
+_Run = Callable[..., Any]  # `AuditQuery._run`: a DuckDB call made on a query thread
+
+
 def _batches(
-    cursor: duckdb.DuckDBPyConnection, sql: str, params: list[Any], size: int
+    run: _Run, cursor: duckdb.DuckDBPyConnection, sql: str, params: list[Any], size: int
 ) -> Iterator[list[tuple[Any, ...]]]:
     import duckdb  # noqa: PLC0415
 
     try:
-        cursor.execute(sql, params)
-        while batch := cursor.fetchmany(size):
+        run(cursor.execute, sql, params)
+        while batch := run(cursor.fetchmany, size):
             yield batch
     except duckdb.Error as exc:
         raise AuditError(_message(exc)) from exc
 
 
-def _stream(cursor: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> Iterator[tuple[Any, ...]]:
+def _stream(run: _Run, cursor: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> Iterator[tuple[Any, ...]]:
     import duckdb  # noqa: PLC0415
 
     try:
-        cursor.execute(sql, params)
-        while rows := cursor.fetchmany(_BATCH):
+        run(cursor.execute, sql, params)
+        while rows := run(cursor.fetchmany, _BATCH):
             yield from rows
     except duckdb.Error as exc:
         raise AuditError(_message(exc)) from exc
 
 
-def _drain(cursor: duckdb.DuckDBPyConnection) -> Iterator[tuple[Any, ...]]:
+def _drain(run: _Run, cursor: duckdb.DuckDBPyConnection) -> Iterator[tuple[Any, ...]]:
     import duckdb  # noqa: PLC0415
 
     try:
-        while rows := cursor.fetchmany(_BATCH):
+        while rows := run(cursor.fetchmany, _BATCH):
             yield from rows
     except duckdb.Error as exc:
         raise AuditError(_message(exc)) from exc
@@ -1282,7 +1314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     audit_path = Path(args[0])
     if background:
-        os.nice(10)  # behind the router for CPU; the lock keeps it to one
+        os.nice(_NICE)  # behind the router for CPU; the lock keeps it to one
         lock = _Lock(index_dir_of(audit_path))
         try:
             if not lock.take(wait=False):

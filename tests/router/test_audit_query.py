@@ -5,6 +5,7 @@ and a real `stockade serve`; every answer checked against a plain scan of the lo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -12,6 +13,7 @@ import random
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -526,6 +528,32 @@ def test_the_writer_starts_the_indexer_in_its_own_low_priority_process(tmp_path:
         time.sleep(0.1)
     with AuditQuery(path) as query:
         assert query.unindexed == []
+
+
+def _thread_nice() -> dict[int, int]:
+    """This process's threads and each one's nice value (on Linux, a thread's own)."""
+    found = {}
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
+            stat = Path(f"/proc/self/task/{tid}/stat").read_text()
+            found[int(tid)] = int(stat[stat.rindex(")") + 2 :].split()[16])
+    return found
+
+
+def test_queries_run_behind_the_router_for_cpu_and_leave_the_callers_priority(audit_log: Log) -> None:
+    """Every thread a query runs on, DuckDB's own included, is niced (a query at the router's
+    priority took a third of its appends on two cores); the calling thread is not."""
+    before = _thread_nice()
+    mine = threading.get_native_id()
+    with AuditQuery(audit_log.path) as query:
+        names, rows = query.sql("SELECT agent, count(*) FROM events GROUP BY agent ORDER BY agent")
+        assert names == ["agent", "count_star()"]
+        assert list(rows)
+        assert [row[0] for row in query.events(EventFilter(kind="decision"), limit=3, columns=("seq",))]
+        started = {tid: nice for tid, nice in _thread_nice().items() if tid not in before}
+    assert len(started) >= 2, started  # the engine's query threads and DuckDB's workers
+    assert set(started.values()) == {before[mine] + 10}, started
+    assert _thread_nice()[mine] == before[mine]
 
 
 def test_the_writer_asks_for_a_snapshot_each_time_the_active_segment_grows_by_a_quarter(
