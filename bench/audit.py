@@ -5,13 +5,15 @@ Generates ``--events`` realistic events (default 1,000,000: 30 days, 100 agents,
 through the real append path (`JsonlAuditLog.append`, signed checkpoints on, daily segments), then
 measures, each figure beside the path it replaces, in the same run:
 
-  - append throughput with checkpoints on against checkpoints off (both in fsync and relaxed);
+  - append throughput with checkpoints on against checkpoints off (both in fsync and relaxed),
+    in alternating rounds (`paired`);
   - full verification (hashing each line's bytes, the Merkle tree, every checkpoint) against
     today's re-serialising chain check, and an incremental verification of one day;
   - queries on the indexed Parquet (DuckDB) warm and from a fresh process against a full scan of
     the JSONL: one session, one decision's trail, a per-agent daily count, who approved the calls
     that used a credential; the query process's peak RSS;
-  - the router's append rate while queries run in another process, against without.
+  - the router's append rate while queries run in another process, against without (the
+    querying process paused), in alternating rounds.
 
 Full scans of the old path take tens of seconds per question on 1M events; they are measured on
 ``--baseline-events`` (default 100,000) and scaled linearly, which the output says.
@@ -29,14 +31,17 @@ import multiprocessing
 import os
 import random
 import shutil
+import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _stats import report, summarize
@@ -47,6 +52,8 @@ from router.audit.jsonl import JsonlAuditLog, LogOptions
 from router.audit.layout import LogLayout, lines
 from router.audit.verify import verify_log
 from router.logging import configure_logging
+
+_K = TypeVar("_K")
 
 DAYS = 30
 AGENTS = [f"agent-{i:03d}" for i in range(100)]
@@ -169,6 +176,23 @@ async def append_rate(
     return n / elapsed
 
 
+ROUNDS = 10
+
+
+def paired(rate: Callable[[_K], float], a: _K, b: _K) -> tuple[float, float, float]:
+    """``rate(a)`` and ``rate(b)`` in `ROUNDS` rounds of one each, in alternating order: their
+    medians and the median of the per-round change from a to b, in percent. A round pairs the two
+    under the same machine state; one run of each would measure the disk's and the scheduler's
+    swings (tens of percent here from one run to the next) more than the difference."""
+    ours: list[float] = []
+    theirs: list[float] = []
+    for i in range(ROUNDS):
+        for which in (a, b) if i % 2 == 0 else (b, a):
+            (ours if which is a else theirs).append(rate(which))
+    change = statistics.median(t / o - 1 for o, t in zip(ours, theirs, strict=True)) * 100
+    return statistics.median(ours), statistics.median(theirs), change
+
+
 def old_verify(path: Path, limit: int) -> float:
     """Today's check: parse every line, re-serialise it canonically without its hash, sha256 it."""
     started = time.perf_counter()
@@ -223,10 +247,13 @@ def main() -> None:
 
         sys.stderr.write("append throughput\n")
         for durability in ("fsync", "relaxed"):
-            off = asyncio.run(append_rate(work, None, args.rate_events, durability))  # type: ignore[arg-type]
-            on = asyncio.run(append_rate(work, key, args.rate_events, durability))  # type: ignore[arg-type]
-            notes[f"append/s {durability}: checkpoints off -> on"] = (
-                f"{off:,.0f} -> {on:,.0f} ({(on / off - 1) * 100:+.1f}%)"
+
+            def rate(signer: SigningKey | None, durability: Literal["fsync", "relaxed"] = durability) -> float:
+                return asyncio.run(append_rate(work, signer, args.rate_events // ROUNDS, durability))
+
+            off, on, change = paired(rate, None, key)
+            notes[f"append/s {durability}: checkpoints off -> on (median of {ROUNDS} paired rounds)"] = (
+                f"{off:,.0f} -> {on:,.0f} ({change:+.1f}%)"
             )
 
         sys.stderr.write("verification\n")
@@ -335,18 +362,24 @@ def queries(work: Path, path: Path, args: argparse.Namespace, rows: dict[str, di
                                                                           * scale])  # fmt: skip
 
     sys.stderr.write("appends while queries run\n")
-    quiet = asyncio.run(append_rate(work, None, args.rate_events, "fsync"))
     stop = work / "stop-queries"
     asker = subprocess.Popen([sys.executable, "-c", _ASKER, str(path), str(stop), wanted["agent"]])
+
+    def appends(asking: bool) -> float:
+        # The asker is paused (SIGSTOP) for the quiet rounds and resumed for the busy ones.
+        asker.send_signal(signal.SIGCONT if asking else signal.SIGSTOP)
+        time.sleep(0.2)
+        return asyncio.run(append_rate(work, None, args.rate_events // ROUNDS, "fsync"))
+
     try:
         time.sleep(1.0)
-        busy = asyncio.run(append_rate(work, None, args.rate_events, "fsync"))
+        quiet, busy, change = paired(appends, False, True)
     finally:
+        asker.send_signal(signal.SIGCONT)
         stop.touch()
         asker.wait(timeout=60)
-    notes["appends/s (fsync) without -> with queries running in another process"] = (
-        f"{quiet:,.0f} -> {busy:,.0f} ({(busy / quiet - 1) * 100:+.1f}%)"
-    )
+    label = f"appends/s (fsync) without -> with queries running in another process (median of {ROUNDS} paired rounds)"
+    notes[label] = f"{quiet:,.0f} -> {busy:,.0f} ({change:+.1f}%)"
 
 
 # Another process asking the aggregate over and over until told to stop (an auditor's dashboard).
