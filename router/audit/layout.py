@@ -148,8 +148,27 @@ def lines(path: Path, start: int = 0) -> Iterator[tuple[int, bytes]]:
 
 def complete_lines(handle: BinaryIO, start: int = 0) -> Iterator[tuple[int, bytes]]:
     """`lines` of an open file."""
+    offset = start
+    for block in _blocks(handle, start):
+        for line in block:
+            yield offset, line
+            offset += len(line) + 1
+
+
+def line_blocks(path: Path) -> Iterator[list[bytes]]:
+    """The complete lines of a segment as `lines` reads them, without offsets, a read's worth at a
+    time: for a reader that goes through every line (verification), at C speed."""
+    try:
+        handle = path.open("rb")
+    except FileNotFoundError:
+        return
+    with handle:
+        yield from _blocks(handle, 0)
+
+
+def _blocks(handle: BinaryIO, start: int) -> Iterator[list[bytes]]:
     handle.seek(start)
-    offset, rest = start, b""
+    rest = b""
     while chunk := handle.read(_READ_CHUNK):
         block = rest + chunk
         cut = block.rfind(b"\n")
@@ -157,9 +176,7 @@ def complete_lines(handle: BinaryIO, start: int = 0) -> Iterator[tuple[int, byte
             rest = block
             continue
         rest = block[cut + 1 :]
-        for line in block[:cut].split(b"\n"):
-            yield offset, line
-            offset += len(line) + 1
+        yield block[:cut].split(b"\n")
 
 
 def write_json_atomically(path: Path, value: Any, *, sync: bool = True, mode: int = 0o640) -> None:

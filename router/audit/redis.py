@@ -389,9 +389,8 @@ class RedisAuditLog:
         walk = Walk(found)
         number = 0
         async for chunk in self._chunks():
-            numbered = list(enumerate(chunk, start=number + 1))
+            await asyncio.to_thread(walk.feed, chunk, STREAM, number + 1)
             number += len(chunk)
-            await asyncio.to_thread(walk.feed, numbered, STREAM)
             if walk.report is not None:
                 break
         return walk.finish(found)

@@ -15,15 +15,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import multiprocessing
-from collections.abc import Iterable, Iterator, Sequence
+from binascii import hexlify
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 
 from router.audit.base import VerifyReport
 from router.audit.chain import GENESIS_HASH, head_of, line_hash
 from router.audit.checkpoint import Checkpoint, Tombstone, VerifyKey
-from router.audit.layout import LogLayout, Part, lines, read_checkpoint_source
+from router.audit.layout import LogLayout, Part, line_blocks, lines, read_checkpoint_source
 from router.audit.merkle import CompactRange, inclusion_proof, root_of
 from router.errors import AuditError
 
@@ -78,6 +80,9 @@ def gather_checkpoints(
     return found
 
 
+_HEAD_ENDS = (b",", b"}")  # what follows a line's head (`router.audit.chain`'s _HEAD)
+
+
 class Walk:
     """The chain and the tree, rebuilt one line at a time, and the first thing that is wrong."""
 
@@ -113,34 +118,38 @@ class Walk:
         if self.roots.get(tombstone.last_seq, tombstone.checkpoint.root) != tombstone.checkpoint.root:
             self.fail(tombstone.last_seq, "a retired segment's tombstone disagrees with the signed checkpoints")
 
-    def feed(self, numbered: Iterable[tuple[int, bytes]], where: str) -> None:
-        """Check lines (line number, bytes) of one part; stops at the first problem."""
-        roots, tree = self.roots, self.tree
-        expected, prev = self.expected, self.prev
+    def feed(self, lines: Iterable[bytes], where: str, first: int = 1) -> None:
+        """Check lines of one part (``first``: the first one's line number in it); stops at the
+        first problem. The inner loop is the whole cost of a verification past the hashing: a
+        line's head is compared with the one expected as bytes (`head_of` parses only a line
+        that differs), and hashes stay bytes until the walk stops."""
+        roots, append = self.roots, self.tree.append
+        expected, prev = self.expected, self.prev.encode()
         try:
-            for number, line in numbered:
-                head = head_of(line)
-                if head is None or head[0] != expected or head[1] != prev:
-                    self.expected, self.prev = expected, prev
+            for number, line in enumerate(lines, start=first):
+                head = b'{"seq":%d,"prev_hash":"%s"' % (expected, prev)
+                if not (line.startswith(head) and line.startswith(_HEAD_ENDS, len(head))):
+                    self.expected, self.prev = expected, prev.decode()
                     self._broken(line, number, where)
                     return
                 if self.mismatch is not None:  # the line after a root that did not match links to it
-                    self.expected, self.prev = expected, prev
+                    self.expected, self.prev = expected, prev.decode()
                     self._rewritten()
                     return
                 leaf = line_hash(line)
-                tree.append(leaf)
-                prev, expected = leaf.hex(), expected + 1
-                if tree.size in roots:
-                    if tree.root().hex() != roots[tree.size]:
+                append(leaf)
+                prev, expected = hexlify(leaf), expected + 1
+                if expected - 1 in roots:
+                    size = expected - 1
+                    if self.tree.root().hex() != roots[size]:
                         # Which event? If the next line does not link to this one, this one was edited
                         # in place; if it does, everything was re-chained and only the stretch is known.
-                        self.mismatch = (tree.size, number, where)
+                        self.mismatch = (size, number, where)
                         continue
-                    self.matched = tree.size
+                    self.matched = size
         finally:
             if self.report is None:
-                self.expected, self.prev = expected, prev
+                self.expected, self.prev = expected, prev.decode()
 
     def _rewritten(self) -> None:
         assert self.mismatch is not None  # noqa: S101  (the callers check)
@@ -271,7 +280,7 @@ def _verify_parts(
                 walk.fail(part.first_seq, f"{part.path.name} is unreadable: {exc}")
             continue
         first = walk.expected
-        walk.feed(_numbered(lines(part.path)), part.path.name)
+        walk.feed(chain.from_iterable(line_blocks(part.path)), part.path.name)
         if part.kind == "sealed" and walk.report is None and walk.mismatch is None:
             _check_sealed(part, first, walk, checkpoints, keys)
     if not last and walk.mismatch is not None and walk.report is None:
@@ -328,23 +337,6 @@ def _check_sealed(part: Part, first: int, walk: Walk, checkpoints: _Checkpoints,
     else:
         checkpoints.roots.setdefault(part.last_seq, manifest.checkpoint.root)
         walk.matched = max(walk.matched, part.last_seq)
-
-
-def _numbered(source: Iterator[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
-    for number, (_, line) in enumerate(source, start=1):
-        yield number, line
-
-
-def verify_lines(
-    numbered: Iterable[tuple[int, bytes]], checkpoints: Iterable[Checkpoint | None], keys: Sequence[VerifyKey],
-    where: str, *, trusted: Sequence[Checkpoint] = (),
-) -> VerifyReport:  # fmt: skip
-    """Check one stream of lines (the Redis backend's) against its checkpoints and ``trusted``."""
-    found = gather_checkpoints([(where + " checkpoints", checkpoints), ("the auditor's checkpoint", trusted)], keys,
-                               chained=where + " checkpoints")  # fmt: skip
-    walk = Walk(found)
-    walk.feed(numbered, where)
-    return walk.finish(found)
 
 
 def inclusion_proofs(layout: LogLayout, seqs: Sequence[int]) -> tuple[Checkpoint, dict[int, list[str]]]:

@@ -274,6 +274,27 @@ def test_any_byte_of_an_event_changed_is_detected_at_that_event(
     tally.assert_none_got_through()
 
 
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_byte_of_an_events_head_changed_is_detected_there(
+    baseline: Baseline, fresh: Callable[[], Copy], data: st.DataObject
+) -> None:
+    """The head (seq, prev_hash and the character after them) is compared as bytes: any change to
+    it is named at that event, or at the one before when its link no longer holds."""
+    seq = data.draw(st.integers(1, N), label="seq")
+    copy = fresh()
+    line = copy.line(seq)
+    head_length = len(b'{"seq":%d,"prev_hash":"' % seq) + 64 + 2
+    at = data.draw(st.integers(0, head_length - 1), label="offset")
+    byte = data.draw(st.integers(0, 255).filter(lambda b: b not in (line[at], 10)), label="byte")
+    copy.replace(seq, line[:at] + bytes([byte]) + line[at + 1 :])
+    copy.save()
+    tally = Tally()
+    low = max(seq - 1, 1) if seq < N else min(seq - 1, baseline.before(N) + 1)
+    tally.check(f"head byte {at} of seq {seq} set to {byte}", copy.verify(), low, seq)
+    tally.assert_none_got_through()
+
+
 def test_an_events_prev_hash_rewritten_is_detected_at_every_position(
     baseline: Baseline, fresh: Callable[[], Copy]
 ) -> None:
