@@ -8,9 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from router.errors import FieldProblem, InvalidCall
-from runner.files import shown
 
-__all__ = ["check_text", "encodable", "escape_invalid_text", "first_invalid_text", "shown"]
+__all__ = ["check_text", "encodable", "escape_invalid_text", "first_invalid_text"]
 
 
 def check_text(value: Any, field: str) -> None:

@@ -637,14 +637,14 @@ def test_a_manifest_a_query_cannot_read_leaves_its_segment_read_line_by_line(
 
 def test_a_fresh_query_process_loads_neither_the_models_nor_the_signature_library(audit_log: Log) -> None:
     """A query lists the parts and matches manifests to index markers by their recorded sha256:
-    it answers without pydantic or cryptography (and structlog), which cost a fresh
-    `stockade audit query` process more than the query itself."""
+    it answers without pydantic or cryptography (and structlog, and the sandbox runner), which
+    cost a fresh `stockade audit query` process more than the query itself."""
     script = (
         "import sys; from pathlib import Path; from router.audit.index import AuditQuery\n"
         "with AuditQuery(Path(sys.argv[1])) as query:\n"
         "    names, rows = query.sql('SELECT count(*) FROM events')\n"
         "    print(list(rows)[0][0])\n"
-        "print(sorted(m for m in ('pydantic', 'cryptography', 'structlog') if m in sys.modules))\n"
+        "print(sorted(m for m in ('pydantic', 'cryptography', 'structlog', 'runner') if m in sys.modules))\n"
     )
     said = subprocess.run(
         [sys.executable, "-c", script, str(audit_log.path)], capture_output=True, text=True, check=True
