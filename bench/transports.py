@@ -8,6 +8,10 @@ calls the tool once through each (rotating the order); a transport's overhead is
 its per-round difference to the in-process call, which cancels the sandbox's own jitter.
 Targets: MCP stdio within +1 ms, the HTTP API within +2 ms.
 
+The floor rows are the same stacks without stockade (bench/_floors.py): the ``mcp`` SDK's own
+client and low-level server on the same stdio wire, and httpx against uvicorn and Starlette,
+each serving a no-op tool. What a transport costs over its floor is stockade's.
+
 Usage: .venv/bin/python bench/transports.py [--iterations N] [--json]
 """
 
@@ -51,6 +55,8 @@ TOOL = {
     "executor": {"kind": "python", "source": "def main(a, b):\n    return a + b\n"},
 }  # fmt: skip
 ARGS = {"a": 2, "b": 3}
+FLOOR_STDIO = "floor: mcp SDK server, no-op tool (stdio)"
+FLOOR_HTTP = "floor: uvicorn + Starlette, no-op route (httpx)"
 Call = Callable[[], Awaitable[None]]
 
 
@@ -132,11 +138,30 @@ async def transports(tmp: Path) -> AsyncIterator[dict[str, Call]]:
             result = (await api.post(calls, json={"tool": "add", "args": ARGS})).json()
             assert result["output"] == 5, result
 
+        # The floors: the same stacks serving a no-op tool, without stockade.
+        floors = str(REPO / "bench" / "_floors.py")
+        bare_stdio = await stack.enter_async_context(
+            Client(StdioServerParameters(command=sys.executable, args=[floors, "mcp"]))
+        )
+
+        async def mcp_stdio_floor() -> None:
+            result = await bare_stdio.call_tool("add", ARGS)
+            assert result.content[0].text == "5", result  # type: ignore[union-attr]
+
+        floor_url = stack.enter_context(process([sys.executable, floors, "http"], os.environ.copy(), tmp / "floor.log"))
+        bare_http = await stack.enter_async_context(httpx.AsyncClient(base_url=floor_url, timeout=60))
+
+        async def http_floor() -> None:
+            result = (await bare_http.post("/call", json={"tool": "add", "args": ARGS})).json()
+            assert result["output"] == 5, result
+
         yield {
             "in-process ControlPlane.call()": in_process,
             "MCP stdio (stockade mcp)": mcp_stdio,
             "MCP streamable HTTP (stockade mcp --http)": mcp_http,
             "HTTP API (stockade serve)": http_api,
+            FLOOR_STDIO: mcp_stdio_floor,
+            FLOOR_HTTP: http_floor,
         }
 
 
@@ -166,6 +191,7 @@ async def main() -> None:
     over = {
         name: statistics.median(t - b for t, b in zip(samples[name], samples[base_name], strict=True)) * 1000
         for name in names[1:]
+        if name not in (FLOOR_STDIO, FLOOR_HTTP)
     }
     stdio = over["MCP stdio (stockade mcp)"]
     api = over["HTTP API (stockade serve)"]
@@ -173,6 +199,9 @@ async def main() -> None:
         "baseline": f"in-process p50 {rows[base_name]['p50_ms']:.2f} ms",
         "overhead over in-process (median of paired per-round differences)":
             ", ".join(f"{name.split(' (')[0]} {ms:+.2f} ms" for name, ms in over.items()),
+        "floor: the same stack's own round trip, a no-op tool, no stockade (p50)":
+            f"MCP stdio (mcp SDK client and server) {rows[FLOOR_STDIO]['p50_ms']:.2f} ms, "
+            f"HTTP (httpx, uvicorn, Starlette) {rows[FLOOR_HTTP]['p50_ms']:.2f} ms",
         "target": f"MCP stdio <= +1 ms: {'met' if stdio <= 1 else 'NOT met'} ({stdio:+.2f}); "
                   f"HTTP API <= +2 ms: {'met' if api <= 2 else 'NOT met'} ({api:+.2f})",
     }, opts.json)  # fmt: skip
