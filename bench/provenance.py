@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 import re
 import sys
 import time
@@ -42,8 +43,21 @@ def nested_strings(size: int) -> list[Any]:
     return value
 
 
+def valid_ibans(count: int) -> list[str]:
+    """``count`` German IBANs with valid check digits, written in groups of four."""
+    found = []
+    for i in range(count):
+        bban = f"37040044{i:010d}"
+        check = 98 - int("".join(str(int(c, 36)) for c in bban + "DE00")) % 97
+        plain = f"DE{check:02d}{bban}"
+        found.append(" ".join(plain[k : k + 4] for k in range(0, len(plain), 4)))
+    return found
+
+
 def adversarial(size: int) -> dict[str, Any]:
     """Inputs of about ``size`` characters."""
+    rng = random.Random(7)  # noqa: S311  (reproducible test data, not secrets)
+    ibans = valid_ibans(100)
     return {
         "letters, no '@'": "a" * size,
         "'@' only": "@" * size,
@@ -66,6 +80,9 @@ def adversarial(size: int) -> dict[str, Any]:
         "distinct numbers (token budget)": "".join(f"{i} " for i in range(100_000, 100_000 + size // 7))[:size],
         "distinct e-mails (token budget)": "".join(f"u{i}@d{i}.example " for i in range(size // 20))[:size],
         "distinct URLs (token budget)": "".join(f"http://h{i}.example/{i} " for i in range(size // 24))[:size],
+        # Few distinct IBANs, each line-scan match a repeat, in no order a repeat check can use:
+        # every occurrence is matched (IBAN and account scans) and its words split.
+        "100 valid IBANs in random order": "".join(rng.choice(ibans) + " " for _ in range(size // 28)),
         "distinct IBANs (token budget)": "".join(
             f"DE{i % 97:02d} 3704 0044 0532 {i % 10000:04d} {i % 100:02d} " for i in range(size // 28)
         ),
