@@ -8,10 +8,13 @@ the sha256 of its bytes, so any change to policy or data changes it.
 A bundle file is what ``stockade policy build`` makes, and what OPA's ``opa build`` makes: a gzip
 tarball of those files plus ``.manifest`` (``{"revision": ..., "roots": [...]}``) and, when
 signed, ``.signatures.json`` in OPA's format: ``{"signatures": ["<JWT>"]}``, one compact JWS whose
-payload lists every other file as ``{"name", "hash", "algorithm": "SHA-256"}``. Hashes are OPA's:
-the file's bytes for Rego; for ``data.json`` and ``.manifest`` the JSON re-encoded with object keys
-sorted (whitespace does not count). stockade signs with Ed25519 (JWS ``alg`` ``EdDSA``) and verifies
-that alone. A bundle's revision is its manifest's revision and the content hash, ``R+<sha256>``,
+payload lists every other file as ``{"name", "hash", "algorithm"}``. Hashes are OPA's: the file's
+bytes for Rego; for ``data.json`` and ``.manifest`` the JSON re-encoded with object keys sorted
+(whitespace does not count); with any of OPA's SHA-2 algorithms (MD5 and SHA-1 are refused). The
+JWS is checked with the configured public key under the algorithms that key is for, as OPA signs:
+Ed25519 (EdDSA), RSA (RS256, OPA's default, RS384/512, PS256/384/512) or EC (ES256/384/512 by
+curve); the header cannot pick another. stockade signs with RS256, ES* or EdDSA by the key's type.
+A bundle's revision is its manifest's revision and the content hash, ``R+<sha256>``,
 the hash being the one its files would have as a directory.
 
 Reading a bundle file never extracts it to disk, and refuses, naming the member: links, anything
@@ -24,8 +27,6 @@ changed. Without one, a signed bundle is refused, as OPA refuses a signature it 
 
 from __future__ import annotations
 
-import base64
-import binascii
 import gzip
 import hashlib
 import io
@@ -40,9 +41,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cryptography.exceptions import InvalidSignature
+import jwt
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePrivateKey, EllipticCurvePublicKey
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.rsa import RSAPrivateKey, RSAPublicKey
 
 from policy.config import PolicySettings
 from policy.errors import PolicyBundleError
@@ -50,8 +53,6 @@ from policy.errors import PolicyBundleError
 MANIFEST = ".manifest"
 SIGNATURES = ".signatures.json"
 MAX_MEMBERS = 1000  # a policy is tens of files; a tar of millions of empty members is a bomb too
-_ALGORITHM = "EdDSA"  # JWS (RFC 8037) name for Ed25519
-_HASH = "SHA-256"  # OPA's name for it in .signatures.json
 _STRUCTURED = {"data.json", MANIFEST}  # hashed as sorted JSON, as OPA does (bundle.IsStructuredDoc)
 
 
@@ -214,7 +215,7 @@ def _check_nesting(rel: str, text: str) -> None:
             position = match.end()
 
 
-def load_bundle(root: Path, *, max_bytes: int = 1 << 20, public_key: Ed25519PublicKey | None = None) -> PolicyBundle:
+def load_bundle(root: Path, *, max_bytes: int = 1 << 20, public_key: PublicKey | None = None) -> PolicyBundle:
     """Load a policy directory (every ``.rego`` and ``data.json`` under ``root``), or the bundle
     file ``root`` names (`load_bundle_archive`).
 
@@ -417,9 +418,7 @@ def _check_roots(roots: tuple[str, ...], bundle: PolicyBundle, where: Path) -> N
     walk(bundle.data, ())
 
 
-def load_bundle_archive(
-    path: Path, *, public_key: Ed25519PublicKey | None = None, max_bytes: int = 1 << 20
-) -> PolicyBundle:
+def load_bundle_archive(path: Path, *, public_key: PublicKey | None = None, max_bytes: int = 1 << 20) -> PolicyBundle:
     """Load the bundle file at ``path``; with ``public_key``, only if signed with it and unaltered.
 
     Raises:
@@ -456,7 +455,7 @@ def build_bundle(
     output: Path,
     *,
     revision: str = "",
-    signing_key: Ed25519PrivateKey | None = None,
+    signing_key: PrivateKey | None = None,
     max_bytes: int = 1 << 20,
 ) -> PolicyBundle:
     """Write the policy directory ``root`` as a bundle file at ``output`` (with ``.manifest`` and,
@@ -494,14 +493,59 @@ def build_bundle(
     return load_bundle_archive(output, public_key=public_key, max_bytes=max_bytes)
 
 
-# -- signatures (OPA's .signatures.json, one Ed25519 JWS) -----------------------------------
+# -- signatures (OPA's .signatures.json: one JWS over the files' hashes) -----------------------
+
+PublicKey = Ed25519PublicKey | RSAPublicKey | EllipticCurvePublicKey
+PrivateKey = Ed25519PrivateKey | RSAPrivateKey | EllipticCurvePrivateKey
+_MIN_RSA_BITS = 2048
+# The JWS algorithms OPA signs bundles with that a public key can check, per key type (HS256 and
+# the other shared-secret ones are not: a public key is no secret). The first is what stockade
+# signs with: RS256 is OPA's default, and ES* is fixed by the curve.
+_EC_ALGORITHMS = {"secp256r1": "ES256", "secp384r1": "ES384", "secp521r1": "ES512"}
+_RSA_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512")
+# OPA's file hashing algorithms (bundle/hash.go) that stockade accepts: MD5 and SHA-1 are
+# refused, since a collision would let one signed hash stand for two files.
+_HASHES = {"SHA-224": "sha224", "SHA-256": "sha256", "SHA-384": "sha384", "SHA-512": "sha512",
+           "SHA-512-224": "sha512_224", "SHA-512-256": "sha512_256"}  # fmt: skip
+_WEAK_HASHES = {"MD5", "SHA-1"}
 
 
-def load_public_key(path: Path) -> Ed25519PublicKey:
-    """The Ed25519 public key in the PEM file ``path`` (``openssl pkey -pubout`` writes one).
+def algorithms_for(key: PublicKey) -> tuple[str, ...]:
+    """The JWS algorithms a signature checked with ``key`` may use (OPA's names)."""
+    if isinstance(key, Ed25519PublicKey):
+        return ("EdDSA",)
+    if isinstance(key, RSAPublicKey):
+        return _RSA_ALGORITHMS
+    return (_EC_ALGORITHMS[key.curve.name],)
+
+
+def _checked_public(key: object, path: Path, what: str) -> PublicKey:
+    if isinstance(key, Ed25519PublicKey):
+        return key
+    if isinstance(key, RSAPublicKey) and key.key_size >= _MIN_RSA_BITS:
+        return key
+    if isinstance(key, EllipticCurvePublicKey) and key.curve.name in _EC_ALGORITHMS:
+        return key
+    raise PolicyBundleError(
+        f"{what} {path} is a {_describe(key)}; bundles are signed with Ed25519, RSA of at least {_MIN_RSA_BITS} bits "
+        "(RS256, OPA's default, and the other RS*/PS*) or EC P-256/P-384/P-521 (ES256/ES384/ES512)"
+    )
+
+
+def _describe(key: object) -> str:
+    if isinstance(key, RSAPublicKey):
+        return f"{key.key_size}-bit RSA key"
+    if isinstance(key, EllipticCurvePublicKey):
+        return f"EC key on {key.curve.name}"
+    return type(key).__name__
+
+
+def load_public_key(path: Path) -> PublicKey:
+    """The public key in the PEM file ``path`` (``openssl pkey -pubout`` writes one): Ed25519,
+    RSA or EC, as OPA's ``keys`` configuration takes them.
 
     Raises:
-        PolicyBundleError: unreadable, not PEM, or not an Ed25519 key.
+        PolicyBundleError: unreadable, not PEM, or a key type or size bundles are not signed with.
     """
     try:
         key = serialization.load_pem_public_key(path.read_bytes())
@@ -509,17 +553,17 @@ def load_public_key(path: Path) -> Ed25519PublicKey:
         raise PolicyBundleError(f"public key {path} cannot be read: {exc.strerror}") from exc
     except ValueError as exc:
         raise PolicyBundleError(f"public key {path} is not a PEM public key: {exc}") from exc
-    if not isinstance(key, Ed25519PublicKey):
-        raise PolicyBundleError(f"public key {path} is a {type(key).__name__}; bundles are signed with Ed25519")
-    return key
+    return _checked_public(key, path, "public key")
 
 
-def load_private_key(path: Path) -> Ed25519PrivateKey:
-    """The Ed25519 private key in the unencrypted PEM file ``path`` (``openssl genpkey -algorithm
-    ed25519`` writes one).
+def load_private_key(path: Path) -> PrivateKey:
+    """The private key in the unencrypted PEM file ``path``: Ed25519 (``openssl genpkey -algorithm
+    ed25519``), RSA (``openssl genpkey -algorithm RSA``, what ``opa build --signing-key`` is
+    usually given) or EC.
 
     Raises:
-        PolicyBundleError: unreadable, not PEM, encrypted, or not an Ed25519 key.
+        PolicyBundleError: unreadable, not PEM, encrypted, or a key type or size bundles are not
+            signed with.
     """
     try:
         key = serialization.load_pem_private_key(path.read_bytes(), password=None)
@@ -527,16 +571,21 @@ def load_private_key(path: Path) -> Ed25519PrivateKey:
         raise PolicyBundleError(f"signing key {path} cannot be read: {exc.strerror}") from exc
     except (ValueError, TypeError) as exc:
         raise PolicyBundleError(f"signing key {path} is not an unencrypted PEM private key: {exc}") from exc
-    if not isinstance(key, Ed25519PrivateKey):
-        raise PolicyBundleError(f"signing key {path} is a {type(key).__name__}; bundles are signed with Ed25519")
+    if not isinstance(key, Ed25519PrivateKey | RSAPrivateKey | EllipticCurvePrivateKey):
+        raise PolicyBundleError(f"signing key {path} is a {type(key).__name__}; bundles are signed with Ed25519, "
+                                "RSA or EC keys")  # fmt: skip
+    _checked_public(key.public_key(), path, "signing key")
     return key
 
 
-def key_id(public_key: Ed25519PublicKey) -> str:
-    """A short name for a public key (the JWS ``kid`` stockade writes): ``ed25519:`` and the first
-    16 hex digits of the sha256 of its raw bytes."""
-    raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    return "ed25519:" + hashlib.sha256(raw).hexdigest()[:16]
+def key_id(public_key: PublicKey) -> str:
+    """A short name for a public key (the JWS ``kid`` stockade writes): its type and the first 16
+    hex digits of the sha256 of its raw bytes (Ed25519) or of its SubjectPublicKeyInfo."""
+    if isinstance(public_key, Ed25519PublicKey):
+        raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        return "ed25519:" + hashlib.sha256(raw).hexdigest()[:16]
+    der = public_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return ("rsa:" if isinstance(public_key, RSAPublicKey) else "ec:") + hashlib.sha256(der).hexdigest()[:16]
 
 
 class _Number(str):
@@ -576,86 +625,112 @@ def _walk(value: Any, out: list[bytes]) -> None:
         out.append(json.dumps(value).encode())  # true, false, null
 
 
-def file_hash(name: str, raw: bytes) -> str:
-    """The SHA-256 (hex) OPA signs for the bundle file ``name`` holding ``raw``.
+def canonical_bytes(name: str, raw: bytes) -> bytes:
+    """What OPA hashes for the bundle file ``name`` holding ``raw``: the bytes of a Rego (or any
+    unstructured) file; for ``data.json`` and ``.manifest`` the JSON re-encoded with object keys
+    sorted and no whitespace, numbers as written (bundle/hash.go ``walk``).
 
     Raises:
-        ValueError: a structured file (``data.json``, ``.manifest``) is not JSON.
+        ValueError: a structured file is not JSON.
     """
     if name.rsplit("/", 1)[-1] not in _STRUCTURED:
-        return hashlib.sha256(raw).hexdigest()
+        return raw
     value = json.loads(raw, parse_int=_Number, parse_float=_Number, parse_constant=_reject_constant)
     out: list[bytes] = []
     _walk(value, out)
-    return hashlib.sha256(b"".join(out)).hexdigest()
+    return b"".join(out)
 
 
-def _b64(raw: bytes) -> str:
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+def file_hash(name: str, raw: bytes, algorithm: str = "SHA-256") -> str:
+    """The hash (hex) OPA signs for the bundle file ``name`` holding ``raw``, with ``algorithm``
+    (OPA's name: SHA-256, its default, or SHA-224, SHA-384, SHA-512, SHA-512-224, SHA-512-256).
+
+    Raises:
+        ValueError: a structured file is not JSON, or the algorithm is not one of those.
+    """
+    if algorithm not in _HASHES:
+        raise ValueError(f"hashing algorithm {algorithm!r} is not accepted")
+    return hashlib.new(_HASHES[algorithm], canonical_bytes(name, raw)).hexdigest()
 
 
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
-def sign_files(files: Mapping[str, bytes], signing_key: Ed25519PrivateKey) -> bytes:
+def sign_files(files: Mapping[str, bytes], signing_key: PrivateKey) -> bytes:
     """The ``.signatures.json`` for a bundle holding ``files`` (name → bytes), signed with
-    ``signing_key``."""
-    header = {"alg": _ALGORITHM, "typ": "JWT", "kid": key_id(signing_key.public_key())}
+    ``signing_key`` as OPA signs: RS256 for an RSA key (OPA's default), ES256/384/512 by curve,
+    EdDSA for Ed25519; files hashed with SHA-256."""
+    public = signing_key.public_key()
     payload = {
         "files": [
-            {"name": name, "hash": file_hash(name, raw), "algorithm": _HASH} for name, raw in sorted(files.items())
+            {"name": name, "hash": file_hash(name, raw), "algorithm": "SHA-256"} for name, raw in sorted(files.items())
         ],
         "iat": int(time.time()),
     }
-    signing_input = f"{_b64(json.dumps(header).encode())}.{_b64(json.dumps(payload).encode())}"
-    token = f"{signing_input}.{_b64(signing_key.sign(signing_input.encode()))}"
+    token = jwt.PyJWS().encode(
+        json.dumps(payload).encode(), signing_key, algorithm=algorithms_for(public)[0],
+        headers={"kid": key_id(public)},
+    )  # fmt: skip
     return (json.dumps({"signatures": [token]}, indent=2) + "\n").encode()
 
 
-def verify_signatures(
-    signatures: bytes, files: Mapping[str, bytes], public_key: Ed25519PublicKey, *, where: Path
-) -> str:
+def verify_signatures(signatures: bytes, files: Mapping[str, bytes], public_key: PublicKey, *, where: Path) -> str:
     """Check ``.signatures.json`` against ``public_key`` and the bundle's other ``files``; returns
-    the key id.
+    the key id. The JWS algorithm must be one ``public_key`` is for (`algorithms_for`): a header
+    cannot pick another (no HS256 with the public key as its secret, no ``none``).
 
     Raises:
         PolicyBundleError: the signature does not verify, or a file was added, removed or
             changed since signing (every such member named).
     """
     prefix = f"bundle {where}: {SIGNATURES}"
+    payload = verified_payload(signatures, public_key, prefix)
     try:
-        document = json.loads(signatures)
-        [token] = document["signatures"]
-        encoded_header, encoded_payload, encoded_signature = token.split(".")
-        header = json.loads(_unb64(encoded_header))
-        signature = _unb64(encoded_signature)
-    except (ValueError, TypeError, KeyError, AttributeError, RecursionError, binascii.Error) as exc:
-        raise PolicyBundleError(f'{prefix} is not {{"signatures": [one compact JWT]}}: {exc}') from exc
-    if not isinstance(header, dict) or header.get("alg") != _ALGORITHM:
-        alg = header.get("alg") if isinstance(header, dict) else None
-        raise PolicyBundleError(f"{prefix}: JWT alg {alg!r} is not accepted; stockade verifies {_ALGORITHM} (Ed25519)")
-    mine = key_id(public_key)
-    if header.get("kid") not in (None, mine):
-        raise PolicyBundleError(f"{prefix}: signed with key {header['kid']!r}, but the configured key is {mine!r}")
-    try:
-        public_key.verify(signature, f"{encoded_header}.{encoded_payload}".encode())
-    except InvalidSignature as exc:
-        raise PolicyBundleError(
-            f"{prefix}: the signature does not verify with the configured key {mine!r} (signed with another key, or "
-            "the signature was altered)"
-        ) from exc
-    try:
-        payload = json.loads(_unb64(encoded_payload))
         listed = payload["files"]
         entries = [(str(f["name"]), str(f["hash"]), str(f["algorithm"])) for f in listed]
-    except (ValueError, TypeError, KeyError, binascii.Error) as exc:
+    except (TypeError, KeyError) as exc:
         raise PolicyBundleError(f"{prefix}: the JWT payload has no valid files list: {exc}") from exc
     if payload.get("scope"):
         raise PolicyBundleError(f"{prefix}: signed for scope {payload['scope']!r}; stockade checks unscoped "
                                 "signatures only")  # fmt: skip
     _compare(entries, files, where)
-    return mine
+    return key_id(public_key)
+
+
+def verified_payload(signatures: bytes, public_key: PublicKey, prefix: str) -> dict[str, Any]:
+    """The payload of ``.signatures.json``'s one JWT, once its signature checks out with
+    ``public_key``.
+
+    Raises:
+        PolicyBundleError: not one compact JWT, an algorithm ``public_key`` is not for, or a
+            signature that does not verify (naming the key the header names, if any).
+    """
+    try:
+        document = json.loads(signatures)
+        [token] = document["signatures"]
+        header = jwt.get_unverified_header(token)
+    except (ValueError, TypeError, KeyError, RecursionError, jwt.exceptions.DecodeError) as exc:
+        raise PolicyBundleError(f'{prefix} is not {{"signatures": [one compact JWT]}}: {exc}') from exc
+    accepted = algorithms_for(public_key)
+    if header.get("alg") not in accepted:
+        raise PolicyBundleError(
+            f"{prefix}: JWT alg {header.get('alg')!r} is not accepted with the configured key "
+            f"({_describe(public_key)}, {key_id(public_key)}): it takes {', '.join(accepted)}"
+        )
+    try:
+        decoded = jwt.PyJWS().decode_complete(token, public_key, algorithms=list(accepted))
+        payload = json.loads(decoded["payload"])
+    except jwt.exceptions.InvalidSignatureError as exc:
+        mine, named = key_id(public_key), header.get("kid")
+        if named not in (None, mine):
+            raise PolicyBundleError(f"{prefix}: signed with key {named!r}, but the configured key is {mine!r}, "
+                                    "and the signature does not verify with it") from exc  # fmt: skip
+        raise PolicyBundleError(
+            f"{prefix}: the signature does not verify with the configured key {mine!r} (signed with another key, "
+            "or the signature was altered)"
+        ) from exc
+    except (jwt.exceptions.PyJWTError, ValueError, RecursionError) as exc:
+        raise PolicyBundleError(f"{prefix}: the JWT cannot be read: {exc}") from exc
+    if not isinstance(payload, dict):
+        raise PolicyBundleError(f"{prefix}: the JWT payload is not an object")
+    return payload
 
 
 def _compare(entries: list[tuple[str, str, str]], files: Mapping[str, bytes], where: Path) -> None:
@@ -672,11 +747,12 @@ def _compare(entries: list[tuple[str, str, str]], files: Mapping[str, bytes], wh
         problems.append(f"member {name!r} is not covered by the signature (added after signing)")
     for name in sorted(files.keys() & signed.keys()):
         digest, algorithm = signed[name]
-        if algorithm != _HASH:
-            problems.append(f"member {name!r} is hashed with {algorithm!r}; stockade checks {_HASH}")
+        if algorithm not in _HASHES:
+            why = "too weak to vouch for a file" if algorithm in _WEAK_HASHES else "not one OPA defines"
+            problems.append(f"member {name!r} is hashed with {algorithm!r}, {why}: sign with SHA-256 (OPA's default)")
             continue
         try:
-            actual = file_hash(name, files[name])
+            actual = file_hash(name, files[name], algorithm)
         except RecursionError:
             problems.append(f"member {name!r} is JSON nested too deeply to load")
             continue
@@ -684,6 +760,6 @@ def _compare(entries: list[tuple[str, str, str]], files: Mapping[str, bytes], wh
             problems.append(f"member {name!r} is not valid JSON: {exc}")
             continue
         if actual != digest.lower():
-            problems.append(f"member {name!r} was modified after signing (its {_HASH} does not match)")
+            problems.append(f"member {name!r} was modified after signing (its {algorithm} does not match)")
     if problems:
         raise PolicyBundleError(f"bundle {where} does not match its signature: " + "; ".join(problems))

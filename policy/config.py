@@ -34,10 +34,10 @@ class PolicySettings(BaseModel):
     # A signed bundle to load instead of the directory. Set, it replaces `dir` (so the watcher,
     # the engines and every `--dir` override see one source); a replaced file is hot-reloaded.
     bundle: Path | None = None
-    # The Ed25519 public key (PEM) bundles must be signed with. Set: only a bundle signed with it
-    # loads (an unsigned, badly signed or altered bundle is refused, and so is a directory, which
-    # carries no signature). Unset: a signed bundle is refused too, as OPA does: its signature
-    # could not be checked.
+    # The public key (PEM: Ed25519, RSA or EC, as OPA's `keys` take) bundles must be signed with.
+    # Set: only a bundle signed with it loads (an unsigned, badly signed or altered bundle is
+    # refused, and so is a directory, which carries no signature). Unset: a signed bundle is
+    # refused too, as OPA does: its signature could not be checked.
     bundle_public_key: Path | None = None
     entrypoint: str = "data.stockade.decision"
     # A running control plane checks the policy files this often and reloads on change (0: never).

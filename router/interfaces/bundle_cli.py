@@ -2,8 +2,9 @@
 (a gzip tarball with ``.manifest`` and, signed, ``.signatures.json``; see `policy.bundle`), for a
 router to load with ``STOCKADE_POLICY__BUNDLE`` and ``STOCKADE_POLICY__BUNDLE_PUBLIC_KEY``.
 
-Keys are Ed25519 PEM files: ``openssl genpkey -algorithm ed25519 -out signing.pem`` and
-``openssl pkey -in signing.pem -pubout -out signing.pub``.
+Keys are PEM files of the kinds OPA signs bundles with: Ed25519 (``openssl genpkey -algorithm
+ed25519 -out signing.pem``), RSA of at least 2048 bits (RS256) or EC P-256/384/521 (ES256/384/512);
+``openssl pkey -in signing.pem -pubout -out signing.pub`` makes the public key.
 
 Exit codes: 0 built, or verified; 1 the bundle is refused (not signed as required, altered, unsafe,
 or its policy does not compile); 2 bad input (a directory that does not load, an unreadable key).
@@ -44,7 +45,7 @@ def policy_build(
     output: Annotated[Path, typer.Option("--output", "-o", help="The bundle file to write (.tar.gz).")],
     revision: Annotated[str, typer.Option("--revision", "-r", help="The manifest revision (e.g. a git sha).")] = "",
     signing_key: Annotated[
-        Path | None, typer.Option("--signing-key", help="Sign with this Ed25519 private key (PEM).")
+        Path | None, typer.Option("--signing-key", help="Sign with this private key (PEM: Ed25519, RSA or EC).")
     ] = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -70,7 +71,7 @@ def policy_verify_bundle(
     ctx: typer.Context,
     bundle_file: Annotated[Path, typer.Argument(metavar="BUNDLE", help="The bundle file (.tar.gz).")],
     public_key: Annotated[
-        Path | None, typer.Option("--public-key", help="Ed25519 public key (PEM) it must be signed with.")
+        Path | None, typer.Option("--public-key", help="Public key (PEM: Ed25519, RSA or EC) it must be signed with.")
     ] = None,
     as_json: JsonFlag = False,
 ) -> None:

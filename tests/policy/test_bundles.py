@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import base64
 import gzip
+import hashlib
+import hmac
 import io
 import json
 import tarfile
@@ -12,9 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import jwt as pyjwt
 import pytest
 import typer
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from typer.testing import CliRunner
 
@@ -23,12 +27,15 @@ from policy.bundle import (
     MANIFEST,
     MAX_MEMBERS,
     SIGNATURES,
+    PrivateKey,
     build_bundle,
+    canonical_bytes,
     file_hash,
     fingerprint,
     key_id,
     load_bundle,
     load_bundle_archive,
+    load_public_key,
     sign_files,
 )
 from router.interfaces.bundle_cli import policy_build, policy_verify_bundle
@@ -298,6 +305,144 @@ def test_signatures_follow_opa_hashing_and_signed_bundles_need_a_key(tmp_path: P
     assert json.loads(payload)["signatures"][0].count(".") == 2  # one compact JWS, as OPA writes
 
 
+# OPA's own digests for files of its signing tests (v1/bundle/sign_test.go; the manifest's MD5 is
+# also what OPA reports computing in verify_test.go): structured files hashed after `walk`.
+OPA_DIGESTS = [
+    (".manifest", b'{"revision": "quickbrownfaux"}', "md5", "a005c38a509dc2d5a7407b9494efb2ad"),
+    ("a/b/c/data.json", b"[1,2,3]", "sha512",
+     "60f7b5dc86ded48785436192a08dbfd04894d7f1b417c4f8d3714679a7f78cb3c833f16a8559a1cf1f32968747dc1d95ef34826263dacf125ded8f5c374be4c0"),
+    ("a/b/d/data.json", b"true", "md5", "b326b5062b2f0e69046810717534cb09"),
+    ("data.json", b'{"x": {"y": true}, "a": {"b": {"z": true}}}', "md5", "36669864a622563256817033b1fc53db"),
+]  # fmt: skip
+
+
+def test_files_are_hashed_to_opas_own_digests() -> None:
+    assert [
+        hashlib.new(algorithm, canonical_bytes(name, raw)).hexdigest() for name, raw, algorithm, _ in OPA_DIGESTS
+    ] == [digest for *_, digest in OPA_DIGESTS]
+
+
+def _opa_keys() -> dict[str, tuple[PrivateKey, str]]:
+    """A key of each kind OPA signs bundles with, and the JWS algorithm to sign with."""
+    rsa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    return {
+        "RSA RS256 (OPA's default)": (rsa_key, "RS256"),
+        "RSA PS512": (rsa_key, "PS512"),
+        "EC P-256 ES256": (ec.generate_private_key(ec.SECP256R1()), "ES256"),
+        "EC P-384 ES384": (ec.generate_private_key(ec.SECP384R1()), "ES384"),
+        "Ed25519 EdDSA": (Ed25519PrivateKey.generate(), "EdDSA"),
+    }
+
+
+def _pem_public(where: Path, key: PrivateKey) -> Path:
+    where.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    return where
+
+
+def _opa_signed(files: dict[str, bytes], key: PrivateKey | bytes, alg: str, hashing: str = "SHA-256",
+                header: dict[str, str] | None = None) -> bytes:  # fmt: skip
+    """A .signatures.json as OPA writes one, made by PyJWT (a JWS implementation of its own): kid
+    an operator's key name, no iat, files hashed with ``hashing``."""
+    digest = {"MD5": "md5", "SHA-1": "sha1", "SHA-256": "sha256", "SHA-512": "sha512"}[hashing]
+    listed = [{"name": n, "hash": hashlib.new(digest, canonical_bytes(n, b)).hexdigest(), "algorithm": hashing}
+              for n, b in files.items()]  # fmt: skip
+    payload = {"files": listed}
+    token = pyjwt.encode(payload, key, algorithm=alg, headers=header or {"kid": "global_key"})  # type: ignore[arg-type]
+    return json.dumps({"signatures": [token]}).encode()
+
+
+def _hs256(files: dict[str, bytes], secret: bytes) -> bytes:
+    """A .signatures.json MACed with ``secret`` under HS256 (made by hand: PyJWT refuses a PEM secret)."""
+
+    def b64(raw: bytes) -> str:
+        return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+    payload = {"files": [{"name": n, "hash": file_hash(n, b), "algorithm": "SHA-256"} for n, b in files.items()]}
+    signing_input = f"{b64(json.dumps({'alg': 'HS256', 'typ': 'JWT'}).encode())}.{b64(json.dumps(payload).encode())}"
+    mac = hmac.new(secret, signing_input.encode(), "sha256").digest()
+    return json.dumps({"signatures": [f"{signing_input}.{b64(mac)}"]}).encode()
+
+
+def test_bundles_signed_with_each_kind_of_key_opa_takes_load_and_others_are_refused(tmp_path: Path) -> None:
+    """An RSA, EC or Ed25519 key, with the algorithms OPA signs with: a bundle signed as OPA signs
+    (other key names, other hashes than SHA-256) loads; the same bundle with one byte changed,
+    signed by another key of the kind, or under an algorithm the key is not for, does not."""
+    base = [(n, b) for n, b in members_of(build_bundle(copy_policies(tmp_path), tmp_path / "u.tar.gz").root)]
+    files = dict(base)
+    loaded = []
+    for name, (key, alg) in _opa_keys().items():
+        public = _pem_public(tmp_path / "k.pub", key)
+        for hashing in ("SHA-256", "SHA-512"):
+            target = pack(tmp_path / "opa.tar.gz", [*base, (SIGNATURES, _opa_signed(files, key, alg, hashing))])
+            bundle = load_bundle_archive(target, public_key=load_public_key(public))
+            loaded.append((name, hashing, bundle.signed_by == key_id(load_public_key(public))))
+        tampered = _replace(base, "stockade/data.json", files["stockade/data.json"].replace(b"{", b"{ ", 1) + b" ")
+        tampered = _replace(tampered, "stockade/risk.rego", files["stockade/risk.rego"] + b"\n# edited\n")
+        pack(tmp_path / "t.tar.gz", [*tampered, (SIGNATURES, _opa_signed(files, key, alg))])
+        with pytest.raises(PolicyBundleError, match=r"'stockade/risk\.rego' was modified after signing"):
+            load_bundle_archive(tmp_path / "t.tar.gz", public_key=load_public_key(public))
+        other = _opa_keys()[name][0]
+        pack(tmp_path / "o.tar.gz", [*base, (SIGNATURES, _opa_signed(files, other, alg))])
+        with pytest.raises(PolicyBundleError, match="the signature does not verify with"):
+            load_bundle_archive(tmp_path / "o.tar.gz", public_key=load_public_key(public))
+    assert all(ok for *_, ok in loaded), loaded
+    assert len(loaded) == 10
+
+
+def test_a_header_cannot_pick_an_algorithm_the_key_is_not_for(tmp_path: Path) -> None:
+    """HS256 keyed with the public key's own PEM (the classic confusion), an EC curve's algorithm
+    for another curve, RSA under EdDSA, and weak file hashes: each refused, saying why."""
+    base = [(n, b) for n, b in members_of(build_bundle(copy_policies(tmp_path), tmp_path / "u.tar.gz").root)]
+    files = dict(base)
+    rsa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    rsa_pem = _pem_public(tmp_path / "rsa.pub", rsa_key)
+    p256 = ec.generate_private_key(ec.SECP256R1())
+    p256_pem = _pem_public(tmp_path / "p256.pub", p256)
+    attempts = {
+        "HS256 with the public PEM as secret": (rsa_pem, _hs256(files, rsa_pem.read_bytes()),
+                                                "JWT alg 'HS256' is not accepted"),
+        "ES384 for a P-256 key": (p256_pem, _opa_signed(files, ec.generate_private_key(ec.SECP384R1()), "ES384"),
+                                  "JWT alg 'ES384' is not accepted"),
+        "EdDSA for an RSA key": (rsa_pem, _opa_signed(files, Ed25519PrivateKey.generate(), "EdDSA"),
+                                 "JWT alg 'EdDSA' is not accepted"),
+        "MD5 file hashes": (rsa_pem, _opa_signed(files, rsa_key, "RS256", "MD5"), "hashed with 'MD5', too weak"),
+        "SHA-1 file hashes": (p256_pem, _opa_signed(files, p256, "ES256", "SHA-1"), "hashed with 'SHA-1', too weak"),
+    }  # fmt: skip
+    got_through = []
+    for what, (public, signatures, expected) in attempts.items():
+        pack(tmp_path / "a.tar.gz", [*base, (SIGNATURES, signatures)])
+        try:
+            load_bundle_archive(tmp_path / "a.tar.gz", public_key=load_public_key(public))
+        except PolicyBundleError as exc:
+            if expected not in str(exc):
+                got_through.append(f"{what}: refused without saying why: {exc}")
+            continue
+        got_through.append(f"{what}: loaded")
+    assert got_through == []
+    weak = rsa.generate_private_key(public_exponent=65537, key_size=1024)  # noqa: S505  (the weak key refused)
+    with pytest.raises(PolicyBundleError, match="1024-bit RSA key"):
+        load_public_key(_pem_public(tmp_path / "weak.pub", weak))
+
+
+def test_stockade_signs_with_rsa_and_ec_keys_as_opa_does(tmp_path: Path) -> None:
+    """``stockade policy build --signing-key`` with an RSA key signs RS256 (what OPA's ``keys``
+    expect by default), with an EC key ES256/384 by curve; PyJWT checks each signature."""
+    for name, (key, alg) in _opa_keys().items():
+        if alg in ("PS512", "EdDSA"):
+            continue
+        root = copy_policies(tmp_path / name.split()[0] / alg)
+        bundle = build_bundle(root, root.parent / "b.tar.gz", signing_key=key)
+        token = json.loads(dict(members_of(root.parent / "b.tar.gz"))[SIGNATURES])["signatures"][0]
+        claims = pyjwt.decode(token, key.public_key(), algorithms=[alg])  # type: ignore[arg-type]
+        assert pyjwt.get_unverified_header(token)["alg"] == alg
+        assert {f["name"] for f in claims["files"]} == {n for n, _ in members_of(root.parent / "b.tar.gz")} - {
+            SIGNATURES
+        }
+        assert bundle.signed_by == key_id(key.public_key())
+
+
 def test_manifest_roots_bound_what_a_bundle_may_define(tmp_path: Path) -> None:
     rego = b"package other\n\nallow := true\n"
     target = pack(tmp_path / "r.tar.gz", [(MANIFEST, b'{"revision": "r", "roots": ["stockade"]}'),
@@ -324,6 +469,18 @@ def test_cli_builds_and_verifies_bundles(tmp_path: Path, keys: Keys) -> None:
     assert verified.exit_code == 0, verified.output
     assert f"revision {report['revision']}" in verified.stdout
     assert "signed by ed25519:" in verified.stdout
+
+    rsa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    rsa_pem = tmp_path / "rsa.pem"
+    rsa_pem.write_bytes(rsa_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                              serialization.NoEncryption()))  # fmt: skip
+    rsa_built = runner.invoke(cli, ["build", str(root), "-o", str(tmp_path / "rsa.tar.gz"), "--signing-key",
+                                    str(rsa_pem)])  # fmt: skip
+    assert rsa_built.exit_code == 0, rsa_built.output
+    rsa_public = _pem_public(tmp_path / "rsa.pub", rsa_key)
+    rsa_verified = runner.invoke(cli, ["verify-bundle", str(tmp_path / "rsa.tar.gz"), "--public-key", str(rsa_public)])
+    assert rsa_verified.exit_code == 0, rsa_verified.output
+    assert "signed by rsa:" in rsa_verified.stdout
 
     other = write_keys(tmp_path, "other")
     wrong = runner.invoke(cli, ["verify-bundle", str(target), "--public-key", str(other.public_pem)])
