@@ -353,6 +353,23 @@ def _literal(kind: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+def _as_value(schema: Any) -> Any:
+    """An expression's schema as a rule's value: a literal becomes the one value it can take."""
+    if isinstance(schema, dict) and schema.get("x-literal"):
+        return {"enum": [schema["const"]]}
+    return schema
+
+
+def _union(schemas: Sequence[Any]) -> Any:
+    """A schema allowing what any of ``schemas`` allows (None if any allows anything)."""
+    if any(not isinstance(schema, dict) or not schema for schema in schemas):
+        return None
+    if all(set(schema) == {"enum"} for schema in schemas):
+        return {"enum": list(dict.fromkeys(v for schema in schemas for v in schema["enum"]))}
+    unique = list({json.dumps(schema, sort_keys=True): schema for schema in schemas}.values())
+    return unique[0] if len(unique) == 1 else {"anyOf": unique}
+
+
 def _shown(value: Any) -> str:
     if isinstance(value, bool):
         return str(value).lower()
@@ -386,8 +403,15 @@ class _Checker:
         self.json_files = _data_files(root)
         self.builtins = known_builtins()
         self.unsupported: set[str] = set()
+        # Each rule's and function's definitions, and the schema of the value each takes (`value_of`).
+        self.definitions: dict[tuple[str, ...], list[tuple[_Module, Any]]] = {}
+        self.values: dict[tuple[str, ...], Any] = {}
+        self.typing: set[tuple[str, ...]] = set()
+        self.quiet = 0  # > 0 while a definition is walked again for its value: its problems are reported once
 
     def report(self, path: str, line: int, col: int, code: str, message: str, severity: Severity = "error") -> None:
+        if self.quiet:
+            return
         self.problems.append(Problem(str(self.root / path), line, col, code, message, severity))
 
     def run(self) -> None:
@@ -475,6 +499,7 @@ class _Checker:
             rules.add(flat[0])
             if head_kind == "Func":
                 self.functions.add((*module.package, flat[0]))
+            self.definitions.setdefault((*module.package, flat[0]), []).append((module, rule))
         for item in module.ast.get("imports", []):
             path = _static_path(item["refr"])
             if path is None or path[0] not in ("data", "input"):
@@ -697,8 +722,9 @@ class _Checker:
             return None
         name = ".".join((flat[0], *(str(s.key) for s in flat[3])))
         line, col = flat[1], flat[2]
-        if self.user_function(module, flat[0], [str(s.key) for s in flat[3]]):
-            return None
+        function = self.user_function(module, flat[0], [str(s.key) for s in flat[3]])
+        if function is not None:
+            return self.value_of(function)
         if name not in self.builtins:
             self.unsupported.add(module.path)
             self.report(
@@ -753,13 +779,62 @@ class _Checker:
                 return None if isinstance(step, _Missing) else step
         return None
 
-    def user_function(self, module: _Module, root: str, keys: list[str]) -> bool:
+    def user_function(self, module: _Module, root: str, keys: list[str]) -> tuple[str, ...] | None:
+        """The path (package and name) of the policy's own function a call names, or None for a
+        builtin."""
         if not keys:
-            return (*module.package, root) in self.functions or root in self.rules.get(module.package, set())
+            own = (*module.package, root)
+            return own if own in self.functions or root in self.rules.get(module.package, set()) else None
         path = self.absolute(module, root, list(keys))
         if path is None or path[0] != "data":
-            return False
-        return tuple(path[1:]) in self.functions or tuple(path[1:-1]) in self.rules
+            return None
+        return tuple(path[1:]) if tuple(path[1:]) in self.functions or tuple(path[1:-1]) in self.rules else None
+
+    # the values rules and functions take
+
+    def value_of(self, path: tuple[str, ...]) -> Any:
+        """The schema of the value the rule or function ``path`` takes (None: anything, or not
+        known): the union of its definitions', each value walked in its body's scope (a function's
+        arguments are anything), so a comparison or a step on it is checked as one on ``input``.
+        A rule without a value is ``true``; a partial set is not typed."""
+        if path in self.values:
+            return self.values[path]
+        if path in self.typing:  # a rule that reaches itself: the compiler reports the recursion
+            return None
+        self.typing.add(path)
+        self.quiet += 1
+        try:
+            found = [self.definition_value(module, rule) for module, rule in self.definitions.get(path, [])]
+        finally:
+            self.quiet -= 1
+            self.typing.discard(path)
+        value = _union(found) if found else None
+        self.values[path] = value
+        return value
+
+    def definition_value(self, module: _Module, rule: Any) -> Any:
+        kind, body = _kind(rule)
+        if kind == "Default":
+            return _as_value(self.expr(module, body["value"], {}))
+        if kind != "Spec":
+            return None
+        head_kind, head = _kind(body["head"])
+        flat = _flatten(head.get("refr"))
+        if head_kind == "Set" or flat is None or flat[3]:
+            return None  # a partial set, or a rule at a path below its name (a.b.c := ...)
+        if flat[4]:
+            return {"type": "object"}  # a partial object, obj[k] := v
+        env: dict[str, Any] = {}
+        for arg in head.get("args", []) if head_kind == "Func" else []:
+            for name in _vars(arg):
+                env[name] = (None, None)
+        values = []
+        for query_body in body.get("bodies", []) or [None]:
+            scope = self.query(module, query_body["query"], dict(env)) if query_body is not None else dict(env)
+            # An `else` carries its own value; the first body, the head's.
+            assigned = (query_body or {}).get("assign") or head.get("assign")
+            values.append(_as_value(self.expr(module, assigned["value"], scope)) if assigned else {"type": "boolean"})
+        return _union(values)
 
     def compare(self, module: _Module, body: dict[str, Any], left: Any, right: Any, env: dict[str, Any]) -> None:
         for path_side, path_schema, lit_schema in (
@@ -825,6 +900,8 @@ class _Checker:
         if root in env:
             schema, shown = env[root]
             return self.walk_schema(module, shown or root, schema, segs)
+        if root in self.rules.get(module.package, set()) and (*module.package, root) not in self.functions:
+            return self.walk_schema(module, root, self.value_of((*module.package, root)), segs)
         if root in module.imports and root not in self.rules.get(module.package, set()):
             prefix = module.imports[root]
             if segs:
@@ -889,6 +966,11 @@ class _Checker:
         for package, names in self.rules.items():
             depth = len(package)
             if tuple(keys[:depth]) == package:
+                if len(keys) > depth and keys[depth] in names and (*package, keys[depth]) not in self.functions:
+                    shown = "data." + ".".join((*package, str(keys[depth])))
+                    return self.walk_schema(
+                        module, shown, self.value_of((*package, str(keys[depth]))), segs[depth + 1 :]
+                    )
                 if len(keys) == depth or keys[depth] is None or keys[depth] in names:
                     return None
             elif len(keys) < depth and tuple(package[: len(keys)]) == tuple(keys):

@@ -210,6 +210,46 @@ def test_static_type_mismatches_are_caught(tmp_path: Path) -> None:
     assert by_line[9].startswith("input.tool.capabilities[_] is a string")
 
 
+def test_the_values_of_rules_and_functions_are_typed_where_they_are_used(tmp_path: Path) -> None:
+    """A rule's value is the union of its definitions' (a rule without one is true; a literal is
+    the one value it takes), a function's the same with its arguments unknown: a comparison that
+    can never hold is caught where it is written, in the same package, through ``data.`` and
+    through an import, and a value no definition gives is a warning with the values there are."""
+    root = first_day(tmp_path)
+    (root / "team" / "levels.rego").write_text(
+        "package team.levels\n\n"
+        'default level := "low"\n\n'
+        'level := "high" if input.tool.risk == "critical"\n\n'
+        'score(tool) := 3 if tool.risk == "high"\n\n'
+        'score(tool) := input.session.call_count if tool.risk == "low"\n\n'
+        'prod if input.subject.labels.env == "prod"\n'
+    )
+    (root / "stockade" / "uses_levels.rego").write_text(
+        "package stockade\n\n"
+        "import data.team.levels\n\n"
+        'loud if data.team.levels.level == "hihg"\n\n'
+        'scored if levels.score(input.tool) == "3"\n\n'
+        'prodlike if data.team.levels.prod == "true"\n\n'
+        'fine if data.team.levels.level == "high"\n\n'
+        "counted if levels.score(input.tool) > 2\n\n"
+        "local_value := 5\n\n"
+        'mixed if local_value == "5"\n'
+    )
+    problems = [p for p in check_policy(root) if p.file.endswith("uses_levels.rego")]
+    found = [(p.line, p.code, p.severity) for p in problems]
+    assert found == [
+        (5, "type.not_in_enum", "warning"),
+        (7, "type.mismatch", "error"),
+        (9, "type.mismatch", "error"),
+        (17, "type.mismatch", "error"),
+    ], [str(p) for p in problems]
+    by_line = {p.line: p.message for p in problems}
+    assert 'data.team.levels.level is never "hihg": it is one of "low", "high"' in by_line[5]
+    assert 'is a number, compared with the string "3"' in by_line[7]
+    assert "data.team.levels.prod is a boolean" in by_line[9]
+    assert [p for p in check_policy(root) if p.file.endswith("levels.rego") and "uses" not in p.file] == []
+
+
 def test_non_deterministic_builtins_are_warnings(tmp_path: Path) -> None:
     root = first_day(tmp_path)
     (root / "stockade" / "clock.rego").write_text("package stockade\n\nlate if time.now_ns() > 0\n")
