@@ -245,7 +245,49 @@ class _Missing:
     candidates: tuple[str, ...] = ()
 
 
-_DYNAMIC = object()  # data content behind a computed index: any of the children
+_DYNAMIC = object()  # data content behind a computed index whose children are not known
+
+
+@dataclass(frozen=True, slots=True)
+class _Each:
+    """Data content behind a computed index: each child it may be."""
+
+    values: list[Any]
+
+    def step(self, key: str | int | None) -> Any:
+        """The children one step further down (those that have ``key``), or `_DYNAMIC`."""
+        found = [child for value in self.values for child in _children_at(value, key)]
+        return _Each(found) if found else _DYNAMIC
+
+
+def _children_at(value: Any, key: str | int | None) -> list[Any]:
+    """What ``value[key]`` may be (every child for a computed key); [] where it is undefined."""
+    if key is None:
+        return list(value.values()) if isinstance(value, dict) else value if isinstance(value, list) else []
+    if isinstance(value, dict):
+        return [value[key]] if key in value else []
+    if isinstance(value, list) and isinstance(key, int):
+        return [value[key]] if 0 <= key < len(value) else []
+    return []
+
+
+def _inferred(value: Any, depth: int = 0) -> Any:
+    """A schema of what a team's own data.json holds where no schema is declared: its types, to
+    the keys it has (open: a key it lacks is not an error, the reference is undefined), and an
+    array's items as the union of its elements'. Bounded, so a large document costs little."""
+    if isinstance(value, dict):
+        if depth >= _INFER_DEPTH or len(value) > _INFER_WIDTH:
+            return {"type": "object"}
+        return {"type": "object", "properties": {k: _inferred(v, depth + 1) for k, v in value.items()}}
+    if isinstance(value, list):
+        if depth >= _INFER_DEPTH or not value or len(value) > _INFER_WIDTH:
+            return {"type": "array"}
+        return {"type": "array", "items": _union([_inferred(v, depth + 1) for v in value])}
+    return {"type": _json_type(value)}
+
+
+_INFER_DEPTH = 8
+_INFER_WIDTH = 256
 
 
 def _types(schema: Any) -> set[str] | None:
@@ -983,9 +1025,13 @@ class _Checker:
             if isinstance(step, _Missing) and step.why != "unknown":
                 self.missing(module, shown, seg, step)
                 return None
-            if content is not _DYNAMIC:
+            if isinstance(content, _Each):
+                content = content.step(seg.key)
+            elif content is not _DYNAMIC:
                 if seg.key is None:
-                    content = _DYNAMIC
+                    # Behind a computed index: any of the children, each as data.json holds it.
+                    children = _children_at(content, None)
+                    content = _Each(children) if children else _DYNAMIC
                 elif isinstance(content, dict) and isinstance(seg.key, str) and seg.key in content:
                     content = content[seg.key]
                 elif isinstance(content, list) and isinstance(seg.key, int):
@@ -1013,8 +1059,10 @@ class _Checker:
                 return None
             shown = _child(shown, seg.key)
             schema = step
+        if schema is None and isinstance(content, _Each):
+            return _union([_inferred(child) for child in content.values])
         if schema is None and content is not _DYNAMIC:
-            return {"type": _json_type(content)}
+            return _inferred(content)
         return schema
 
     def data_file_for(self, keys: Sequence[Any]) -> str:

@@ -250,6 +250,32 @@ def test_the_values_of_rules_and_functions_are_typed_where_they_are_used(tmp_pat
     assert [p for p in check_policy(root) if p.file.endswith("levels.rego") and "uses" not in p.file] == []
 
 
+def test_a_teams_own_data_is_typed_from_what_its_data_json_holds(tmp_path: Path) -> None:
+    """Data with no declared schema (outside data.stockade) is typed from its data.json, through
+    computed indexes and iteration too; a key some entries lack is not an error."""
+    root = first_day(tmp_path)
+    (root / "team" / "quota").mkdir()
+    (root / "team" / "quota" / "data.json").write_text(json.dumps({
+        "per_agent": {"agent-a": 5, "agent-b": 10},
+        "owners": [{"name": "ana", "pager": True}, {"name": "bo"}],
+    }))  # fmt: skip
+    (root / "stockade" / "quota.rego").write_text(
+        "package stockade\n\n"
+        'capped if data.team.quota.per_agent[input.subject.agent] == "5"\n\n'
+        "named if { some owner in data.team.quota.owners; owner.name == 7 }\n\n"
+        "paged if data.team.quota.owners[_].pager == true\n\n"
+        "domain_count if count(data.team.mail.internal_domains[0]) > 1\n\n"
+        "fine if data.team.quota.per_agent[input.subject.agent] > 4\n"
+    )
+    problems = [p for p in check_policy(root) if p.file.endswith("quota.rego")]
+    assert [(p.line, p.code) for p in problems] == [(3, "type.mismatch"), (5, "type.mismatch")], [
+        str(p) for p in problems
+    ]
+    by_line = {p.line: p.message for p in problems}
+    assert 'is a number, compared with the string "5"' in by_line[3]
+    assert "is a string, compared with the number 7" in by_line[5]
+
+
 def test_non_deterministic_builtins_are_warnings(tmp_path: Path) -> None:
     root = first_day(tmp_path)
     (root / "stockade" / "clock.rego").write_text("package stockade\n\nlate if time.now_ns() > 0\n")
