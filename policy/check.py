@@ -17,7 +17,11 @@ Works from regorus's AST of each module (``Engine.get_ast_as_json``), not from t
 - ``data.json`` values the schema refuses (a rate limit of ``"2"``, a window the router never
   sends), with the JSON path and the file and line;
 - reason codes a rule emits that are not in ``data.stockade.reasons`` (or emitted with another
-  outcome than the catalog's), and catalog entries no rule emits (warnings).
+  outcome than the catalog's), and catalog entries no rule emits (warnings);
+- the values rules and functions take (the union of their definitions'), and a team's own data
+  typed from its data.json, so the checks above apply to them too;
+- Regal's conventions, as warnings (Regal itself does not install here): line length, METADATA
+  attributes and scopes, ambiguous scopes, the entrypoint annotation (`check_conventions`).
 """
 
 from __future__ import annotations
@@ -412,6 +416,55 @@ def _union(schemas: Sequence[Any]) -> Any:
     return unique[0] if len(unique) == 1 else {"anyOf": unique}
 
 
+MAX_LINE = 120  # Regal's default
+# The annotation attributes OPA defines (www.openpolicyagent.org/docs/policy-language#metadata).
+_METADATA_KEYS = frozenset({
+    "scope", "title", "description", "related_resources", "authors", "organizations", "schemas", "entrypoint",
+    "custom", "compile",
+})  # fmt: skip
+_SCOPES_BEFORE_PACKAGE = frozenset({"package", "subpackages"})
+_SCOPES_BEFORE_RULE = frozenset({"rule", "document"})
+_METADATA_KEY = re.compile(r" ?([A-Za-z_][\w-]*):(?:\s+(\S.*?))?\s*$")
+_RULE_NAME = re.compile(r"(?:default\s+)?([A-Za-z_]\w*)")
+
+
+@dataclass(slots=True)
+class _Metadata:
+    """One ``# METADATA`` comment block: its line, its top-level attributes (with their lines)
+    and scalar values, and what follows it (the package clause, or the rule named ``rule``)."""
+
+    line: int
+    keys: dict[str, int] = field(default_factory=dict)
+    values: dict[str, str] = field(default_factory=dict)
+    before_package: bool = False
+    rule: str = ""
+
+
+def _metadata_blocks(lines: list[str]) -> Iterator[_Metadata]:
+    """The METADATA blocks of a module's lines. Only the top level of each block's YAML is read:
+    attribute names, and the values of ``scope`` and ``entrypoint``."""
+    index = 0
+    while index < len(lines):
+        if lines[index].strip() != "# METADATA":
+            index += 1
+            continue
+        block = _Metadata(index + 1)
+        index += 1
+        while index < len(lines) and lines[index].lstrip().startswith("#"):
+            # A top-level attribute: "# key: value" (one space); deeper YAML is indented further.
+            found = _METADATA_KEY.match(lines[index].lstrip()[1:])
+            if found is not None:
+                block.keys.setdefault(found.group(1), index + 1)
+                if found.group(2) is not None:
+                    block.values.setdefault(found.group(1), found.group(2).strip("'\""))
+            index += 1
+        following = lines[index].strip() if index < len(lines) else ""
+        block.before_package = following.startswith("package ")
+        named = _RULE_NAME.match(following)
+        block.rule = named.group(1) if named is not None and not block.before_package else ""
+        yield block
+
+
 def _shown(value: Any) -> str:
     if isinstance(value, bool):
         return str(value).lower()
@@ -465,6 +518,57 @@ class _Checker:
         self.compile()
         self.check_data()
         self.check_reasons()
+        self.check_conventions()
+
+    # Regal's conventions (the linter itself does not install here): metadata, entrypoint, lines
+
+    def check_conventions(self) -> None:
+        """Warnings where a file breaks the Regal rules a team's CI would run: lines over
+        `MAX_LINE` characters (style/line-length), METADATA blocks with attributes OPA does not
+        define or a scope that does not fit what follows them (bugs/invalid-metadata-attribute,
+        the annotation scopes), a block on one definition of an incremental rule without a scope
+        (style/ambiguous-scope), and the entrypoint rule without ``entrypoint: true``
+        (idiomatic/no-defined-entrypoint)."""
+        entrypoint = tuple(ENTRYPOINT.split(".")[1:])
+        marked = False
+        for path, text in self.bundle.modules:
+            lines = text.splitlines()
+            for number, written in enumerate(lines, start=1):
+                width = len(written)  # characters, a tab one, as Regal counts them
+                if width > MAX_LINE:
+                    self.report(path, number, MAX_LINE + 1, "style.line_length",
+                                f"line is {width} characters, over {MAX_LINE}: break it", "warning")  # fmt: skip
+            for block in _metadata_blocks(lines):
+                marked |= self.check_metadata(path, block, entrypoint)
+        if not marked and entrypoint[:-1] in self.rules and entrypoint[-1] in self.rules[entrypoint[:-1]]:
+            module, rule = self.definitions[entrypoint][0]
+            line, col = _start(rule)
+            self.report(module.path, line, col, "metadata.no_entrypoint",
+                        f"{ENTRYPOINT}, the rule the router evaluates, has no METADATA block with `entrypoint: true`: "
+                        "annotate it (scope: document)", "warning")  # fmt: skip
+
+    def check_metadata(self, path: str, block: _Metadata, entrypoint: tuple[str, ...]) -> bool:
+        """Report what is wrong with one METADATA block; whether it marks the entrypoint."""
+        for key, at in block.keys.items():
+            if key not in _METADATA_KEYS:
+                known = ", ".join(sorted(_METADATA_KEYS))
+                self.report(path, at, 3, "metadata.invalid_attribute",
+                            f"METADATA attribute {key!r} is not one OPA defines ({known}): put your own under "
+                            "`custom:`", "warning")  # fmt: skip
+        scope = block.values.get("scope", "package" if block.before_package else "rule")
+        fits = _SCOPES_BEFORE_PACKAGE if block.before_package else _SCOPES_BEFORE_RULE
+        if scope not in fits:
+            line = block.keys.get("scope", block.line)
+            target = "the package clause" if block.before_package else "a rule"
+            self.report(path, line, 1, "metadata.invalid_scope",
+                        f"METADATA scope {scope!r} does not fit {target}, which the block precedes: "
+                        f"use {' or '.join(sorted(fits))}", "warning")  # fmt: skip
+        package = next((m.package for m in self.modules if m.path == path), ())
+        if block.rule and "scope" not in block.keys and len(self.definitions.get((*package, block.rule), [])) > 1:
+            self.report(path, block.line, 1, "metadata.ambiguous_scope",
+                        f"METADATA before one definition of {block.rule}, which has several, without a scope: "
+                        "say `scope: rule` (this one) or `scope: document` (all of them)", "warning")  # fmt: skip
+        return block.values.get("entrypoint") == "true" and (*package, block.rule) == entrypoint
 
     # parsing and compiling
 

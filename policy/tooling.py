@@ -575,12 +575,9 @@ def new_area(root: Path, area: str, package: str = "stockade") -> NewArea:
 
 
 _RULE_TEMPLATE = """\
-# METADATA
-# title: {area}
-# description: >-
-#   What this rule area refuses, and why. Each rule adds a reason to deny_reasons (or to
-#   approval_reasons, to hold the call for a human); data.stockade.decision aggregates them.
-# scope: document
+# {area}: what this rule area refuses, and why. Each rule adds a reason to deny_reasons (or to
+# approval_reasons, to hold the call for a human); data.stockade.decision aggregates them.
+# (The package's METADATA is decision.rego's: a package takes one package-scoped block.)
 package {package}
 
 # METADATA
@@ -588,6 +585,7 @@ package {package}
 # description: >-
 #   Replace the condition with yours. The code is in the reason catalog
 #   (reasons/data.json) with its outcome, message and runbook.
+# scope: rule
 # custom:
 #   reason: {code}
 deny_reasons contains {{"code": "{code}", "message": sprintf("tool %s is refused", [input.tool.name])}} if {{

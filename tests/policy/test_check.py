@@ -20,6 +20,7 @@ from policy.bundle import load_bundle
 from policy.check import Problem, check_policy, known_builtins
 from policy.schema import args_by_tool, data_schema, input_schema
 from policy.testing import run_rego_tests
+from policy.tooling import new_area
 from tests.conftest import REPO
 
 SHIPPED = REPO / "policies"
@@ -274,6 +275,46 @@ def test_a_teams_own_data_is_typed_from_what_its_data_json_holds(tmp_path: Path)
     by_line = {p.line: p.message for p in problems}
     assert 'is a number, compared with the string "5"' in by_line[3]
     assert "is a string, compared with the number 7" in by_line[5]
+
+
+def test_regals_conventions_are_checked_where_regal_cannot_run(tmp_path: Path) -> None:
+    """The Regal rules a team's CI would run, as warnings (so --strict fails on them): a line over
+    120 characters, a METADATA attribute OPA does not define, a scope that does not fit what the
+    block precedes, and an entrypoint without ``entrypoint: true``. The shipped policy, the
+    first-day policies and a scaffolded rule file follow them all."""
+    root = first_day(tmp_path)
+    new_area(root, "export_guard")
+    assert [p for p in check_policy(root) if p.code.startswith(("style.", "metadata."))] == []
+    decision = root / "stockade" / "decision.rego"
+    decision.write_text(decision.read_text().replace("# entrypoint: true\n", "", 1))
+    (root / "stockade" / "style.rego").write_text(
+        "# METADATA\n"
+        "# title: style\n"
+        "# scope: document\n"
+        "package stockade\n\n"
+        "# METADATA\n"
+        "# title: a rule\n"
+        "# scope: rule\n"
+        "# owner: sec-team\n"
+        "# custom:\n"
+        "#   owner: sec-team\n"
+        "noisy if input.tool.name == " + '"' + "x" * 110 + '"' + "\n\n"
+        "# METADATA\n"
+        "# title: one of several\n"
+        'deny_reasons contains {"code": "style.x", "message": "x"} if input.tool.name == "y"\n'
+    )
+    found = sorted((Path(p.file).name, p.line, p.code) for p in check_policy(root) if p.severity == "warning"
+                   and p.code.startswith(("style.", "metadata.")))  # fmt: skip
+    assert found == [
+        ("decision.rego", line_of(decision, "default decision :="), "metadata.no_entrypoint"),
+        ("style.rego", 3, "metadata.invalid_scope"),
+        ("style.rego", 9, "metadata.invalid_attribute"),
+        ("style.rego", 12, "style.line_length"),
+        ("style.rego", 14, "metadata.ambiguous_scope"),
+    ]
+    by_code = {p.code: p.message for p in check_policy(root)}
+    assert "scope 'document' does not fit the package clause" in by_code["metadata.invalid_scope"]
+    assert "put your own under `custom:`" in by_code["metadata.invalid_attribute"]
 
 
 def test_non_deterministic_builtins_are_warnings(tmp_path: Path) -> None:

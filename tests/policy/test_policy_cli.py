@@ -299,9 +299,10 @@ def test_new_scaffolds_a_rule_area_whose_tests_pass_and_never_overwrites(tmp_pat
     made = run("new", "deploy_guard", "--dir", str(root))
     assert made.returncode == 0, made.stderr
     rule = (root / "stockade" / "deploy_guard.rego").read_text()
-    assert rule.startswith("# METADATA\n")
+    assert "# METADATA\n# title: deploy_guard.example\n" in rule  # the rule's own block, scope rule
     assert 'deny_reasons contains {"code": "deploy_guard.example"' in rule
-    assert all(len(line) <= 120 for line in rule.splitlines())
+    checked = run("check", "--dir", str(root), "--strict")  # Regal's conventions included
+    assert checked.returncode == 0, checked.stdout + checked.stderr
     tested = run("test", "--dir", str(root), "-r", "deploy_guard")
     assert tested.returncode == 0, tested.stdout
     assert "2 passed, 0 failed; 2 replayed on the RVM" in tested.stdout
