@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -164,36 +166,73 @@ def test_coverage_under_the_threshold_exits_1(tmp_path: Path) -> None:
     assert run("test", "--dir", str(root), "--threshold", "10").returncode == 0
 
 
+# Start the watcher with SIGINT at its default, as at a terminal: a test runner started in the
+# background (nohup, `&` without job control) passes SIGINT on ignored, and Python then never
+# raises KeyboardInterrupt (dispositions other than "ignore" are reset at exec, so this survives it).
+_CTRL_C_WORKS = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
+)
+
+
 def test_watch_runs_the_tests_again_when_a_file_changes(tmp_path: Path) -> None:
     root = policy(tmp_path)
-    with subprocess.Popen([STOCKADE, "policy", "test", "--dir", str(root), "--watch"], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True) as watcher:  # fmt: skip
-        try:
-            seen = read_until(watcher, "watching")
-            assert "2 passed, 0 failed" in seen
-            (root / "stockade" / "decision_test.rego").write_text(TESTS.replace('"team.blocked" in', '"team.other" in'))
-            seen = read_until(watcher, "watching")
-            assert "changed: stockade/decision_test.rego; running the tests again" in seen
-            assert "FAIL stockade/decision_test.rego::test_blocked_is_denied" in seen
-            assert "1 passed, 1 failed" in seen
-        finally:
-            watcher.send_signal(signal.SIGINT)  # Ctrl-C
-            assert watcher.wait(timeout=30) == 0
+    watcher = subprocess.Popen([sys.executable, "-c", _CTRL_C_WORKS, STOCKADE, "policy", "test", "--dir", str(root),
+                                "--watch"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    output = Lines(watcher)
+    try:
+        seen = output.until("watching")
+        assert "2 passed, 0 failed" in seen
+        (root / "stockade" / "decision_test.rego").write_text(TESTS.replace('"team.blocked" in', '"team.other" in'))
+        seen = output.until("watching")
+        assert "changed: stockade/decision_test.rego; running the tests again" in seen
+        assert "FAIL stockade/decision_test.rego::test_blocked_is_denied" in seen
+        assert "1 passed, 1 failed" in seen
+        watcher.send_signal(signal.SIGINT)  # Ctrl-C
+        assert watcher.wait(timeout=30) == 0
+    finally:
+        if watcher.poll() is None:  # a step above failed: never leave it (or this test) waiting
+            watcher.kill()
+        watcher.wait()
+        output.close()
 
 
-def read_until(process: subprocess.Popen[str], marker: str, timeout_s: float = 60) -> str:
-    """The process's output up to and including the first line holding ``marker``."""
-    assert process.stdout is not None
-    lines: list[str] = []
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if marker in line:
-            return "".join(lines)
-    raise AssertionError(f"no {marker!r} in:\n{''.join(lines)}")
+class Lines:
+    """A process's output lines, read by a thread of their own, so waiting for one can time out
+    even while the process prints nothing."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        assert process.stdout is not None
+        stream = process.stdout
+
+        def pump() -> None:
+            with stream:
+                for line in stream:
+                    self._lines.put(line)
+            self._lines.put(None)  # the end of the output
+
+        self._pump = threading.Thread(target=pump, daemon=True)
+        self._pump.start()
+
+    def close(self) -> None:
+        """Wait for the reader to reach the end of the output (the process has exited)."""
+        self._pump.join(timeout=30)
+
+    def until(self, marker: str, timeout_s: float = 60) -> str:
+        """The output up to and including the first line holding ``marker``."""
+        seen: list[str] = []
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self._lines.get(timeout=left)
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            seen.append(line)
+            if marker in line:
+                return "".join(seen)
+        raise AssertionError(f"no {marker!r} within {timeout_s} s in:\n{''.join(seen)}")
 
 
 # -- policy eval ----------------------------------------------------------------------------------
