@@ -19,7 +19,7 @@ from typing import Annotated, Literal, Self
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from policy import PolicySettings
+from policy.config import PolicySettings
 from router.credentials.base import CredentialConfig
 from runner import RunnerSettings
 

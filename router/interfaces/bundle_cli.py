@@ -13,13 +13,15 @@ or its policy does not compile); 2 bad input (a directory that does not load, an
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from policy import EmbeddedEngine, PolicyBundle, PolicyBundleError, PolicySettings
-from policy.bundle import build_bundle, load_private_key, load_public_key
+from policy.config import PolicySettings
 from router.interfaces.cli_common import JsonFlag, emit_json, fail, out
+
+if TYPE_CHECKING:  # the bundle code (JWS, keys) and the engine only for these two commands
+    from policy import PolicyBundle
 
 
 def _policy_settings(ctx: typer.Context) -> PolicySettings:
@@ -52,6 +54,9 @@ def policy_build(
     """Bundle a policy directory into a gzip tarball with a manifest and, given a key, a signature
     (.signatures.json, OPA's format). The policy must compile; the file appears whole (written
     beside and renamed), so a router watching it never loads half of one."""
+    from policy import EmbeddedEngine, PolicyBundleError  # noqa: PLC0415
+    from policy.bundle import build_bundle, load_private_key  # noqa: PLC0415
+
     settings = _policy_settings(ctx)
     try:
         key = load_private_key(signing_key) if signing_key is not None else None
@@ -78,6 +83,9 @@ def policy_verify_bundle(
     """Check a bundle as the router would load it: safe to read, signed with the key and unaltered
     (no file added, removed or changed), and compiling. Without --public-key the bundle must be
     unsigned: a signature that cannot be checked is refused, as OPA refuses it."""
+    from policy import EmbeddedEngine, PolicyBundleError  # noqa: PLC0415
+    from policy.bundle import load_public_key  # noqa: PLC0415
+
     settings = _policy_settings(ctx)
     try:
         if public_key is not None:

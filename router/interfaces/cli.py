@@ -14,34 +14,32 @@ import hashlib
 import secrets
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 from rich.markup import escape
 
-import runner as runner_pkg
-from router.approvals import Approval, ApprovalBook, ApprovalError, ApprovalStatus
-from router.audit import JsonlAuditLog, VerifyReport
 from router.audit.chain import head_of
-from router.audit.checkpoint import Checkpoint, VerifyKey
 from router.audit.layout import lines, read_checkpoint_source
-from router.audit.redis import RedisAuditLog
-from router.audit.verify import inclusion_proofs, proof_document, verify_log
-from router.control import VERSION
 from router.errors import AuditError, StockadeError
 from router.interfaces.cli_common import AuditPath, JsonFlag, err, out, tool_specs
 from router.interfaces.cli_common import audit_log as _audit_log
 from router.interfaces.cli_common import emit_json as _emit_json
 from router.interfaces.cli_common import fail as _fail
 from router.interfaces.cli_common import settings_of as _settings
-from router.interfaces.demo import run_demo
-from router.interfaces.local import LocalRouters, approval_socket, socket_dir
 from router.interfaces.policy_cli import policy_app
-from router.interfaces.render import approval_panel, approvals_table
 from router.logging import configure_logging
 from router.settings import Settings
-from router.store import make_store
-from runner.image import build_default_image
+from router.wire import ApprovalStatus
+
+# What only some commands need is imported in them: every command (`stockade --help`, an
+# auditor's `stockade audit query`) would otherwise load the control plane, the store, Redis,
+# the Docker SDK and the approvals machinery first.
+if TYPE_CHECKING:
+    from router.approvals import Approval, ApprovalBook
+    from router.audit import JsonlAuditLog, VerifyReport
+    from router.audit.checkpoint import Checkpoint, VerifyKey
+    from router.interfaces.local import LocalRouters
 
 app = typer.Typer(
     name="stockade",
@@ -82,6 +80,8 @@ def demo(
     ] = None,
 ) -> None:
     """Run one agent session end to end with real sandboxed runs and show the audit trail."""
+    from router.interfaces.demo import run_demo  # noqa: PLC0415
+
     try:
         code = asyncio.run(run_demo(_settings(ctx), out, audit_path))
     except StockadeError as exc:
@@ -106,6 +106,7 @@ def serve(
 
     from router.control import ControlPlane  # noqa: PLC0415
     from router.interfaces.api import create_app  # noqa: PLC0415
+    from router.interfaces.local import approval_socket  # noqa: PLC0415
 
     settings = _settings(ctx)
     specs = tool_specs(tools) if tools else []
@@ -168,6 +169,7 @@ def mcp(
     import uvicorn  # noqa: PLC0415
 
     from router.control import ControlPlane  # noqa: PLC0415
+    from router.interfaces.local import approval_socket  # noqa: PLC0415
     from router.interfaces.mcp import build_server, is_loopback, require_bearer, token_names  # noqa: PLC0415
     from router.interfaces.mcp_stdio import stdio_wire  # noqa: PLC0415
 
@@ -242,6 +244,8 @@ Trusted = Annotated[
 
 
 def _verify_keys(settings: Settings, public_key: Path | None) -> list[VerifyKey]:
+    from router.audit.checkpoint import VerifyKey  # noqa: PLC0415
+
     source = public_key or settings.audit.signing_key.with_name(settings.audit.signing_key.name + ".pub")
     if public_key is None and not source.exists():
         return []
@@ -283,6 +287,8 @@ def audit_verify(
     """Check the log: every line's hash and link, the Merkle tree against every signed checkpoint
     (the log's, the publish directory's and yours), segments and tombstones. Exit 1 and name the
     first broken seq if anything was modified, removed, inserted, renumbered or cut off."""
+    from router.audit.verify import verify_log  # noqa: PLC0415
+
     settings = _settings(ctx)
     keys, trusted = _verify_keys(settings, public_key), _trusted(checkpoint)
     where: str
@@ -318,6 +324,8 @@ def audit_verify(
 async def _verify_redis(settings: Settings, keys: list[VerifyKey], trusted: list[Checkpoint]) -> VerifyReport:
     if settings.store.url is None:
         raise AuditError("STOCKADE_AUDIT__BACKEND=redis needs the store's Redis: set STOCKADE_STORE__URL")
+    from router.audit.redis import RedisAuditLog  # noqa: PLC0415
+
     stream = RedisAuditLog(settings.store.url, timeout_s=settings.store.timeout_s)
     try:
         return await stream.verify(keys=keys, trusted=trusted)
@@ -335,6 +343,8 @@ def audit_prove(
     """Print an RFC 9162 inclusion proof of each event against the latest signed checkpoint: the
     event's line, its leaf hash, the audit path and the checkpoint. Anyone with the public key can
     check it (`router.audit.merkle.verify_inclusion`; see docs/audit.md)."""
+    from router.audit.verify import inclusion_proofs, proof_document  # noqa: PLC0415
+
     settings = _settings(ctx)
     try:
         if settings.audit.backend == "redis" and path is None:
@@ -362,6 +372,8 @@ def audit_prove(
 async def _prove_redis(settings: Settings, seqs: list[int]) -> tuple[Checkpoint, dict[int, tuple[bytes, list[str]]]]:
     if settings.store.url is None:
         raise AuditError("STOCKADE_AUDIT__BACKEND=redis needs the store's Redis: set STOCKADE_STORE__URL")
+    from router.audit.redis import RedisAuditLog  # noqa: PLC0415
+
     stream = RedisAuditLog(settings.store.url, timeout_s=settings.store.timeout_s)
     try:
         return await stream.inclusion_proofs(seqs)
@@ -396,6 +408,12 @@ Note = Annotated[str, typer.Option("--note", help="Why: a ticket, a reason; reco
 def _with_approvals(ctx: typer.Context, work: Callable[[ApprovalBook | LocalRouters], Awaitable[T]]) -> T:
     """Run ``work`` against the shared store and the audit log the routers write or, with the
     embedded store, against the running routers' approval sockets (router.interfaces.local)."""
+    from router.approvals import ApprovalBook, ApprovalError  # noqa: PLC0415
+    from router.audit import JsonlAuditLog  # noqa: PLC0415
+    from router.control import VERSION  # noqa: PLC0415
+    from router.interfaces.local import LocalRouters, socket_dir  # noqa: PLC0415
+    from router.store import make_store  # noqa: PLC0415
+
     settings = _settings(ctx)
 
     async def run() -> T:
@@ -420,6 +438,8 @@ def _with_approvals(ctx: typer.Context, work: Callable[[ApprovalBook | LocalRout
 
 
 def _show_approval(approval: Approval, as_json: bool) -> None:
+    from router.interfaces.render import approval_panel  # noqa: PLC0415
+
     if as_json:
         _emit_json(approval.model_dump(mode="json"))
         return
@@ -433,6 +453,8 @@ def approvals_list(
     as_json: JsonFlag = False,
 ) -> None:
     """List approvals, oldest first: what was asked, by which agent, why, and until when."""
+    from router.interfaces.render import approvals_table  # noqa: PLC0415
+
     found = _with_approvals(ctx, lambda book: book.list(status))
     if as_json:
         _emit_json([a.model_dump(mode="json") for a in found])
@@ -478,6 +500,9 @@ def sandbox_build_image(
     force: Annotated[bool, typer.Option("--force", help="Build even if the image exists.")] = False,
 ) -> None:
     """Build the default sandbox image locally (mmdebstrap + docker import), once per recipe."""
+    import runner as runner_pkg  # noqa: PLC0415
+    from runner.image import build_default_image  # noqa: PLC0415
+
     try:
         with err.status("building the sandbox image") as status:
             tag = build_default_image(_settings(ctx).runner.docker_host, force=force, progress=status.update)
@@ -489,6 +514,8 @@ def sandbox_build_image(
 @sandbox_app.command("doctor")
 def sandbox_doctor(ctx: typer.Context, as_json: JsonFlag = False) -> None:
     """Show which sandbox tiers work on this host and, for those that do not, why; exit 1 if any does not."""
+    import runner as runner_pkg  # noqa: PLC0415
+
     settings = _settings(ctx).runner
     report = {}
     for tier, sandbox in runner_pkg.make_sandboxes(settings).items():

@@ -8,14 +8,16 @@ import sys
 from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.segment import Segment
 
-from router.audit import JsonlAuditLog
 from router.settings import Settings
+
+if TYPE_CHECKING:  # the writer (pydantic models, signatures) only for the commands that open a log
+    from router.audit import JsonlAuditLog
 
 # C0 controls but newline and tab, DEL and C1 controls: what a terminal would act on. Each becomes
 # one visible character (its control picture, or U+FFFD), so widths and styled spans stay put.
@@ -84,6 +86,8 @@ def audit_log(ctx: typer.Context, path: Path | None) -> JsonlAuditLog:
     target = path or settings.path
     if not target.exists():
         raise fail(f"no audit log at {target}; pass --path or set STOCKADE_AUDIT__PATH")
+    from router.audit import JsonlAuditLog  # noqa: PLC0415
+
     return JsonlAuditLog(target, durability=settings.durability)
 
 

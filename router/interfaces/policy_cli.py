@@ -15,31 +15,21 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import httpx
 import typer
 from rich.text import Text
 
-from policy import EmbeddedEngine, PolicyBundleError, PolicyInput, PolicySettings, RegoTestResult, run_rego_tests
-from policy.bundle import fingerprint, load_bundle
-from policy.check import check_policy
-from policy.schema import data_schema, input_schema
-from policy.tooling import (
-    BenchReport,
-    FileCoverage,
-    Latency,
-    bench,
-    coverage,
-    evaluate_rule,
-    explain,
-    new_area,
-    rule_path,
-    total_percent,
-)
+from policy.config import PolicySettings
 from router.interfaces.bundle_cli import policy_build, policy_verify_bundle
 from router.interfaces.cli_common import JsonFlag, PolicyDir, emit_json, err, fail, out, settings_of, tool_specs
 from router.interfaces.replay_cli import policy_replay
+
+# The engines, the checker and the tooling are imported by the commands that use them: every
+# `stockade` command builds this group, and most never evaluate a policy.
+if TYPE_CHECKING:
+    from policy import PolicyInput, RegoTestResult
+    from policy.tooling import BenchReport, FileCoverage, Latency
 
 policy_app = typer.Typer(help="Test and evaluate the Rego policies.", no_args_is_help=True)
 
@@ -55,6 +45,8 @@ InputFile = Annotated[Path, typer.Option("--input", "-i", help="JSON file holdin
 
 
 def _read_input(path: Path) -> PolicyInput:
+    from policy import PolicyInput  # noqa: PLC0415
+
     try:
         raw = sys.stdin.buffer.read() if str(path) == "-" else path.read_bytes()
     except OSError as exc:
@@ -117,6 +109,9 @@ def policy_test(
 
 def _test_once(options: _TestOptions) -> int:
     """One run of the tests, printed; its exit code."""
+    from policy import PolicyBundleError, run_rego_tests  # noqa: PLC0415
+    from policy.tooling import coverage, total_percent  # noqa: PLC0415
+
     settings = options.settings
     try:
         results = run_rego_tests(settings.dir, max_bytes=settings.max_policy_bytes, entrypoint=settings.entrypoint,
@@ -202,6 +197,8 @@ def _print_summary(results: list[RegoTestResult], failed: list[RegoTestResult]) 
 
 def _watch(options: _TestOptions) -> None:
     """Run the tests, then again each time a policy file changes, until Ctrl-C (exit 0)."""
+    from policy.bundle import fingerprint  # noqa: PLC0415
+
     root = options.settings.dir
     try:
         seen = fingerprint(root)
@@ -267,6 +264,9 @@ def policy_eval(
     """Evaluate the decision for one input as production does (the compiled RVM, confirmed on the
     interpreter) and print it as JSON; or, given a rule, that rule on the RVM compiled for it
     and on the interpreter (exit 2 if they disagree or raise)."""
+    from policy import EmbeddedEngine, PolicyBundleError  # noqa: PLC0415
+    from policy.tooling import evaluate_rule, rule_path  # noqa: PLC0415
+
     if rule is not None and query is not None:
         raise fail("give the rule either as an argument or with --query, not both")
     if fail_undefined and fail_defined:
@@ -321,6 +321,9 @@ def policy_explain(
 ) -> None:
     """Show the decision for one input as production makes it, where in the policy each reason
     comes from, every rule of the policy's package and, unless it allows, why not."""
+    from policy import PolicyBundleError  # noqa: PLC0415
+    from policy.tooling import explain  # noqa: PLC0415
+
     policy_input = _read_input(input_file)
     settings = policy_settings(ctx, directory)
     try:
@@ -380,6 +383,8 @@ def policy_check(
     input contract (`stockade policy schema`) and data.json's schema, find type mismatches and
     reason codes missing from the catalog. Each problem with file:line:col. Exit 1 on any error
     (or warning, with --strict), 2 if the tool specs cannot be read."""
+    from policy.check import check_policy  # noqa: PLC0415
+
     settings = policy_settings(ctx, directory)
     specs = tool_specs(tools) if tools else None
     problems = check_policy(settings.dir, tools=specs, max_bytes=settings.max_policy_bytes)
@@ -411,6 +416,10 @@ def policy_schema(
     """Print the input contract (JSON Schema of `input`, generated from the router's PolicyInput and
     refined per tool with --tools), or with --data the schema of the policy's data.json: for
     editors, `opa check --schema`, and reviewers."""
+    from policy import PolicyBundleError  # noqa: PLC0415
+    from policy.bundle import load_bundle  # noqa: PLC0415
+    from policy.schema import data_schema, input_schema  # noqa: PLC0415
+
     if data:
         settings = policy_settings(ctx, directory)
         try:
@@ -436,6 +445,8 @@ def policy_reload(
     """Make a running router reload its policy directory now (audited, with source "cli").
     Exit 1 if the router refused (files that do not load: the old policy stays; a token that is not
     an admin's), 2 if it cannot be reached."""
+    import httpx  # noqa: PLC0415
+
     try:
         response = httpx.post(f"{url.rstrip('/')}/v1/policy/reload", params={"source": "cli"},
                               headers={"Authorization": f"Bearer {token}"}, timeout=30)  # fmt: skip
@@ -467,6 +478,9 @@ def policy_bench(
 ) -> None:
     """Decision latency (p50/p99, µs) of the whole policy on the production path, of a one-rule
     policy on the same path (the baseline), and of each rule area (one .rego file's rules)."""
+    from policy import PolicyBundleError  # noqa: PLC0415
+    from policy.tooling import bench  # noqa: PLC0415
+
     settings = policy_settings(ctx, directory)
     chosen = {path.name: _read_input(path) for path in inputs} if inputs else None
     try:
@@ -507,6 +521,8 @@ def policy_new(
     """Scaffold a rule area: stockade/AREA.rego (a rule adding to deny_reasons, with METADATA) and
     AREA_test.rego (tests that pass as written), and the reason code's catalog entry (added to
     stockade/reasons/data.json if it exists, else printed). Never overwrites: exit 2 if a file exists."""
+    from policy.tooling import new_area  # noqa: PLC0415
+
     root = policy_settings(ctx, directory).dir
     try:
         made = new_area(root, area)

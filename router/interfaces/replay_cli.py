@@ -14,28 +14,18 @@ import json
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 from rich.text import Text
 
-from policy import EmbeddedEngine, PolicyBundleError
-from router.audit import AuditFilter
 from router.interfaces.cli_common import AuditPath, JsonFlag, audit_log, emit_json, err, fail, out, settings_of, when
-from router.replay import (
-    DIRECTIONS,
-    GATES,
-    AcceptFileError,
-    AcceptRule,
-    Change,
-    ReplayReport,
-    accept_entries,
-    gated,
-    load_accept,
-    replay,
-    unaccepted,
-)
+
+# Replay's machinery (the engines, the audit models) only when `stockade policy replay` runs.
+if TYPE_CHECKING:
+    from policy import EmbeddedEngine
+    from router.replay import AcceptRule, Change, ReplayReport
 
 _ACCEPT_FORMAT = ('a JSON array of entries such as {"decision_id": "..."} or '
                   '{"tool": "send_email", "direction": "narrowed", "field": "limits"}')  # fmt: skip
@@ -46,6 +36,8 @@ _TOP = 10  # rows shown per table in the human output; --json has them all
 def _engine(ctx: typer.Context, directory: Path, option: str) -> Iterator[EmbeddedEngine]:
     """The policy in ``directory`` on the production engine, closed on this thread afterwards
     (regorus objects must be dropped on the thread that made them)."""
+    from policy import EmbeddedEngine, PolicyBundleError  # noqa: PLC0415
+
     try:
         engine = EmbeddedEngine(settings_of(ctx).policy.model_copy(update={"dir": directory}))
     except PolicyBundleError as exc:
@@ -63,6 +55,8 @@ def _engine(ctx: typer.Context, directory: Path, option: str) -> Iterator[Embedd
 
 
 def _gates(values: list[str] | None) -> set[str]:
+    from router.replay import GATES  # noqa: PLC0415
+
     gates = {part.strip() for value in values or [] for part in value.split(",") if part.strip()}
     wrong = sorted(gates - set(GATES))
     if wrong:
@@ -107,6 +101,9 @@ def policy_replay(
     and show what would change: outcome, reason codes and obligations, counted by direction
     (widened, narrowed, mixed, changed), tool, agent, principal and reason, with samples.
     With --fail-on, exit 1 when a change in that direction is not in the --accept file."""
+    from router.audit import AuditFilter  # noqa: PLC0415
+    from router.replay import AcceptFileError, accept_entries, gated, load_accept, replay  # noqa: PLC0415
+
     gates = _gates(fail_on)
     rules: list[AcceptRule] = []
     if accept is not None:
@@ -161,6 +158,8 @@ def _document(
     stopped: list[Change],
     samples: int,
 ) -> dict[str, Any]:
+    from router.replay import unaccepted  # noqa: PLC0415
+
     stopped_ids = {change.decision_id for change in stopped}
     changed = []
     for change in report.changes:
@@ -204,6 +203,8 @@ def _show(
 ) -> None:
     """The human report. Every value from the log or the policy goes through `Text`, so rich
     never reads ``[...]`` in it as markup."""
+    from router.replay import DIRECTIONS  # noqa: PLC0415
+
     against = "the recorded decisions" if report.mode == "recorded" else (
         f"baseline {baseline} ({report.baseline_revision[:12]})")  # fmt: skip
     out.print(Text(f"candidate {candidate} ({report.candidate_revision[:12]}) against {against}"))
@@ -251,6 +252,8 @@ def _drift(report: ReplayReport) -> None:
 
 
 def _table(title: str, group: dict[str, dict[str, Any]]) -> Table:
+    from router.replay import DIRECTIONS  # noqa: PLC0415
+
     table = Table(title=title, title_justify="left", show_edge=False)
     table.add_column(title.removeprefix("by "))
     for name in ("changes", *DIRECTIONS):
@@ -263,6 +266,8 @@ def _table(title: str, group: dict[str, dict[str, Any]]) -> Table:
 
 
 def _gate(report: ReplayReport, gates: set[str], rules: list[AcceptRule], stopped: list[Change]) -> None:
+    from router.replay import unaccepted  # noqa: PLC0415
+
     named = ",".join(sorted(gates))
     if not stopped:
         accepted = sum(1 for change in report.changes if rules and not unaccepted(change, rules))
