@@ -9,9 +9,10 @@ measures, each figure beside the path it replaces, in the same run:
     in alternating rounds (`paired`);
   - full verification (hashing each line's bytes, the Merkle tree, every checkpoint) against
     today's re-serialising chain check, and an incremental verification of one day;
-  - queries on the indexed Parquet (DuckDB) warm and from a fresh process against a full scan of
-    the JSONL: one session, one decision's trail, a per-agent daily count, who approved the calls
-    that used a credential; the query process's peak RSS;
+  - queries on the indexed Parquet (DuckDB) warm and from a fresh process (the library alone, and
+    the `stockade audit query` command) against a full scan of the JSONL: one session, one
+    decision's trail, a per-agent daily count, who approved the calls that used a credential; the
+    query process's peak RSS;
   - the router's append rate while queries run in another process, against without (the
     querying process paused), in alternating rounds.
 
@@ -357,6 +358,15 @@ def queries(work: Path, path: Path, args: argparse.Namespace, rows: dict[str, di
             rss = max(rss, float(said.stdout.split()[1]))
         rows[f"{name}, fresh process"] = summarize(fresh)
         notes[f"{name}: fresh process (interpreter start included) peak RSS"] = f"{rss:.0f} MB"
+    # What an auditor types: the CLI, whose own start (typer, the settings, logging) comes on top.
+    stockade = str(Path(sys.executable).parent / "stockade")
+    cli = []
+    for _ in range(3):
+        t = time.perf_counter()
+        subprocess.run([stockade, "audit", "query", "--path", str(path), "--session", wanted["session"], "--json"],
+                       capture_output=True, check=True)  # fmt: skip
+        cli.append(time.perf_counter() - t)
+    rows["point: one session, `stockade audit query`, fresh process"] = summarize(cli)
     where = AuditFilter(session_id=wanted["session"])
     rows["today's path: a full scan per question (scaled)"] = summarize([old_scan(path, where, args.baseline_events)
                                                                           * scale])  # fmt: skip
