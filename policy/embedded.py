@@ -18,9 +18,11 @@ by both engines, which also keeps them honest about each other in production.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import threading
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,12 +56,17 @@ class _Loaded:
     generation: int
 
 
-def _compile(bundle: PolicyBundle, entrypoint: str, generation: int) -> _Loaded:
+def _compile_steps(bundle: PolicyBundle, entrypoint: str, generation: int) -> Generator[None, None, _Loaded]:
+    """Compile ``bundle`` a module at a time: each ``next`` does one step (a module parsed, the
+    data added, the program compiled). regorus holds the GIL for each call, so a reload on the
+    event loop yields between steps: the longest pause is one step, not the whole policy."""
     try:
         interpreter = regorus.Engine()
         for path, text in bundle.modules:
             interpreter.add_policy(path, text)
+            yield
         interpreter.add_data_json(bundle.data_json)
+        yield
         program = regorus.Program.compile_from_modules(bundle.data_json, bundle.decision_modules, [entrypoint])
     except BaseException as exc:
         if not (isinstance(exc, Exception) or _is_panic(exc)):
@@ -69,6 +76,28 @@ def _compile(bundle: PolicyBundle, entrypoint: str, generation: int) -> _Loaded:
         interpreter = program = None
         raise PolicyBundleError(f"policy in {bundle.root} does not compile: {_without_backtrace(exc)}") from exc
     return _Loaded(bundle=bundle, program=program, interpreter=interpreter, generation=generation)
+
+
+def _compile(bundle: PolicyBundle, entrypoint: str, generation: int) -> _Loaded:
+    steps = _compile_steps(bundle, entrypoint, generation)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            loaded: _Loaded = done.value
+            return loaded
+
+
+async def _compile_yielding(bundle: PolicyBundle, entrypoint: str, generation: int) -> _Loaded:
+    """`_compile`, letting the event loop run other tasks between its steps."""
+    steps = _compile_steps(bundle, entrypoint, generation)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            loaded: _Loaded = done.value
+            return loaded
+        await asyncio.sleep(0)
 
 
 class EmbeddedEngine:
@@ -83,6 +112,7 @@ class EmbeddedEngine:
     def __init__(self, settings: PolicySettings) -> None:
         self._settings = settings
         self._lock = threading.Lock()
+        self._reloading = asyncio.Lock()
         self._local = threading.local()
         self._loaded = _compile(load_configured(settings), settings.entrypoint, 1)
         self._status = LoadStatus.first(str(settings.dir), self._loaded.bundle.revision)
@@ -103,12 +133,14 @@ class EmbeddedEngine:
         return self._status
 
     async def reload(self) -> str:
-        with self._lock:
+        # One reload at a time (an asyncio lock: the compile yields to the loop between modules,
+        # and a thread lock held across that would block the loop for a second reload).
+        async with self._reloading:
             old = self._loaded
             bundle: PolicyBundle | None = None
             try:
                 bundle = load_configured(self._settings)
-                new = _compile(bundle, self._settings.entrypoint, old.generation + 1)
+                new = await _compile_yielding(bundle, self._settings.entrypoint, old.generation + 1)
             except Exception as exc:  # whatever went wrong, the refusal is the same: recorded, audited, old policy kept
                 refused = as_bundle_error(exc, self._settings.dir)
                 failed = bundle.revision if bundle is not None else digest_of(self._settings.dir)
@@ -120,8 +152,9 @@ class EmbeddedEngine:
                 if refused is exc:
                     raise
                 raise refused from exc
-            self._loaded = new
-            self._status = self._status.loaded(new.bundle.revision)
+            with self._lock:
+                self._loaded = new
+                self._status = self._status.loaded(new.bundle.revision)
         log.info("policy_reloaded", revision=new.bundle.revision, previous=old.bundle.revision)
         return new.bundle.revision
 

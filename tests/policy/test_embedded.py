@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 from pathlib import Path
@@ -207,6 +208,36 @@ async def test_reload_with_syntax_error_keeps_the_old_policy(tmp_path: Path) -> 
         await engine.reload()
     assert engine.revision == before
     assert (await engine.decide(make_input())).outcome is Outcome.ALLOW
+
+
+async def test_a_reload_lets_the_event_loop_serve_between_modules(tmp_path: Path) -> None:
+    """regorus holds the GIL for each call: a reload compiles a module at a time and yields to the
+    loop between them, so a router keeps deciding while a large policy compiles (it stalled for
+    the whole compile before). Two reloads at once take turns, and calls decide throughout."""
+    root = tmp_path / "policies"
+    shutil.copytree(REPO / "policies", root)
+    engine = EmbeddedEngine(PolicySettings(dir=root))
+    ticks = 0
+    decided: list[Outcome] = []
+    stop = asyncio.Event()
+
+    async def serve() -> None:
+        nonlocal ticks
+        while not stop.is_set():
+            ticks += 1
+            decided.append((await engine.decide(make_input())).outcome)
+            await asyncio.sleep(0)
+
+    server = asyncio.create_task(serve())
+    await asyncio.sleep(0)
+    before = ticks
+    first, second = await asyncio.gather(engine.reload(), engine.reload())
+    during = ticks - before
+    stop.set()
+    await server
+    assert first == second == engine.revision
+    assert during >= 2 * len(engine.bundle.modules), during  # served between the steps of both reloads
+    assert set(decided) == {Outcome.ALLOW}
 
 
 async def test_reload_picks_up_a_data_change(tmp_path: Path) -> None:
