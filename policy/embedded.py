@@ -78,26 +78,31 @@ def _compile_steps(bundle: PolicyBundle, entrypoint: str, generation: int) -> Ge
     return _Loaded(bundle=bundle, program=program, interpreter=interpreter, generation=generation)
 
 
+def _step(steps: Generator[None, None, _Loaded]) -> _Loaded | None:
+    """Do the next step of a compile; the compiled policy once none is left, else None."""
+    try:
+        next(steps)
+    except StopIteration as done:
+        loaded: _Loaded = done.value
+        return loaded
+    return None
+
+
 def _compile(bundle: PolicyBundle, entrypoint: str, generation: int) -> _Loaded:
     steps = _compile_steps(bundle, entrypoint, generation)
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            loaded: _Loaded = done.value
-            return loaded
+    while (loaded := _step(steps)) is None:
+        pass
+    return loaded
 
 
 async def _compile_yielding(bundle: PolicyBundle, entrypoint: str, generation: int) -> _Loaded:
     """`_compile`, letting the event loop run other tasks between its steps."""
     steps = _compile_steps(bundle, entrypoint, generation)
     while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            loaded: _Loaded = done.value
+        loaded = _step(steps)
+        if loaded is not None:
             return loaded
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # a turn for the loop's other tasks
 
 
 class EmbeddedEngine:
