@@ -20,11 +20,14 @@ The index (default ``<audit path>.index/``, `index_dir_of`)::
 A marker whose sha256 is not the segment's manifest's (the segment was replaced) makes the files
 stale: readers ignore them and the next indexer run re-indexes the segment and reports it. Every
 row holds the promoted columns (`COLUMNS`) and the line as written (``event``), byte for byte; a
-row's ``hash`` is computed from those bytes (`router.audit.chain`), never read from the line.
+row's ``hash`` is computed from those bytes (`router.audit.chain`), never read from the line, and
+its ``line_offset`` says where the line is in its segment file (`AuditQuery.events` reads events
+there, checked against the hash).
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import fcntl
 import hashlib
@@ -38,7 +41,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
@@ -102,13 +105,14 @@ COLUMNS: dict[str, str] = {
     "taint": "VARCHAR[]",
     "policy_revision": "VARCHAR",
     "instance": "VARCHAR",
+    "line_offset": "BIGINT",
     "event": "VARCHAR",
 }
-"""The columns of the ``events`` view and their DuckDB types (docs/audit-query.md says where each
-comes from). ``day`` is the UTC date of ``timestamp`` (1970-01-01 if it does not parse); ``event``
-is the line as written."""
+"""The columns of the ``events`` view and their DuckDB types (docs/audit.md says where each
+comes from). ``day`` is the UTC date of ``timestamp`` (1970-01-01 if it does not parse);
+``line_offset`` is where the line starts in its segment file; ``event`` is the line as written."""
 
-_FORMAT = 1  # of the markers and files: a marker of another format is re-indexed
+_FORMAT = 2  # of the markers and files: a marker of another format is re-indexed (2: line_offset)
 _MAX_LINE = 64 << 20  # longer lines are not readable events here: a segment holding one stays unindexed
 _ROW_GROUP = 8192  # rows: groups small enough that min/max and bloom filters skip most of a file
 _INDEX_MEMORY = "256MB"
@@ -165,12 +169,25 @@ SELECT
   CASE WHEN s[3] = 'egress' THEN s[20] END AS egress_host,
   list_filter(coalesce(json_extract_string(l[5], '$[*]'), []), {_NOT_NULL}) AS taint,
   s[21] AS policy_revision, s[22] AS instance,
+  -- The lines are in seq order in their file, one newline each: a line starts where the bytes of
+  -- those before it end ({{base}}: where the source's first line starts). Readers check the hash of
+  -- what they read there (`_Lines`), so an offset that is off costs a slower read, never a wrong one.
+  CAST({{base}} + sum(strlen(line) + 1) OVER (ORDER BY TRY_CAST(s[1] AS BIGINT) ROWS UNBOUNDED PRECEDING)
+    - strlen(line) - 1 AS BIGINT) AS line_offset,
   line AS event
 FROM (
   SELECT line, json_extract_string(line, {_paths(_SCALARS)}) AS s, json_extract(line, {_paths(_LISTS)}) AS l
   FROM ({{source}}) WHERE json_valid(line)
 )
 """  # noqa: S608  (constant SQL: no value of an event or a caller in it)
+
+
+def _projected(source: str, base: int = 0) -> str:
+    """`_PROJECTION` of ``source`` (SQL giving the column ``line``: whole lines of one file, in
+    order, the first starting at byte ``base``)."""
+    return _PROJECTION.replace("{source}", source).replace("{base}", str(int(base)))
+
+
 _EMPTY = "SELECT " + ", ".join(f"CAST(NULL AS {kind}) AS {name}" for name, kind in COLUMNS.items()) + " WHERE false"
 
 
@@ -233,9 +250,10 @@ def _utc(text: str | None) -> datetime | None:
     return at
 
 
-def promote(line: bytes) -> dict[str, Any] | None:
-    """The promoted columns of one line, as the index holds them (None: not a JSON object). The
-    Python twin of the SQL projection, for readers without DuckDB (the Redis stream)."""
+def promote(line: bytes, offset: int | None = None) -> dict[str, Any] | None:
+    """The promoted columns of one line, as the index holds them (None: not a JSON object); its
+    ``line_offset`` is ``offset`` (None: the line is in no file). The Python twin of the SQL
+    projection, for readers without DuckDB (the Redis stream)."""
     try:
         document = json.loads(line)
     except (ValueError, UnicodeDecodeError):
@@ -280,6 +298,7 @@ def promote(line: bytes) -> dict[str, Any] | None:
         "taint": _texts(_at(policy_input, "session", "taint")),
         "policy_revision": _text(_at(document, "bundles", "policies", "revision")),
         "instance": _text(_at(document, "labels", "instance")),
+        "line_offset": offset,
         "event": line.rstrip(b"\n").decode(),
     }
 
@@ -294,7 +313,7 @@ def _first(*values: Any) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class EventFilter:
-    """Which events a query selects: every field that is set must match (docs/audit-query.md).
+    """Which events a query selects: every field that is set must match (docs/audit.md).
     Times are compared in UTC; ``after_seq`` is a cursor (events after it), ``to_seq`` inclusive."""
 
     since: datetime | None = None
@@ -653,7 +672,7 @@ def _index_segment(connection: duckdb.DuckDBPyConnection, part: Part, sha256: st
             "run `stockade audit verify`. Not indexed; queries read it line by line"
         )
     expected = (part.last_seq - part.first_seq + 1, part.first_seq, part.last_seq)
-    query = _PROJECTION.replace("{source}", _csv_source([part.path]))
+    query = _projected(_csv_source([part.path]))
     days, problem = _write_days(connection, query, temp / "stage", expected)
     if problem:
         return problem
@@ -791,7 +810,7 @@ def _snapshot(
         _drop_snapshot(index_dir, marker_path)
         return 0
     # Lines past ``end`` (appended meanwhile) are left to the readers: only seqs up to last_seq.
-    query = f"SELECT * FROM ({_PROJECTION.replace('{source}', _csv_source([active]))}) WHERE seq <= {int(last_seq)}"  # noqa: S608  (constant SQL, a quoted path and an int)
+    query = f"SELECT * FROM ({_projected(_csv_source([active]))}) WHERE seq <= {int(last_seq)}"  # noqa: S608  (constant SQL, a quoted path and an int)
     days, problem = _write_days(connection, query, temp / "stage", (last_seq - head[0] + 1, head[0], last_seq))
     if problem:
         _log().warning("audit_index_snapshot_skipped", problem=problem)
@@ -982,6 +1001,7 @@ class _Fed:
 _READ_ONLY = "only one SELECT (or WITH … SELECT) statement, over the view `events`"
 _BATCH = 500  # rows per fetch
 _SPAN = 4096  # events read per query once their seqs are known: a row group or two
+_LINE_READ = 4096  # bytes read at an event's offset at first (most lines are shorter)
 _FEED_CHUNK = 4 << 20  # bytes of active lines per insert
 
 
@@ -1114,7 +1134,7 @@ class AuditQuery:
             del self._fed[name]
         for name, part in wanted.items():
             if name not in self._fed:
-                projected = _PROJECTION.replace("{source}", _csv_source([part.path]))
+                projected = _projected(_csv_source([part.path]))
                 self._db.execute(f"INSERT INTO fed SELECT ? AS part, {_columns()} FROM ({projected})", [name])  # noqa: S608  (quoted path)
                 self._fed[name] = _Fed(0, part.first_seq, 0, 0)
 
@@ -1143,19 +1163,22 @@ class AuditQuery:
                 self._db.execute("DELETE FROM fed WHERE part = 'active' AND seq <= ?", [after])
                 fed.start = start
             batch: list[str] = []
-            size = 0
+            size = base = 0
             for offset, line in complete_lines(handle, max(fed.end, start)):
+                if not batch:
+                    base = offset
                 fed.end = offset + len(line) + 1
                 batch.append(line.decode(errors="replace"))  # UTF-8 as written; anything else fails json_valid
                 size += len(line)
                 if size >= _FEED_CHUNK:
-                    self._insert(batch)
+                    self._insert(batch, base)
                     batch, size = [], 0
-            self._insert(batch)
+            self._insert(batch, base)
 
-    def _insert(self, batch: list[str]) -> None:
+    def _insert(self, batch: list[str], base: int) -> None:
+        """Feed ``batch``: consecutive lines of the active segment, the first at byte ``base``."""
         if batch:
-            projected = _PROJECTION.replace("{source}", "SELECT unnest(?::VARCHAR[]) AS line")
+            projected = _projected("SELECT unnest(?::VARCHAR[]) AS line", base)
             self._db.execute(f"INSERT INTO fed SELECT 'active' AS part, {_columns()} FROM ({projected})", [batch])  # noqa: S608  (constant SQL)
 
     # -- queries --
@@ -1169,21 +1192,28 @@ class AuditQuery:
         self, where: EventFilter, *, limit: int | None = None, columns: Sequence[str] = ("seq", "hash", "event")
     ) -> Iterator[tuple[Any, ...]]:
         """The selected events' ``columns``, lowest seq first, fetched as they are read: their seqs
-        first (a small sort), then the events a batch at a time, each batch read from the few row
-        groups its seq range touches (so no query ever sorts the events themselves)."""
+        first (a small sort), then the other columns a batch at a time, each batch read from the few
+        row groups its seq range touches (so no query ever sorts whole events). An ``event`` is read
+        from the log's own file at its ``line_offset`` (`_Lines`), not from the index: a few hundred
+        bytes per event instead of a row group's worth of whole events to decompress. When every
+        other column is one the first query selects anyway (seq, hash, line_offset: the usual
+        request), that query is the only one."""
         unknown = [c for c in columns if c not in COLUMNS]
         if unknown:
             raise ValueError(f"no column {unknown[0]!r} in events")
         condition, params = where_sql(where)
         seqs = self.cursor()  # refreshes the view, and the file list narrowed below
         rows = self._db.cursor()
+        lines = _Lines(self.layout) if "event" in columns else None
+        direct = lines is not None and set(columns) <= {"seq", "hash", "line_offset", "event"}
         days = (
             None if where.since is None else _naive_utc(where.since).date(),
             None if where.until is None else _naive_utc(where.until).date(),
         )
         lowest = (where.after_seq or 0) + 1
         where_seqs = _source(self._files, lowest, where.to_seq, days)
-        select_seqs = f"SELECT seq FROM ({where_seqs}) WHERE seq IS NOT NULL AND {condition} ORDER BY seq"  # noqa: S608  (bound values)
+        first_columns = ", ".join(_Lines.narrow(columns)) if direct else "seq"
+        select_seqs = f"SELECT {first_columns} FROM ({where_seqs}) WHERE seq IS NOT NULL AND {condition} ORDER BY seq"  # noqa: S608  (known columns, bound values)
         if limit is not None:
             select_seqs += f" LIMIT {int(limit)}"
         try:
@@ -1191,11 +1221,32 @@ class AuditQuery:
                 first, last = batch[0][0], batch[-1][0]
                 # Only the files whose seqs overlap this batch: a row group or two of one file, mostly.
                 narrowed = _source(self._files, first, last, days)
-                select_rows = f"SELECT {', '.join(columns)} FROM ({narrowed}) WHERE seq BETWEEN ? AND ? AND {condition} ORDER BY seq"  # noqa: S608, E501  (known columns, bound values)
-                yield from _stream(self._run, rows, select_rows, [first, last, *params])
+                select_rows = f"SELECT {{}} FROM ({narrowed}) WHERE seq BETWEEN ? AND ? AND {condition} ORDER BY seq"  # noqa: S608  (known columns, bound values)
+                batch_params = [first, last, *params]
+                if lines is None:
+                    yield from _stream(self._run, rows, select_rows.format(", ".join(columns)), batch_params)
+                    continue
+                narrow: Iterator[tuple[Any, ...]] = (
+                    iter(batch)
+                    if direct
+                    else _stream(self._run, rows, select_rows.format(", ".join(_Lines.narrow(columns))), batch_params)
+                )
+                stopped = yield from lines.rows(columns, narrow)
+                if stopped is not None:
+                    # A line not where the index says (its segment replaced or gone): the rest of
+                    # the batch from the index's copies.
+                    rest = self._db.cursor()
+                    try:
+                        yield from _stream(
+                            self._run, rest, select_rows.format(", ".join(columns)), [stopped, last, *params]
+                        )
+                    finally:
+                        rest.close()
         finally:
             seqs.close()
             rows.close()
+            if lines is not None:
+                lines.close()
 
     def copy_parquet(self, where: EventFilter, target: Path) -> None:
         """Write the selected events, every column, to the Parquet file ``target`` (one of the
@@ -1235,6 +1286,72 @@ class AuditQuery:
             raise
         names = [d[0] for d in cursor.description or []]
         return names, _drain(self._run, cursor)
+
+
+class _Lines:
+    """Events read from the log's files by seq and byte offset, each checked against its indexed
+    hash. A line that is not there as indexed (its segment replaced or removed, or the offset off)
+    stops the reading: `AuditQuery.events` reads the rest of that batch from the index's copies."""
+
+    def __init__(self, layout: LogLayout) -> None:
+        self._layout = layout
+        sealed = [p for p in layout.parts() if p.kind == "sealed"]
+        self._firsts = [p.first_seq for p in sealed]
+        self._sealed = sealed
+        self._open: dict[Path, int] = {}
+
+    def _file(self, seq: int) -> int:
+        """An open descriptor of the file that holds ``seq``: its sealed segment, or the active one."""
+        at = bisect.bisect_right(self._firsts, seq) - 1
+        path = self._sealed[at].path if at >= 0 and seq <= self._sealed[at].last_seq else self._layout.active
+        found = self._open.get(path)
+        if found is None:
+            found = self._open[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        return found
+
+    def _line(self, seq: int, offset: int, digest: str) -> str | None:
+        try:
+            fd = self._file(seq)
+            size = _LINE_READ
+            while True:
+                data = os.pread(fd, size, offset)
+                end = data.find(b"\n")
+                if end >= 0 or len(data) < size or size > _MAX_LINE:
+                    break
+                size *= 4
+        except OSError:
+            return None
+        line = data[:end] if end >= 0 else b""
+        if end < 0 or line_hash(line).hex() != digest:
+            return None
+        # The index's copy is this text (its hash is of these bytes): it decodes.
+        return line.decode(errors="replace")
+
+    @staticmethod
+    def narrow(columns: Sequence[str]) -> list[str]:
+        """What a batch selects to give ``columns`` through `rows`: the line's place, not the line."""
+        return list(dict.fromkeys([*(c for c in columns if c != "event"), "seq", "hash", "line_offset"]))
+
+    def rows(
+        self, columns: Sequence[str], narrow: Iterator[tuple[Any, ...]]
+    ) -> Generator[tuple[Any, ...], None, int | None]:
+        """``columns`` of the rows ``narrow`` yields (`narrow`), each event read from its file, up to
+        the first whose line is not there as indexed: its seq (None: every row was read)."""
+        at = {name: i for i, name in enumerate(self.narrow(columns))}
+        seq_at, hash_at, offset_at = at["seq"], at["hash"], at["line_offset"]
+        for row in narrow:
+            offset = row[offset_at]
+            line = None if offset is None else self._line(row[seq_at], offset, row[hash_at])
+            if line is None:
+                seq: int = row[seq_at]
+                return seq
+            yield tuple(line if c == "event" else row[at[c]] for c in columns)
+        return None
+
+    def close(self) -> None:
+        for fd in self._open.values():
+            os.close(fd)
+        self._open.clear()
 
 
 def _message(exc: Exception) -> str:

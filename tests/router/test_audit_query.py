@@ -270,6 +270,16 @@ def documents(path: Path) -> list[dict[str, Any]]:
     return found
 
 
+def line_offsets(path: Path) -> dict[int, int]:
+    """Where each seq's line starts in its segment file."""
+    return {
+        json.loads(line)["seq"]: offset
+        for part in LogLayout(path).parts()
+        if part.kind != "tombstone"
+        for offset, line in lines(part.path)
+    }
+
+
 # -- the reference: the filters, over parsed lines ------------------------------------------
 
 
@@ -421,14 +431,18 @@ def test_each_event_is_found_as_written_with_its_hash(engine: AuditQuery, docs: 
         assert digest == document["hash"]
 
 
-def test_the_promoted_columns_are_what_the_python_twin_computes(engine: AuditQuery, docs: list[dict[str, Any]]) -> None:
-    """The Redis path filters with `promote`; the index with SQL: they agree on every event."""
+def test_the_promoted_columns_are_what_the_python_twin_computes(
+    audit_log: Log, engine: AuditQuery, docs: list[dict[str, Any]]
+) -> None:
+    """The Redis path filters with `promote`; the index with SQL: they agree on every event, and
+    each line is where its ``line_offset`` says, in the indexed, unindexed and active segments."""
     names, rows = engine.sql("SELECT * FROM events ORDER BY seq")
     assert names == list(COLUMNS)
     by_seq = {d["seq"]: d for d in docs}
+    offsets = line_offsets(audit_log.path)
     for row in rows:
         from_sql = dict(zip(names, row, strict=True))
-        assert from_sql == promote(by_seq[from_sql["seq"]]["_line"])
+        assert from_sql == promote(by_seq[from_sql["seq"]]["_line"], offsets[from_sql["seq"]])
 
 
 def test_the_live_tail_is_included_as_it_grows(tmp_path: Path, audit_log: Log) -> None:
@@ -453,6 +467,45 @@ def test_the_live_tail_is_included_as_it_grows(tmp_path: Path, audit_log: Log) -
     assert after_snapshot == list(range(1, len(after_snapshot) + 1))
     assert len(after_snapshot) > len(grown)
     assert last == [d["seq"] for d in documents(path)] == list(range(1, len(last) + 1))
+
+
+def test_events_are_read_from_the_log_at_their_offsets_and_checked(tmp_path: Path, audit_log: Log) -> None:
+    """An event is read from the log's file at its ``line_offset`` and checked against its indexed
+    hash, not copied out of the index (here the index's copies are stand-ins); a line whose bytes
+    changed under the index is never returned: from it on, its batch comes from the index."""
+    import duckdb  # noqa: PLC0415  (the audit extra)
+
+    root = tmp_path / "copy"
+    shutil.copytree(audit_log.path.parent, root)
+    path = root / "audit.jsonl"
+    for file in index_dir_of(path).glob("day=*/*.parquet"):
+        staged = file.with_suffix(".staged")
+        duckdb.sql(
+            f"COPY (SELECT * REPLACE ('stand-in ' || seq AS event) FROM read_parquet('{file}')) "  # noqa: S608  (test paths)
+            f"TO '{staged}' (FORMAT parquet)"
+        )
+        os.replace(staged, file)
+    docs = documents(path)
+    with AuditQuery(path) as query:
+        found = {seq: (digest, line) for seq, digest, line in query.events(EventFilter())}
+        assert found == {d["seq"]: (d["hash"], d["_line"].decode()) for d in docs}
+        from_index = {seq for (seq,) in query.sql("SELECT seq FROM events WHERE event LIKE 'stand-in %'")[1]}
+    assert len(from_index) > len(docs) // 2, "most events are in indexed segments"
+
+    # One indexed line changes under the index, its length kept (so every offset still holds).
+    changed = sorted(from_index)[len(from_index) // 2]
+    sealed = next(p for p in LogLayout(path).parts() if p.kind == "sealed" and p.first_seq <= changed <= p.last_seq)
+    raw = sealed.path.read_bytes()
+    start = line_offsets(path)[changed]
+    at = raw.index(b'"kind":"', start) + len(b'"kind":"')
+    edited = raw[:at] + b"X" + raw[at + 1 :]
+    sealed.path.write_bytes(edited)
+    tampered = edited[start : edited.index(b"\n", start)]
+    with AuditQuery(path) as query:
+        again = {seq: line for seq, _, line in query.events(EventFilter())}
+    assert again[changed] == f"stand-in {changed}"
+    assert tampered.decode() not in again.values()
+    assert all(again[d["seq"]] == d["_line"].decode() for d in docs if d["seq"] < changed)
 
 
 def test_hostile_text_in_filters_is_a_value_never_sql(engine: AuditQuery, docs: list[dict[str, Any]]) -> None:
