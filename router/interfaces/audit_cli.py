@@ -215,14 +215,14 @@ def register(audit_app: typer.Typer) -> None:  # noqa: PLR0915  (one closure per
         as_json: Annotated[bool, typer.Option("--json", help="One row per line, as a JSON object.")] = False,
         as_csv: Annotated[bool, typer.Option("--csv", help="CSV with a header row.")] = False,
     ) -> None:
-        """Run a read-only SQL query over the audit log (view `events`; columns in docs/audit-query.md)."""
+        """Run a read-only SQL query over the audit log (view `events`; columns in docs/audit.md)."""
         if as_json and as_csv:
             raise _fail("pass --json or --csv, not both")
         with engine(ctx, path) as query:
             try:
                 names, rows = query.sql(statement)
             except AuditError as exc:
-                raise _fail(f"{exc}\n(one SELECT over `events` only; see docs/audit-query.md)") from exc
+                raise _fail(f"{exc}\n(one SELECT over `events` only; see docs/audit.md)") from exc
             if as_json:
                 for row in run(rows):
                     _write(json.dumps(dict(zip(names, map(_plain, row), strict=True)), ensure_ascii=False) + "\n")
