@@ -59,14 +59,19 @@ def configure_default_logging() -> None:
     """Unless structlog is configured already: redacted console logs on stderr at ``STOCKADE_LOG_LEVEL``
     (``STOCKADE_LOG_FORMAT`` ``json`` for JSON). Not cached, so the application's own configuration,
     made later, takes over every logger."""
-    if structlog.is_configured():
-        return
-    # Read here, not through Settings: this runs at import, where building Settings (and the
-    # policy and runner settings it holds) would cost time and could fail. Settings validates
-    # the same variables when the application builds it.
+    if not structlog.is_configured():
+        configure_from_environment(cache=False)
+
+
+def configure_from_environment(*, cache: bool = True) -> None:
+    """`configure_logging` with ``STOCKADE_LOG_FORMAT`` and ``STOCKADE_LOG_LEVEL`` as the
+    environment has them (console and warning if unset or not one of theirs)."""
+    # Read here, not through Settings: this runs at import or at a command's start, where
+    # building Settings (and the policy and runner settings it holds) would cost time and could
+    # fail. Settings validates the same variables when the application builds it.
     level = os.environ.get("STOCKADE_LOG_LEVEL", "warning").lower()
     fmt = os.environ.get("STOCKADE_LOG_FORMAT", "console").lower()
-    configure_logging("json" if fmt == "json" else "console", level if level in _LEVELS else "warning", cache=False)
+    configure_logging("json" if fmt == "json" else "console", level if level in _LEVELS else "warning", cache=cache)
 
 
 class _CurrentStderr:

@@ -3,7 +3,8 @@
 They import pydantic and the standard library only, so the SDK (`router.client`) reads and writes
 them without loading the server (the policy engine, the sandboxes, the store). The modules that own
 their behaviour re-export them (`router.tools`, `router.approvals`, `router.audit`); with
-`router.results` and `router.errors`, which were light already, they are the whole wire.
+`router.results` and `router.errors`, which were light already, and `router.states` (the enums,
+which the CLI reads without pydantic), they are the whole wire.
 
 Two of `ToolSpec`'s checks need more than the standard library: JSON Schema (jsonschema) and the
 output-path syntax (`router.provenance`). Each is imported where it is used, on the first spec
@@ -13,10 +14,11 @@ validated, and is a small pure-Python module.
 from __future__ import annotations
 
 import re
-from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from router.states import ApprovalStatus as ApprovalStatus  # noqa: PLC0414  (re-exported: part of the wire)
 
 Capability = Literal[
     "reads_private", "reads_untrusted", "sends_external", "mutates_state", "financial", "executes_code"
@@ -246,14 +248,6 @@ class ToolSpec(_Frozen):
 
 
 # -- approvals -------------------------------------------------------------------------------
-
-
-class ApprovalStatus(StrEnum):
-    PENDING = "pending"
-    APPROVED = "approved"
-    DENIED = "denied"
-    USED = "used"
-    EXPIRED = "expired"
 
 
 class Approval(BaseModel):

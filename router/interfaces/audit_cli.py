@@ -96,13 +96,15 @@ def register(audit_app: typer.Typer) -> None:  # noqa: PLR0915  (one closure per
     Until = Annotated[str | None, typer.Option(help="Only events at or before this ISO 8601 time.")]
 
     def log_path(ctx: typer.Context, path: Path | None) -> Path:
-        settings = _settings(ctx).audit
-        if path is None and settings.backend == "redis":
-            raise _fail(
-                "the audit log is the Redis stream (STOCKADE_AUDIT__BACKEND=redis): query it with "
-                "GET /v1/audit/events, or pass --path to a JSONL log"
-            )
-        target = path or settings.path
+        target = path
+        if target is None:  # the settings only when they are asked for: a --path is enough
+            settings = _settings(ctx).audit
+            if settings.backend == "redis":
+                raise _fail(
+                    "the audit log is the Redis stream (STOCKADE_AUDIT__BACKEND=redis): query it with "
+                    "GET /v1/audit/events, or pass --path to a JSONL log"
+                )
+            target = settings.path
         if not target.exists() and not target.with_name(target.name + ".segments").is_dir():
             raise _fail(f"no audit log at {target}; pass --path or set STOCKADE_AUDIT__PATH")
         return target

@@ -17,17 +17,16 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from policy.config import PolicySettings
-from router.interfaces.cli_common import JsonFlag, emit_json, fail, out
+from router.interfaces.cli_common import JsonFlag, emit_json, fail, out, settings_of
 
 if TYPE_CHECKING:  # the bundle code (JWS, keys) and the engine only for these two commands
     from policy import PolicyBundle
+    from policy.config import PolicySettings
 
 
 def _policy_settings(ctx: typer.Context) -> PolicySettings:
-    """The configured policy settings (size caps), or the defaults when run outside ``stockade``."""
-    policy: PolicySettings | None = getattr(ctx.obj, "policy", None)
-    return policy if policy is not None else PolicySettings()
+    """The configured policy settings (size caps)."""
+    return settings_of(ctx).policy
 
 
 def _summary(bundle: PolicyBundle) -> dict[str, object]:

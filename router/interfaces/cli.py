@@ -28,9 +28,8 @@ from router.interfaces.cli_common import emit_json as _emit_json
 from router.interfaces.cli_common import fail as _fail
 from router.interfaces.cli_common import settings_of as _settings
 from router.interfaces.policy_cli import policy_app
-from router.logging import configure_logging
-from router.settings import Settings
-from router.wire import ApprovalStatus
+from router.logging import configure_from_environment
+from router.states import ApprovalStatus
 
 # What only some commands need is imported in them: every command (`stockade --help`, an
 # auditor's `stockade audit query`) would otherwise load the control plane, the store, Redis,
@@ -40,6 +39,7 @@ if TYPE_CHECKING:
     from router.audit import JsonlAuditLog, VerifyReport
     from router.audit.checkpoint import Checkpoint, VerifyKey
     from router.interfaces.local import LocalRouters
+    from router.settings import Settings
 
 app = typer.Typer(
     name="stockade",
@@ -61,11 +61,10 @@ app.add_typer(approvals_app, name="approvals")
 
 
 @app.callback()
-def main(ctx: typer.Context) -> None:
-    """Read settings from STOCKADE_* variables once and configure logging."""
-    settings = Settings()
-    configure_logging(settings.log_format, settings.log_level)
-    ctx.obj = settings
+def main() -> None:
+    """Configure logging (STOCKADE_LOG_LEVEL, STOCKADE_LOG_FORMAT) before any command runs; the
+    rest of the settings are read by the commands that use them (`settings_of`)."""
+    configure_from_environment()
 
 
 # -- demo ---------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ from the context, failing with an exit code, JSON output and time options."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from collections.abc import Iterable
@@ -14,10 +15,11 @@ import typer
 from rich.console import Console
 from rich.segment import Segment
 
-from router.settings import Settings
-
-if TYPE_CHECKING:  # the writer (pydantic models, signatures) only for the commands that open a log
+if TYPE_CHECKING:
+    # The writer (pydantic models, signatures) only for the commands that open a log; the
+    # settings (pydantic, every component's settings model) only for the commands that read them.
     from router.audit import JsonlAuditLog
+    from router.settings import Settings
 
 # C0 controls but newline and tab, DEL and C1 controls: what a terminal would act on. Each becomes
 # one visible character (its control picture, or U+FFFD), so widths and styled spans stay put.
@@ -51,9 +53,35 @@ AuditPath = Annotated[Path | None, typer.Option("--path", help="Audit log (defau
 
 
 def settings_of(ctx: typer.Context) -> Settings:
-    """The settings the ``stockade`` callback read from STOCKADE_* variables."""
-    settings: Settings = ctx.obj
+    """The settings from the STOCKADE_* variables, read when a command first asks (an auditor's
+    ``audit query --path``, say, never does, and starts without loading them). A variable that
+    does not validate is a usage error (exit 2) naming it."""
+    root = ctx.find_root()
+    if root.obj is None:
+        root.obj = _read_settings()
+    settings: Settings = root.obj
     return settings
+
+
+def _read_settings() -> Settings:
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    from router.settings import Settings  # noqa: PLC0415
+
+    try:
+        return Settings()
+    except ValidationError as exc:
+        problems = "; ".join(f"{_variable(e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise fail(f"invalid settings: {problems[:1500]}") from None
+
+
+def _variable(loc: tuple[int | str, ...]) -> str:
+    """The STOCKADE_* variable a validation error's location is in (``("audit", "backend")``:
+    STOCKADE_AUDIT__BACKEND), and where inside its JSON value if deeper."""
+    names = [str(part) for part in itertools.takewhile(lambda part: isinstance(part, str), loc)]
+    inside = ".".join(map(str, loc[len(names) :]))
+    variable = "STOCKADE_" + "__".join(names).upper()
+    return f"{variable} (at {inside})" if inside else variable
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:

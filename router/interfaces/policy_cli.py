@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.text import Text
 
-from policy.config import PolicySettings
 from router.interfaces.bundle_cli import policy_build, policy_verify_bundle
 from router.interfaces.cli_common import JsonFlag, PolicyDir, emit_json, err, fail, out, settings_of, tool_specs
 from router.interfaces.replay_cli import policy_replay
@@ -29,6 +28,7 @@ from router.interfaces.replay_cli import policy_replay
 # `stockade` command builds this group, and most never evaluate a policy.
 if TYPE_CHECKING:
     from policy import PolicyInput, RegoTestResult
+    from policy.config import PolicySettings
     from policy.tooling import BenchReport, FileCoverage, Latency
 
 policy_app = typer.Typer(help="Test and evaluate the Rego policies.", no_args_is_help=True)

@@ -33,7 +33,7 @@ SERVER = ("docker", "regorus", "redis", "fastapi", "starlette", "uvicorn", "rout
 # Importing it does not log, so it does not load structlog either (reading an output path may).
 NOT_ON_IMPORT = (*SERVER, "structlog", "router.logging")
 SDK_MODULES = {"router", "router.client", "router.client.clients", "router.client.endpoints", "router.client.errors",
-               "router.client.tools", "router.errors", "router.results", "router.wire"}  # fmt: skip
+               "router.client.tools", "router.errors", "router.results", "router.states", "router.wire"}  # fmt: skip
 TIMED_IMPORT = """\
 import json, sys, time
 started = time.perf_counter()
