@@ -48,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _stats import report, summarize
 
 from router.audit import AuditEvent, AuditFilter
+from router.audit.chain import line_hash
 from router.audit.checkpoint import SigningKey, VerifyKey
 from router.audit.jsonl import JsonlAuditLog, LogOptions
 from router.audit.layout import LogLayout, lines
@@ -276,10 +277,37 @@ def main() -> None:
         notes["verified"] = f"{full.events:,} events, {full.checkpoints} checkpoints"
 
         queries(work, path, args, rows, notes, scale)
+        exports(work, path, rows, notes)
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
     report("Audit log (bench/audit.py)", rows, notes, args.json)
+
+
+def exports(work: Path, path: Path, rows: dict[str, dict[str, float]], notes: dict[str, Any]) -> None:
+    """An auditor's export of one segment's events (about a day), each with its inclusion proof,
+    against the path that made each proof from the log's leaves (one proof timed, times the events)."""
+    from router.audit.export import export_events  # noqa: PLC0415  (the audit extra)
+    from router.audit.index import EventFilter  # noqa: PLC0415
+    from router.audit.merkle import inclusion_proof  # noqa: PLC0415
+
+    sys.stderr.write("export\n")
+    sealed = [p for p in LogLayout(path).parts() if p.kind == "sealed"][-1]
+    where = EventFilter(after_seq=sealed.first_seq - 1, to_seq=sealed.last_seq)
+    target = work / "export.jsonl"
+    started = time.perf_counter()
+    done = export_events(path, target, fmt="jsonl", where=where)
+    rows["export: one segment's events with proofs (JSONL)"] = summarize([time.perf_counter() - started])
+    size_mb = target.stat().st_size / 1e6
+    notes["export"] = f"{done.events:,} events, {size_mb:.0f} MB, proved in a tree of {done.checkpoint_size:,}"
+    target.unlink()
+    done.proof.unlink()
+    leaves = [line_hash(line) for part in LogLayout(path).parts() if part.kind != "tombstone"
+              for _, line in lines(part.path)][: done.checkpoint_size]  # fmt: skip
+    started = time.perf_counter()
+    inclusion_proof(leaves, sealed.first_seq - 1, len(leaves))
+    one_proof = time.perf_counter() - started
+    rows["export: a proof per event from the leaves (scaled)"] = summarize([one_proof * done.events])
 
 
 QUESTIONS = {

@@ -15,7 +15,7 @@ import dataclasses
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -104,10 +104,10 @@ def export_events(
     )  # fmt: skip
 
 
-def _inclusion_proofs(layout: LogLayout, seqs: list[int]) -> tuple[Any, dict[int, list[str]]]:
+def _inclusion_proofs(layout: LogLayout, seqs: list[int]) -> tuple[Any, Mapping[int, list[str]]]:
     from router.audit.verify import inclusion_proofs  # noqa: PLC0415  (only when exporting)
 
-    found: tuple[Any, dict[int, list[str]]] = inclusion_proofs(layout, seqs)
+    found: tuple[Any, Mapping[int, list[str]]] = inclusion_proofs(layout, seqs)
     return found
 
 
@@ -174,7 +174,7 @@ def _write_proof(
     digest: str,
     checkpoint: bytes,
     leaves: list[tuple[int, str]],
-    proofs: dict[int, list[str]],
+    proofs: Mapping[int, list[str]],
 ) -> None:
     """The proof document, written as it goes (one proof per line: an export can be large)."""
     head = {
@@ -189,6 +189,6 @@ def _write_proof(
     out.write("\n]}\n")
 
 
-def _proof_items(leaves: list[tuple[int, str]], proofs: dict[int, list[str]]) -> Iterator[str]:
+def _proof_items(leaves: list[tuple[int, str]], proofs: Mapping[int, list[str]]) -> Iterator[str]:
     for seq, leaf in leaves:
         yield json.dumps({"seq": seq, "index": seq - 1, "leaf_hash": leaf, "proof": proofs[seq]}, separators=(",", ":"))

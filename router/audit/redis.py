@@ -44,7 +44,7 @@ from router.audit.base import GENESIS_HASH, AuditEvent, AuditFilter, VerifyRepor
 from router.audit.chain import Unsealed, document_of, line_hash
 from router.audit.checkpoint import Checkpoint, VerifyKey, sign_checkpoint
 from router.audit.jsonl import JsonlAuditLog, LogOptions, publish_file
-from router.audit.merkle import CompactRange, inclusion_proof, root_of
+from router.audit.merkle import CompactRange, MerkleTree
 from router.audit.verify import Walk, gather_checkpoints
 from router.errors import AuditError
 from router.store import keys
@@ -371,12 +371,14 @@ class RedisAuditLog:
                 leaves.append(line_hash(line))
                 if len(leaves) in wanted:
                     found[len(leaves)] = line
-        if root_of(leaves).hex() != checkpoint.root:
+        if len(leaves) < checkpoint.size:
             raise AuditError("the audit stream does not match its latest checkpoint; run `stockade audit verify`")
-        return checkpoint, {
-            seq: (found[seq], [node.hex() for node in inclusion_proof(leaves, seq - 1, checkpoint.size)])
-            for seq in seqs
-        }
+        # The tree once, in a worker thread (a hash per event: the event loop keeps serving); each
+        # proof is then a few lookups.
+        tree = await asyncio.to_thread(MerkleTree, leaves)
+        if tree.root().hex() != checkpoint.root:
+            raise AuditError("the audit stream does not match its latest checkpoint; run `stockade audit verify`")
+        return checkpoint, {seq: (found[seq], [node.hex() for node in tree.inclusion_proof(seq - 1)]) for seq in seqs}
 
     async def verify(self, *, keys: Sequence[VerifyKey] = (), trusted: Sequence[Checkpoint] = ()) -> VerifyReport:
         """Check the stream against its checkpoints (and ``trusted``), a chunk at a time, hashing in

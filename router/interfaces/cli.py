@@ -12,7 +12,7 @@ import gc
 import getpass
 import hashlib
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, TypeVar
 
@@ -344,10 +344,10 @@ def audit_prove(
     check it (`router.audit.merkle.verify_inclusion`; see docs/audit.md)."""
     from router.audit.verify import inclusion_proofs, proof_document  # noqa: PLC0415
 
-    settings = _settings(ctx)
+    proofs: Mapping[int, list[str]]
     try:
-        if settings.audit.backend == "redis" and path is None:
-            checkpoint, proven = asyncio.run(_prove_redis(settings, seq))
+        if path is None and _settings(ctx).audit.backend == "redis":
+            checkpoint, proven = asyncio.run(_prove_redis(_settings(ctx), seq))
             found = {s: line for s, (line, _) in proven.items()}
             proofs = {s: proof for s, (_, proof) in proven.items()}
         else:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from router.audit.merkle import (
     EMPTY_ROOT,
     CompactRange,
+    MerkleTree,
     consistency_proof,
     inclusion_proof,
     leaf_hash,
@@ -364,3 +365,27 @@ def test_large_log_proofs() -> None:
     for old in (1, 2048, 3000, 4999):
         old_root = root_of(leaves[:old])
         assert verify_consistency(old, 5000, old_root, root, consistency_proof(leaves, old, 5000))
+
+
+def test_one_tree_proves_every_leaf_of_a_large_log() -> None:
+    """What an export does: one `MerkleTree`, then a proof per event (each a few lookups). Every proof
+    of every size up to N is the reference path; at 5,000 leaves every proof verifies, and a sample
+    is the reference too."""
+    for n in range(1, N + 1):
+        tree = MerkleTree(LEAVES, n)
+        assert tree.root() == ROOTS[n]
+        assert [tree.inclusion_proof(i) for i in range(n)] == [naive_path(i, LEAVES[:n]) for i in range(n)]
+    assert MerkleTree([]).root() == EMPTY_ROOT
+    leaves = [hashlib.sha256(i.to_bytes(4, "big")).digest() for i in range(5000)]
+    tree = MerkleTree(leaves)
+    root = root_of(leaves)
+    assert tree.root() == root
+    failed = [i for i in range(5000) if not verify_inclusion(leaves[i], i, 5000, tree.inclusion_proof(i), root)]
+    assert failed == []
+    for index in (0, 1, 2047, 2048, 4095, 4096, 4999):
+        assert tree.inclusion_proof(index) == naive_path(index, leaves)
+    for bad in (-1, 5000):
+        with pytest.raises(ValueError, match="no leaf"):
+            tree.inclusion_proof(bad)
+    with pytest.raises(ValueError, match="no tree of size"):
+        MerkleTree(leaves, 5001)
