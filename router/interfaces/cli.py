@@ -20,7 +20,7 @@ import typer
 from rich.markup import escape
 
 from router.audit.chain import head_of
-from router.audit.layout import lines, read_checkpoint_source
+from router.audit.layout import line_blocks, read_checkpoint_source
 from router.errors import AuditError, StockadeError
 from router.interfaces.cli_common import AuditPath, JsonFlag, err, out, tool_specs
 from router.interfaces.cli_common import audit_log as _audit_log
@@ -381,14 +381,19 @@ async def _prove_redis(settings: Settings, seqs: list[int]) -> tuple[Checkpoint,
 
 
 def _lines_at(log: JsonlAuditLog, seqs: set[int]) -> list[tuple[int, bytes]]:
+    """The lines of ``seqs``, read from the segments that can hold them (a sealed one's name says
+    its seqs) and the active one."""
     found = []
     for part in log.layout.parts():
-        if part.kind == "tombstone":
+        if part.kind == "tombstone" or (
+            part.kind == "sealed" and not any(part.first_seq <= seq <= part.last_seq for seq in seqs)
+        ):
             continue
-        for _, line in lines(part.path):
-            head = head_of(line)
-            if head is not None and head[0] in seqs:
-                found.append((head[0], line))
+        for block in line_blocks(part.path):
+            for line in block:
+                head = head_of(line)
+                if head is not None and head[0] in seqs:
+                    found.append((head[0], line))
     return found
 
 
