@@ -31,6 +31,7 @@ import bisect
 import contextlib
 import fcntl
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -185,7 +186,8 @@ FROM (
 def _projected(source: str, base: int = 0) -> str:
     """`_PROJECTION` of ``source`` (SQL giving the column ``line``: whole lines of one file, in
     order, the first starting at byte ``base``)."""
-    return _PROJECTION.replace("{source}", source).replace("{base}", str(int(base)))
+    # {base} first: a path in ``source`` may hold the text "{base}".
+    return _PROJECTION.replace("{base}", str(int(base))).replace("{source}", source)
 
 
 _EMPTY = "SELECT " + ", ".join(f"CAST(NULL AS {kind}) AS {name}" for name, kind in COLUMNS.items()) + " WHERE false"
@@ -1213,15 +1215,24 @@ class AuditQuery:
         lowest = (where.after_seq or 0) + 1
         where_seqs = _source(self._files, lowest, where.to_seq, days)
         first_columns = ", ".join(_Lines.narrow(columns)) if direct else "seq"
-        select_seqs = f"SELECT {first_columns} FROM ({where_seqs}) WHERE seq IS NOT NULL AND {condition} ORDER BY seq"  # noqa: S608  (known columns, bound values)
+        # A total order of distinct events: rows of one seq (a damaged log's duplicates) keep their
+        # place between queries, so a batch read again from a row on gives the same rows.
+        order = "ORDER BY seq, hash"
+        select_seqs = f"SELECT {first_columns} FROM ({where_seqs}) WHERE seq IS NOT NULL AND {condition} {order}"  # noqa: S608  (known columns, bound values)
         if limit is not None:
             select_seqs += f" LIMIT {int(limit)}"
+        covered = 0  # the highest seq a range query read: every row of it came with that query
         try:
             for batch in _batches(self._run, seqs, select_seqs, params, _SPAN):
                 first, last = batch[0][0], batch[-1][0]
+                if not direct:
+                    first = max(first, covered + 1)
+                    if first > last:
+                        continue  # every row of these seqs came with the batch before
+                    covered = last
                 # Only the files whose seqs overlap this batch: a row group or two of one file, mostly.
                 narrowed = _source(self._files, first, last, days)
-                select_rows = f"SELECT {{}} FROM ({narrowed}) WHERE seq BETWEEN ? AND ? AND {condition} ORDER BY seq"  # noqa: S608  (known columns, bound values)
+                select_rows = f"SELECT {{}} FROM ({narrowed}) WHERE seq BETWEEN ? AND ? AND {condition} {order}"  # noqa: S608  (known columns, bound values)
                 batch_params = [first, last, *params]
                 if lines is None:
                     yield from _stream(self._run, rows, select_rows.format(", ".join(columns)), batch_params)
@@ -1232,21 +1243,27 @@ class AuditQuery:
                     else _stream(self._run, rows, select_rows.format(", ".join(_Lines.narrow(columns))), batch_params)
                 )
                 stopped = yield from lines.rows(columns, narrow)
-                if stopped is not None:
-                    # A line not where the index says (its segment replaced or gone): the rest of
-                    # the batch from the index's copies.
-                    rest = self._db.cursor()
-                    try:
-                        yield from _stream(
-                            self._run, rest, select_rows.format(", ".join(columns)), [stopped, last, *params]
-                        )
-                    finally:
-                        rest.close()
+                if stopped is None:
+                    continue
+                # A line not where the index says (its segment replaced or gone): the rest of the
+                # batch from the index's copies, in the same order, from the row that stopped.
+                seq, before, done = stopped
+                rest = select_rows.format(", ".join(columns))
+                yield from self._rest(rest, [seq, last, *params], before, len(batch) - done if direct else None)
         finally:
             seqs.close()
             rows.close()
             if lines is not None:
                 lines.close()
+
+    def _rest(self, select: str, params: list[Any], skip: int, most: int | None) -> Iterator[tuple[Any, ...]]:
+        """The rows of ``select`` but the first ``skip`` (yielded already), at most ``most`` of them."""
+        cursor = self._db.cursor()
+        try:
+            end = None if most is None else skip + most
+            yield from itertools.islice(_stream(self._run, cursor, select, params), skip, end)
+        finally:
+            cursor.close()
 
     def copy_parquet(self, where: EventFilter, target: Path) -> None:
         """Write the selected events, every column, to the Parquet file ``target`` (one of the
@@ -1291,23 +1308,26 @@ class AuditQuery:
 class _Lines:
     """Events read from the log's files by seq and byte offset, each checked against its indexed
     hash. A line that is not there as indexed (its segment replaced or removed, or the offset off)
-    stops the reading: `AuditQuery.events` reads the rest of that batch from the index's copies."""
+    stops the reading: `AuditQuery.events` reads the rest of that batch from the index's copies.
+    Rows come in seq order, so one file is open at a time."""
 
     def __init__(self, layout: LogLayout) -> None:
         self._layout = layout
         sealed = [p for p in layout.parts() if p.kind == "sealed"]
         self._firsts = [p.first_seq for p in sealed]
         self._sealed = sealed
-        self._open: dict[Path, int] = {}
+        self._path: Path | None = None
+        self._fd = -1
 
     def _file(self, seq: int) -> int:
         """An open descriptor of the file that holds ``seq``: its sealed segment, or the active one."""
         at = bisect.bisect_right(self._firsts, seq) - 1
         path = self._sealed[at].path if at >= 0 and seq <= self._sealed[at].last_seq else self._layout.active
-        found = self._open.get(path)
-        if found is None:
-            found = self._open[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        return found
+        if path != self._path:
+            self.close()
+            self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            self._path = path
+        return self._fd
 
     def _line(self, seq: int, offset: int, digest: str) -> str | None:
         try:
@@ -1318,7 +1338,7 @@ class _Lines:
                 end = data.find(b"\n")
                 if end >= 0 or len(data) < size or size > _MAX_LINE:
                     break
-                size *= 4
+                size = min(size * 4, _MAX_LINE + 1)  # no line the index holds is longer
         except OSError:
             return None
         line = data[:end] if end >= 0 else b""
@@ -1329,29 +1349,34 @@ class _Lines:
 
     @staticmethod
     def narrow(columns: Sequence[str]) -> list[str]:
-        """What a batch selects to give ``columns`` through `rows`: the line's place, not the line."""
-        return list(dict.fromkeys([*(c for c in columns if c != "event"), "seq", "hash", "line_offset"]))
+        """What a batch selects to give ``columns`` through `rows`: seq first, and the line's place,
+        not the line."""
+        return list(dict.fromkeys(["seq", *(c for c in columns if c != "event"), "hash", "line_offset"]))
 
     def rows(
         self, columns: Sequence[str], narrow: Iterator[tuple[Any, ...]]
-    ) -> Generator[tuple[Any, ...], None, int | None]:
+    ) -> Generator[tuple[Any, ...], None, tuple[int, int, int] | None]:
         """``columns`` of the rows ``narrow`` yields (`narrow`), each event read from its file, up to
-        the first whose line is not there as indexed: its seq (None: every row was read)."""
+        the first whose line is not there as indexed: then its seq, how many rows of that seq came
+        before it, and how many rows were yielded (None: every row was)."""
         at = {name: i for i, name in enumerate(self.narrow(columns))}
-        seq_at, hash_at, offset_at = at["seq"], at["hash"], at["line_offset"]
-        for row in narrow:
-            offset = row[offset_at]
-            line = None if offset is None else self._line(row[seq_at], offset, row[hash_at])
+        hash_at, offset_at = at["hash"], at["line_offset"]
+        before = 0
+        previous = None
+        for done, row in enumerate(narrow):
+            seq, offset = row[0], row[offset_at]
+            before = before + 1 if seq == previous else 0
+            previous = seq
+            line = None if offset is None else self._line(seq, offset, row[hash_at])
             if line is None:
-                seq: int = row[seq_at]
-                return seq
+                return seq, before, done
             yield tuple(line if c == "event" else row[at[c]] for c in columns)
         return None
 
     def close(self) -> None:
-        for fd in self._open.values():
-            os.close(fd)
-        self._open.clear()
+        if self._fd >= 0:
+            os.close(self._fd)
+        self._fd, self._path = -1, None
 
 
 def _message(exc: Exception) -> str:

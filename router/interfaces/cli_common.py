@@ -65,6 +65,7 @@ def settings_of(ctx: typer.Context) -> Settings:
 
 def _read_settings() -> Settings:
     from pydantic import ValidationError  # noqa: PLC0415
+    from pydantic_settings import SettingsError  # noqa: PLC0415
 
     from router.settings import Settings  # noqa: PLC0415
 
@@ -73,6 +74,9 @@ def _read_settings() -> Settings:
     except ValidationError as exc:
         problems = "; ".join(f"{_variable(e['loc'])}: {e['msg']}" for e in exc.errors())
         raise fail(f"invalid settings: {problems[:1500]}") from None
+    except SettingsError as exc:  # a variable that should hold JSON does not
+        cause = f" ({exc.__cause__})" if exc.__cause__ else ""
+        raise fail(f"invalid settings: {exc}{cause}"[:1500]) from None
 
 
 def _variable(loc: tuple[int | str, ...]) -> str:

@@ -508,6 +508,32 @@ def test_events_are_read_from_the_log_at_their_offsets_and_checked(tmp_path: Pat
     assert all(again[d["seq"]] == d["_line"].decode() for d in docs if d["seq"] < changed)
 
 
+def test_a_line_read_again_from_the_index_is_returned_once(tmp_path: Path, audit_log: Log) -> None:
+    """A damaged log with two lines of one seq (a forged copy appended): the forged line is not
+    where the index says an event is, so the rest of its batch comes from the index's copies, from
+    that row on: every row the index holds comes out once, in its order, whatever columns are asked."""
+    root = tmp_path / "copy"
+    shutil.copytree(audit_log.path.parent, root)
+    path = root / "audit.jsonl"
+    original = path.read_bytes().splitlines()[2]
+    # A copy whose hash sorts after the original's: the original row is read from the log first.
+    for n in itertools.count():
+        forged = original.replace(b'"kind":"', b'"kind":"forged-%d-' % n, 1)
+        if line_hash(forged).hex() > line_hash(original).hex():
+            break
+    path.write_bytes(path.read_bytes() + forged + b"\n")
+    with AuditQuery(path) as query:
+        indexed = list(query.sql("SELECT seq, hash, event FROM events ORDER BY seq, hash")[1])
+        assert len({row[0] for row in indexed}) == len(indexed) - 1, "one seq twice"
+        for columns in (("seq", "hash", "event"), ("event", "seq"), ("hash", "event"), ("seq", "kind", "event")):
+            names = ("seq", "hash", "event")
+            want = [tuple(row[names.index(c)] for c in columns if c in names) for row in indexed]
+            got = [tuple(v for c, v in zip(columns, row, strict=True) if c in names) for row in
+                   query.events(EventFilter(), columns=columns)]  # fmt: skip
+            assert got == want, columns
+        assert [r[0] for r in query.events(EventFilter(), limit=7)] == [row[0] for row in indexed[:7]]
+
+
 def test_hostile_text_in_filters_is_a_value_never_sql(engine: AuditQuery, docs: list[dict[str, Any]]) -> None:
     for text in [*HOSTILE, BIG]:
         where = EventFilter(agent=text, args=(("text", text),))

@@ -155,6 +155,10 @@ def test_a_setting_that_does_not_validate_is_a_usage_error_naming_the_variable(t
         assert "invalid settings: " in result.stderr
         assert "STOCKADE_AUDIT__BACKEND: Input should be 'jsonl' or 'redis'" in result.stderr
         assert "STOCKADE_API_PRINCIPALS (at 0.name)" in result.stderr
+    for broken in ({"STOCKADE_API_PRINCIPALS": "notjson"}, {"STOCKADE_AUDIT": "{bad"}):
+        result = run("approvals", "list", env=broken)
+        assert (result.returncode, "Traceback" in result.stderr) == (2, False), result.stderr
+        assert f'"{next(iter(broken)).removeprefix("STOCKADE_").lower()}"' in result.stderr
 
 
 # What a command loaded, printed by the process itself at exit.
