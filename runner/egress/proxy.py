@@ -43,6 +43,7 @@ import ipaddress
 import os
 import socket
 import ssl
+import stat
 import time
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -144,41 +145,103 @@ class EgressProxy:
         self._injections = tuple(injections)
         self._intercept = intercept
         self._upstream_tls = upstream_context(upstream_ca) if intercept is not None else None
-        self._server: asyncio.AbstractServer | None = None
+        self._listener: socket.socket | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._conns: set[socket.socket] = set()  # every connection accepted and not closed yet
         self.records: list[EgressRecord] = []
 
     async def start(self) -> None:
-        self._server = await asyncio.start_unix_server(self._serve, path=str(self.path))
-        # The sandbox runs as another uid; the socket's directory is what limits who sees it.
-        os.chmod(self.path, 0o666)  # noqa: S103
+        # The socket is accepted from here, not through asyncio's Server: there, a connection
+        # accepted in the loop turn before a close raised inside asyncio (Python 3.11 asserts the
+        # server is open when the connection's transport is made) and its socket was left for the
+        # garbage collector. Here each connection is ours from its accept, synchronously.
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISSOCK(self.path.lstat().st_mode):  # a stale socket of an earlier run, as asyncio's Server does
+                self.path.unlink()
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(str(self.path))
+            # The sandbox runs as another uid; the socket's directory is what limits who sees it.
+            os.chmod(self.path, 0o666)  # noqa: S103
+            listener.listen(_BACKLOG)
+            listener.setblocking(False)
+            asyncio.get_running_loop().add_reader(listener, self._accept, listener)
+        except BaseException:
+            listener.close()
+            raise
+        self._listener = listener
 
     async def aclose(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            asyncio.get_running_loop().remove_reader(listener)
+            listener.close()
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        for conn in list(self._conns):  # a connection whose task never ran
+            conn.close()
+        self._conns.clear()
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if task is not None:
+    def _accept(self, listener: socket.socket) -> None:
+        """Take the connections waiting (the listener is readable), each known before its task runs."""
+        loop = asyncio.get_running_loop()
+        for _ in range(_BACKLOG):
+            try:
+                conn, _ = listener.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return
+            except OSError:  # out of descriptors, say: the connection waits in the backlog
+                return
+            conn.setblocking(False)
+            self._conns.add(conn)
+            task = loop.create_task(self._connection(conn))
             self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _connection(self, conn: socket.socket) -> None:
+        """Serve one accepted connection as a server-side stream (so `StreamWriter.start_tls`
+        answers as the server when the proxy intercepts)."""
+        loop = asyncio.get_running_loop()
+        streams: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        protocol = asyncio.StreamReaderProtocol(
+            asyncio.StreamReader(loop=loop), lambda r, w: streams.append((r, w)), loop=loop
+        )
+        # The protocol is told of the connection (and makes its streams) before this completes.
+        setup = asyncio.ensure_future(loop.connect_accepted_socket(lambda: protocol, sock=conn))
+        try:
+            try:
+                await asyncio.shield(setup)
+            except asyncio.CancelledError:
+                # aclose() while the stream is being made: let that finish (a loop turn or two),
+                # so what it made is closed as a stream (a transport cut short mid-setup is not
+                # marked closing, and its writer would be left to the garbage collector).
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await setup
+                for _, writer in streams:
+                    writer.close()
+                conn.close()
+                return
+            except OSError:
+                conn.close()
+                return
+            await self._serve(*streams[0])
+        finally:
+            self._conns.discard(conn)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             await self._handle(reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
             pass
         except asyncio.CancelledError:
-            # aclose() cancels open tunnels: the connection ends here, and Python 3.11's stream
-            # callback would otherwise report the cancellation as an error.
+            # aclose() cancels open tunnels: the connection ends here (the task is ours, and nothing
+            # waits for its result).
             pass
         finally:
-            if task is not None:
-                self._tasks.discard(task)
             await _close(writer)
 
     async def _report(self, record: EgressRecord) -> None:
@@ -629,6 +692,9 @@ async def _send_error(conn: h11.Connection, writer: asyncio.StreamWriter, status
         writer.write(conn.send(h11.Data(data=body)))
         writer.write(conn.send(h11.EndOfMessage()))
         await writer.drain()
+
+
+_BACKLOG = 128  # connections waiting to be accepted, and taken per wakeup
 
 
 async def _close(writer: asyncio.StreamWriter) -> None:

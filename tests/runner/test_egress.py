@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import http.server
+import os
 import socket
 import ssl
 import sys
@@ -508,3 +510,43 @@ async def test_a_tls_hello_sent_before_the_connect_is_answered_still_reaches_tls
         await server.aclose()
     assert parse(reply) == (200, b"authorized")
     assert [(r.method, r.status, r.injected) for r in server.records] == [("GET", 200, ("api-key",))]
+
+
+def _open_sockets() -> set[str]:
+    """This process's open sockets (uvloop opens /dev/null once for itself: not counted)."""
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(FileNotFoundError):  # the listing's own descriptor, closed since
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                found.add(os.readlink(f"/proc/self/fd/{fd}"))
+    return found
+
+
+async def test_a_proxy_cancelled_as_it_starts_or_closed_as_it_accepts_leaves_no_socket_open(tmp_path: Path) -> None:
+    """A call cancelled (a timeout, a client gone) while its proxy starts, or closed while a
+    connection is being accepted, must not leave a socket for the garbage collector: the router runs
+    for days, and each one is a descriptor. Cancelled at every turn of the loop a start takes, and
+    closed after every turn of an accept: no descriptor left, no socket file left."""
+    rules = [EgressRule(HOST, 9)]
+    before = _open_sockets()
+    for turns in range(6):
+        proxy = EgressProxy(tmp_path / f"start{turns}.sock", rules, None)
+        starting = asyncio.create_task(proxy.start())
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await starting
+        await proxy.aclose()
+        assert not proxy.path.exists()
+    for turns in range(6):
+        proxy = EgressProxy(tmp_path / f"accept{turns}.sock", rules, None)
+        await proxy.start()
+        client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        client.connect(str(proxy.path))
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        await proxy.aclose()
+        client.close()
+    gc.collect()
+    assert _open_sockets() - before == set()
