@@ -12,7 +12,6 @@ from __future__ import annotations
 import itertools
 import json
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -453,9 +452,9 @@ def test_data_a_test_replaces_is_replaced_on_the_rvm_too(tmp_path: Path) -> None
 def policy_test(root: Path, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
     """`stockade policy test --dir root *args` in this process: (exit code, stdout). Called past the
     app's callback, which would configure logging for the whole test session."""
-    context = SimpleNamespace(obj=Settings())
+    context = typer.Context(typer.main.get_command(policy_cli.policy_app), obj=Settings())
     with pytest.raises(typer.Exit) as exited:
-        policy_cli.policy_test(context, directory=root, as_json="--json" in args)  # type: ignore[arg-type]
+        policy_cli.policy_test(context, directory=root, as_json="--json" in args)
     return exited.value.exit_code, capsys.readouterr().out
 
 
