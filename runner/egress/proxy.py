@@ -194,13 +194,21 @@ class EgressProxy:
                 conn, _ = listener.accept()
             except (BlockingIOError, InterruptedError, ConnectionAbortedError):
                 return
-            except OSError:  # out of descriptors, say: the connection waits in the backlog
+            except OSError:
+                # Out of descriptors, say: the connections wait in the backlog. Stop watching for a
+                # moment (as asyncio's Server does), or a listener still readable would spin the loop.
+                loop.remove_reader(listener)
+                loop.call_later(_ACCEPT_RETRY_S, self._resume, listener)
                 return
             conn.setblocking(False)
             self._conns.add(conn)
             task = loop.create_task(self._connection(conn))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    def _resume(self, listener: socket.socket) -> None:
+        if self._listener is listener:  # not closed meanwhile
+            asyncio.get_running_loop().add_reader(listener, self._accept, listener)
 
     async def _connection(self, conn: socket.socket) -> None:
         """Serve one accepted connection as a server-side stream (so `StreamWriter.start_tls`
@@ -695,6 +703,7 @@ async def _send_error(conn: h11.Connection, writer: asyncio.StreamWriter, status
 
 
 _BACKLOG = 128  # connections waiting to be accepted, and taken per wakeup
+_ACCEPT_RETRY_S = 1.0  # after an accept failed for want of resources (asyncio's Server waits as long)
 
 
 async def _close(writer: asyncio.StreamWriter) -> None:
