@@ -911,10 +911,11 @@ def follow(
         stop.wait(interval_s)
 
 
-def spawn_indexer(audit_path: Path) -> None:
+def spawn_indexer(audit_path: Path) -> subprocess.Popen[bytes] | None:
     """Start ``python -m router.audit.index <audit_path>`` in its own session, niced, unless an
-    indexer holds the lock (that one is told to look again); returns at once. For the writer, after
-    it seals a segment: no DuckDB in the caller's process, nothing waited for."""
+    indexer holds the lock (that one is told to look again); returns at once, with the process
+    started (None when none was). For the writer, after it seals a segment: no DuckDB in the
+    caller's process, nothing waited for."""
     index_dir = index_dir_of(audit_path)
     try:
         index_dir.mkdir(parents=True, exist_ok=True)
@@ -927,7 +928,7 @@ def spawn_indexer(audit_path: Path) -> None:
         lock = _Lock(index_dir)
         try:
             if not lock.take(wait=False):
-                return
+                return None
         finally:
             lock.close()
         root = str(Path(__file__).resolve().parents[2])  # where `router` is importable from
@@ -940,9 +941,10 @@ def spawn_indexer(audit_path: Path) -> None:
             )  # fmt: skip
     except OSError as exc:
         _log().error("audit_indexer_not_started", path=str(audit_path), error=str(exc))
-        return
+        return None
     # Reaped when it exits, so no zombie is left behind in a long-lived router.
     threading.Thread(target=child.wait, name="audit-indexer-reaper", daemon=True).start()
+    return child
 
 
 # -- reading ----------------------------------------------------------------------------------

@@ -84,6 +84,9 @@ class LogOptions:
     # last call, and by at least GROWN_MIN_BYTES: the factory then has the indexer snapshot it, so
     # a fresh query reads few of its lines one by one, with no `audit index --follow` running.
     on_grown: Callable[[Path], None] | None = field(default=None, compare=False)
+    # Called (in a worker thread) when the log closes, last: the factory waits there for the
+    # indexers it started, so nothing writes beside the log once it is closed.
+    on_close: Callable[[], None] | None = field(default=None, compare=False)
 
 
 @dataclass(slots=True)
@@ -707,6 +710,8 @@ class JsonlAuditLog:
             os.close(self._lock_fd)
             self._lock_fd = None
         self._loaded = False
+        if self.options.on_close is not None:
+            await asyncio.to_thread(self.options.on_close)
 
 
 @contextlib.contextmanager
