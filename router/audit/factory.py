@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
@@ -46,38 +51,79 @@ class BackgroundIndexer:
 
     Why `stop` waits: a closed log's directory is its owner's again (to copy, to remove, as a
     temporary directory is at the end of a test); an indexer still writing there races with that.
-    It waits at most ``grace_s`` and then ends the indexer: the index is written so that a killed
-    run leaves nothing a reader uses (staging is wiped, a segment's marker comes last), and the
-    next run, at the next seal or growth, does what it did not.
+    It waits ``grace_s`` in all and then ends those still at work: the index is written so that a
+    killed run leaves nothing a reader uses (staging is wiped, a segment's marker comes last), and
+    the next run (the next process's, at a seal or growth) does what it did not. Once stopped it
+    starts no other.
     """
 
     def __init__(self, grace_s: float = 10.0) -> None:
         self.grace_s = grace_s
-        self._children: list[subprocess.Popen[bytes]] = []
+        self._children: list[_Child] = []
+        self._closed = False
         self._lock = threading.Lock()  # appends run in the event loop; `stop` in a worker thread
 
     def __call__(self, path: Path) -> None:
         from router.audit.index import spawn_indexer  # noqa: PLC0415  (only when a segment is sealed or grew)
 
-        child = spawn_indexer(path)
-        with self._lock:
-            self._children = [c for c in self._children if c.poll() is None]
-            if child is not None:
-                self._children.append(child)
+        with self._lock:  # so `stop` never misses a process started as it runs
+            if self._closed:
+                return
+            for gone in [c for c in self._children if not c.reaper.is_alive()]:
+                gone.release()
+                self._children.remove(gone)
+            process = spawn_indexer(path)
+            if process is not None:
+                self._children.append(_Child.watch(process))
 
     def stop(self) -> None:
-        """Wait for the indexers this log started, ``grace_s`` in all; end those still running."""
+        """Wait for the indexers this log started, ``grace_s`` in all; end those still at work."""
         with self._lock:
+            self._closed = True
             children, self._children = self._children, []
+        deadline = time.monotonic() + self.grace_s
         for child in children:
-            try:
-                child.wait(timeout=self.grace_s)
-                continue
-            except subprocess.TimeoutExpired:
-                pass
-            log.warning("audit_indexer_stopped", pid=child.pid, waited_s=self.grace_s)
-            child.kill()
-            child.wait()
+            child.reaper.join(max(0.0, deadline - time.monotonic()))
+            if child.reaper.is_alive():
+                log.warning("audit_indexer_stopped", pid=child.process.pid, grace_s=self.grace_s)
+                child.kill()
+                child.reaper.join(_KILLED_WAIT_S)
+            child.release()
+
+
+_KILLED_WAIT_S = 5.0  # for a killed indexer to be gone (longer only in an uninterruptible wait)
+
+
+@dataclass(slots=True)
+class _Child:
+    """An indexer process, the thread that reaps it (so no zombie is left in a long-lived router),
+    and a pidfd, which names that very process: a signal sent through it never reaches another
+    process that took the pid after it was reaped."""
+
+    process: subprocess.Popen[bytes]
+    reaper: threading.Thread
+    pidfd: int | None
+
+    @classmethod
+    def watch(cls, process: subprocess.Popen[bytes]) -> _Child:
+        pidfd = None
+        with contextlib.suppress(OSError):  # no pidfds (Linux < 5.3): `kill` falls back to the pid
+            pidfd = os.pidfd_open(process.pid)  # before the reaper starts: the pid is still this one's
+        reaper = threading.Thread(target=process.wait, name="audit-indexer-reaper", daemon=True)
+        reaper.start()
+        return cls(process, reaper, pidfd)
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+            if self.pidfd is not None:
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            else:
+                self.process.kill()
+
+    def release(self) -> None:
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
 
 
 def make_audit_log(settings: Settings) -> AuditLog:

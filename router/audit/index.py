@@ -914,8 +914,8 @@ def follow(
 def spawn_indexer(audit_path: Path) -> subprocess.Popen[bytes] | None:
     """Start ``python -m router.audit.index <audit_path>`` in its own session, niced, unless an
     indexer holds the lock (that one is told to look again); returns at once, with the process
-    started (None when none was). For the writer, after it seals a segment: no DuckDB in the
-    caller's process, nothing waited for."""
+    started (None when none was), for the caller to reap. For the writer, after it seals a segment:
+    no DuckDB in the caller's process, nothing waited for."""
     index_dir = index_dir_of(audit_path)
     try:
         index_dir.mkdir(parents=True, exist_ok=True)
@@ -942,9 +942,7 @@ def spawn_indexer(audit_path: Path) -> subprocess.Popen[bytes] | None:
     except OSError as exc:
         _log().error("audit_indexer_not_started", path=str(audit_path), error=str(exc))
         return None
-    # Reaped when it exits, so no zombie is left behind in a long-lived router.
-    threading.Thread(target=child.wait, name="audit-indexer-reaper", daemon=True).start()
-    return child
+    return child  # the caller reaps it (`router.audit.factory.BackgroundIndexer`)
 
 
 # -- reading ----------------------------------------------------------------------------------

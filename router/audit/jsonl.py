@@ -84,8 +84,8 @@ class LogOptions:
     # last call, and by at least GROWN_MIN_BYTES: the factory then has the indexer snapshot it, so
     # a fresh query reads few of its lines one by one, with no `audit index --follow` running.
     on_grown: Callable[[Path], None] | None = field(default=None, compare=False)
-    # Called (in a worker thread) when the log closes, last: the factory waits there for the
-    # indexers it started, so nothing writes beside the log once it is closed.
+    # Called (in a worker thread) when the log closes, first: the factory waits there for the
+    # indexers it started, and starts none after, so nothing writes beside a closed log.
     on_close: Callable[[], None] | None = field(default=None, compare=False)
 
 
@@ -692,6 +692,9 @@ class JsonlAuditLog:
         return verify_log(self.layout, keys=keys, publish_dir=self.options.publish_dir, workers=workers)
 
     async def aclose(self) -> None:
+        if self.options.on_close is not None:
+            # First: an append made while it waits starts no indexer (`LogOptions.on_close`).
+            await asyncio.to_thread(self.options.on_close)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -710,8 +713,6 @@ class JsonlAuditLog:
             os.close(self._lock_fd)
             self._lock_fd = None
         self._loaded = False
-        if self.options.on_close is not None:
-            await asyncio.to_thread(self.options.on_close)
 
 
 @contextlib.contextmanager

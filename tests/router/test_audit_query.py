@@ -29,6 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from router.audit import AuditEvent, JsonlAuditLog, line_hash
+from router.audit import index as audit_index
 from router.audit import jsonl as audit_jsonl
 from router.audit.checkpoint import SigningKey
 from router.audit.factory import BackgroundIndexer, log_options
@@ -699,6 +700,22 @@ def test_the_active_segment_is_snapshotted_without_an_operator(tmp_path: Path) -
         assert [s for (s,) in query.events(EventFilter(), columns=("seq",))] == expected(path, EventFilter())
 
 
+@pytest.mark.parametrize("manifest", ["not json", '["a list"]', '{"sha256": "not a digest"}', '{"bytes": 1}'])
+def test_a_manifest_a_query_cannot_read_leaves_its_segment_read_line_by_line(
+    tmp_path: Path, audit_log: Log, manifest: str
+) -> None:
+    """The query reads only a manifest's recorded sha256 (as plain JSON) to match the segment to
+    its index; a manifest without a readable one matches nothing, so the segment's own lines answer."""
+    root = tmp_path / "copy"
+    shutil.copytree(audit_log.path.parent, root)
+    path = root / "audit.jsonl"
+    victim = next(p for p in LogLayout(path).parts() if p.kind == "sealed")
+    victim.path.with_name(victim.path.name[:26] + "manifest.json").write_text(manifest)
+    with AuditQuery(path) as query:
+        assert victim.path.name.removesuffix(".jsonl") in query.unindexed
+        assert [s for (s,) in query.events(EventFilter(), columns=("seq",))] == expected(path, EventFilter())
+
+
 def test_closing_the_log_ends_an_indexer_that_outlasts_the_grace(tmp_path: Path) -> None:
     """An indexer still at work when the grace runs out is ended, and what it left is never read:
     the next run indexes everything, and queries answer as the log says meanwhile."""
@@ -726,6 +743,61 @@ def test_closing_the_log_ends_an_indexer_that_outlasts_the_grace(tmp_path: Path)
     with AuditQuery(path) as query:
         assert query.unindexed == []
         assert [s for (s,) in query.events(EventFilter(), columns=("seq",))] == expected(path, EventFilter())
+
+
+def test_appends_while_the_log_closes_start_no_indexer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Closing waits for the indexers in a worker thread, and appends made meanwhile (calls still
+    in flight) would once start new ones nobody waited for: the indexer stops first, for good."""
+    monkeypatch.setattr(audit_jsonl, "GROWN_MIN_BYTES", 4096)
+    path = tmp_path / "audit.jsonl"
+    key = SigningKey.load_or_create(tmp_path / "keys" / "audit.key")
+    indexer = BackgroundIndexer()
+    chosen = LogOptions(signer=key, segment_max_bytes=150_000, rotate_daily=False,
+                        on_sealed=indexer, on_grown=indexer, on_close=indexer.stop)  # fmt: skip
+    appended_while_closing = 0
+
+    async def write() -> None:
+        nonlocal appended_while_closing
+        log = JsonlAuditLog(path, durability="relaxed", options=chosen)
+        calls = Calls(seed=8)
+        while path.stat().st_size < 100_000 if path.exists() else True:
+            for event in calls.session(3):
+                await log.append(event)
+        assert _indexers_of(path), "no indexer was started"
+        closing = asyncio.create_task(log.aclose())
+        while not closing.done():
+            for event in calls.session(3):
+                await log.append(event)
+                appended_while_closing += 1
+            await asyncio.sleep(0)
+        await closing
+
+    asyncio.run(write())
+    assert appended_while_closing > 100  # enough to have grown the segment, sealed it, or both
+    assert _indexers_of(path) == []
+
+
+def test_stopping_the_indexer_takes_the_grace_once_however_many_it_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`BackgroundIndexer.stop` waits its grace for all its processes together, not once each (a
+    router stopping with several would otherwise wait several graces), then ends them all."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def sleeper(_: Path) -> subprocess.Popen[bytes]:  # a process that outlasts any grace
+        started.append(subprocess.Popen(["sleep", "60"]))
+        return started[-1]
+
+    monkeypatch.setattr(audit_index, "spawn_indexer", sleeper)
+    indexer = BackgroundIndexer(grace_s=0.5)
+    for _ in range(4):
+        indexer(tmp_path / "audit.jsonl")
+    began = time.monotonic()
+    indexer.stop()
+    assert time.monotonic() - began < 2.0
+    assert [p.poll() for p in started] == [-9] * 4
+    indexer(tmp_path / "audit.jsonl")
+    assert len(started) == 4  # stopped for good: nothing started after
 
 
 def _indexers_of(path: Path) -> list[int]:
