@@ -178,13 +178,15 @@ class EgressProxy:
             listener.close()
         for task in list(self._tasks):
             task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-        for conn in list(self._conns):  # a connection whose task never ran
-            conn.close()
-        self._conns.clear()
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
+        try:
+            if self._tasks:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+        finally:  # also when this close is cancelled in turn (the sandbox's call was, again)
+            for conn in list(self._conns):  # a connection whose task never ran
+                conn.close()
+            self._conns.clear()
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
 
     def _accept(self, listener: socket.socket) -> None:
         """Take the connections waiting (the listener is readable), each known before its task runs."""

@@ -526,8 +526,9 @@ def _open_sockets() -> set[str]:
 async def test_a_proxy_cancelled_as_it_starts_or_closed_as_it_accepts_leaves_no_socket_open(tmp_path: Path) -> None:
     """A call cancelled (a timeout, a client gone) while its proxy starts, or closed while a
     connection is being accepted, must not leave a socket for the garbage collector: the router runs
-    for days, and each one is a descriptor. Cancelled at every turn of the loop a start takes, and
-    closed after every turn of an accept: no descriptor left, no socket file left."""
+    for days, and each one is a descriptor. Cancelled at every turn of the loop a start takes,
+    closed after every turn of an accept, and with that close cancelled in turn: no descriptor
+    left, no socket file left."""
     rules = [EgressRule(HOST, 9)]
     before = _open_sockets()
     for turns in range(6):
@@ -549,6 +550,22 @@ async def test_a_proxy_cancelled_as_it_starts_or_closed_as_it_accepts_leaves_no_
             await asyncio.sleep(0)
         await proxy.aclose()
         client.close()
+    for turns in range(4):  # the close itself cancelled (the call was cancelled again as it ended)
+        proxy = EgressProxy(tmp_path / f"close{turns}.sock", rules, None)
+        await proxy.start()
+        clients = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(3)]
+        for client in clients:
+            client.connect(str(proxy.path))
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        closing = asyncio.create_task(proxy.aclose())
+        await asyncio.sleep(0)
+        closing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await closing
+        assert not proxy.path.exists()
+        for client in clients:
+            client.close()
     gc.collect()
     assert _open_sockets() - before == set()
 
