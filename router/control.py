@@ -1180,7 +1180,7 @@ class ControlPlane:
                 # JSON escape): escaped like the audit log escapes it, so what the agent gets is
                 # exactly what was recorded.
                 output = escape_invalid_text(REDACTOR.deep(runner_pkg.parse_result(run.stdout)), "", [])
-            except ValueError:
+            except (ValueError, RecursionError):  # nested deeper than anything here can walk: malformed too
                 verdict, reasons = "error", ["output.malformed"]
         elif run.verdict is runner_pkg.Verdict.OK:
             output = stdout

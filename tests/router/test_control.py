@@ -427,6 +427,29 @@ async def test_python_tool_writing_around_the_harness_is_malformed_output(plane:
     assert result.output is None
 
 
+@pytest.mark.parametrize("depth", [900, 100_000])
+async def test_python_tool_writing_deeply_nested_output_is_malformed_and_fully_recorded(
+    plane: ControlPlane, depth: int
+) -> None:
+    """Output nested deeper than the router can walk (a RecursionError while reading it) is
+    malformed output like any other: refused to the agent, and recorded in full (what it printed,
+    its digest, its exit code), not as a bare router error that drops all of it."""
+    body = (
+        f"import os\ndef main():\n    os.write(1, b'{{\"result\":' + b'[' * {depth} + b']' * {depth} + b'}}')\n"
+        "    os._exit(0)"
+    )
+    await plane.register(python_tool("deep", body))
+    session = await plane.open_session("agent-1", "alice@example.com")
+    result = await plane.call(session, "deep", {})
+    assert (result.status, result.verdict, result.reasons) == ("completed", "error", ["output.malformed"])
+    assert result.output is None
+    [_, execution] = await events(plane, decision_id=result.decision_id)
+    assert execution["result"]["verdict"] == "error"
+    assert execution["result"]["exit_code"] == 0
+    assert execution["result"]["stdout_sha256"] is not None
+    assert execution["result"]["stdout"].startswith('{"result":[[[')
+
+
 async def test_missing_sandbox_tier_is_denied_before_anything_runs(settings: Settings) -> None:
     broken = settings.model_copy(update={"runner": settings.runner.model_copy(update={"bwrap": "no-such-bwrap"})})
     async with ControlPlane.from_settings(broken) as plane:
