@@ -124,6 +124,7 @@ class _Call:
         "steered",
         "tier",
         "tool",
+        "unaudited_egress",
         "values",
     )
 
@@ -142,6 +143,7 @@ class _Call:
         self.steered = False  # an argument came only from untrusted content (see PendingExternal.steered)
         self.rates = RateCounts()
         self.tier: str | None = None  # the sandbox tier, once the call runs
+        self.unaudited_egress = 0  # egress requests the audit log could not take: the output is withheld
         self.leases: list[Lease] = []  # minted credentials: revoked on every exit
         self.stage = "prepared"  # how far the call got, for the record of an exit that cut it short
         self.going_ahead = False  # the decision to go ahead is on record: its trail must be closed
@@ -1184,6 +1186,9 @@ class ControlPlane:
                 verdict, reasons = "error", ["output.malformed"]
         elif run.verdict is runner_pkg.Verdict.OK:
             output = stdout
+        if call.unaudited_egress:
+            # A request the tool made is missing from the log: what it brought back stays here.
+            verdict, output, reasons = "error", None, ["audit.unavailable"]
         usage = RunUsage(
             wall_ms=run.usage.wall_s * 1000, cpu_ms=run.usage.cpu_s * 1000, max_rss_kb=run.usage.max_rss_kb
         )
@@ -1200,7 +1205,7 @@ class ControlPlane:
                     "start": run.start, "inputs": [dataclasses.asdict(f) for f in run.inputs],
                     "artifacts": [{**dataclasses.asdict(f), "untrusted": True} for f in run.artifacts],
                     "refused_outputs": [{"path": p, "why": w} for p, w in run.refused],
-                    "quarantine": run.quarantine,
+                    "quarantine": run.quarantine, "unaudited_egress": call.unaudited_egress,
                 },
                 metrics={"timer_run_ns": float(elapsed)},
             ))  # fmt: skip
@@ -1209,6 +1214,9 @@ class ControlPlane:
             raise
         # Only now: an append cut short by a cancellation must still leave the trail to be closed.
         call.closed = True
+        if call.unaudited_egress:
+            log.error("egress_unaudited", requests=call.unaudited_egress)
+            raise _Refused(["audit.unavailable"], status="error")
         # What the agent gets back enters its context: index it for the provenance of later calls.
         # If that fails, the output is withheld: unindexed, it could later pass for the user's.
         call.stage = "indexing"
@@ -1240,10 +1248,11 @@ class ControlPlane:
         """A hook that audits each request the call's egress proxy saw, under its decision_id."""
 
         async def audit_egress(record: runner_pkg.EgressRecord) -> None:
-            await self._record(self._event(
+            if not await self._record(self._event(
                 "egress", call.decision_id, call.session, call.tool.spec.name, call.call_id,
                 outcome="allow" if record.allowed else "deny", result=dataclasses.asdict(record),
-            ))  # fmt: skip
+            )):  # fmt: skip
+                call.unaudited_egress += 1  # the run goes on (the request is made); its output will not
 
         return audit_egress
 

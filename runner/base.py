@@ -90,6 +90,7 @@ class EgressRecord:
     injected: tuple[str, ...] = ()  # labels of the credentials put into this request, never values
     intercepted: bool = False  # HTTPS terminated at the proxy (to inject or check the method), not tunnelled
     scrubbed: tuple[str, ...] = ()  # "<credential>:<encoding>" removed from the response, never values
+    cut_off: bool = False  # the run ended (the proxy closed) before the exchange did: what went out is counted
 
 
 EgressHook = Callable[[EgressRecord], Awaitable[None]]

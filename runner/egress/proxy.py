@@ -100,10 +100,10 @@ class _Exchange:
         """The request ended with ``refused``; whether the rules allowed it stays as it was."""
         self.status, self.reason = refused.status, refused.reason
 
-    def record(self) -> EgressRecord:
+    def record(self, *, cut_off: bool = False) -> EgressRecord:
         return EgressRecord(self.method, self.host, self.port, self.allowed, self.reason, self.status, self.up,
                             self.down, (time.perf_counter() - self.started) * 1000, self.injected, self.intercepted,
-                            self.scrubbed)  # fmt: skip
+                            self.scrubbed, cut_off)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -257,7 +257,7 @@ class EgressProxy:
     async def _report(self, record: EgressRecord) -> None:
         self.records.append(record)
         log.info("egress", method=record.method, host=record.host, port=record.port, allowed=record.allowed,
-                 reason=record.reason, status=record.status, intercepted=record.intercepted,
+                 reason=record.reason, status=record.status, intercepted=record.intercepted, cut_off=record.cut_off,
                  scrubbed=list(record.scrubbed))  # fmt: skip
         if self._on_record is not None:
             await self._on_record(record)
@@ -282,6 +282,11 @@ class EgressProxy:
             exchange.fail(refused)
             await self._report(exchange.record())
             return
+        except asyncio.CancelledError:
+            if exchange.host != "?":  # it asked for somewhere: recorded, though nothing went out yet
+                await asyncio.shield(self._report(exchange.record(cut_off=True)))
+            raise
+        cut_off = False
         try:
             if route.intercept:
                 await self._intercept_tls(conn, reader, writer, route, exchange)
@@ -297,8 +302,15 @@ class EgressProxy:
         except (ssl.SSLError, OSError, TimeoutError) as exc:
             exchange.fail(_Refused(502, f"exchange with {exchange.host}:{exchange.port} failed: "
                                         f"{exc.__class__.__name__}"))  # fmt: skip
+        except asyncio.CancelledError:
+            # The run ended mid-exchange (its proxy closes): the request may have gone out in full,
+            # so it is recorded as any other, marked cut off, before the cancellation goes on.
+            cut_off = True
         finally:
             await _close(route.up_writer)
+        if cut_off:
+            await asyncio.shield(self._report(exchange.record(cut_off=True)))
+            raise asyncio.CancelledError
         await self._report(exchange.record())
 
     async def _route(self, request: h11.Request, exchange: _Exchange) -> _Route:

@@ -6,14 +6,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from policy import PolicySettings
 from router import ControlPlane, InvalidCall, SessionNotFound, Settings
-from router.audit import AuditFilter
-from router.errors import ToolRefused
+from router.audit import AuditEvent, AuditFilter
+from router.errors import AuditError, ToolRefused
 from router.settings import AuditSettings
 from runner import RunnerSettings
 from tests.conftest import (
@@ -88,6 +88,44 @@ def main():
     egress = [(e["outcome"], e["result"]["host"], e["result"]["status"]) for e in events if e["kind"] == "egress"]
     assert sorted(egress) == sorted([("allow", ALLOWED_HOST, 200), ("deny", "exfil.evil.test", 403)])
     assert events[-1]["kind"] == "execution"
+
+
+class _EgressRecordsFail:
+    """The router's audit log, failing the appends of egress events only: a log that is briefly
+    unavailable (a disk full for a moment, a store failover) while the tool's request is made, and
+    back for its execution event. A real disk cannot be made to fail for exactly one append."""
+
+    def __init__(self, log: Any) -> None:
+        self._log = log
+
+    async def append(self, event: AuditEvent) -> AuditEvent:
+        if event.kind == "egress":
+            raise AuditError("cannot append to audit log: No space left on device")
+        return cast(AuditEvent, await self._log.append(event))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._log, name)
+
+
+async def test_a_request_the_log_could_not_take_withholds_the_output(plane: ControlPlane, upstream: Upstream) -> None:
+    """Nothing unaudited: when the record of an egress request fails, the run goes on (the
+    request is already made) but what it brought back never reaches the agent, and the execution
+    event says how many requests are missing from the log."""
+    source = f"""
+import ssl, urllib.request
+def main():
+    ctx = ssl.create_default_context(cafile='/in/ca.pem')
+    return urllib.request.urlopen('https://{ALLOWED_HOST}:{upstream.port}/', context=ctx, timeout=10).read().decode()
+"""
+    await plane.register(python_tool("fetch", source, sandbox={
+        "tier": "docker", "egress": [{"host": ALLOWED_HOST, "port": upstream.port}]}))  # fmt: skip
+    session = await plane.open_session("agent-1", "alice@example.com")
+    plane.audit = _EgressRecordsFail(plane.audit)  # type: ignore[assignment]
+    result = await plane.call(session, "fetch", {}, inputs={"ca.pem": upstream.ca_pem})
+    assert (result.status, result.reasons, result.output, result.stdout) == ("error", ["audit.unavailable"], None, "")
+    events = await trail(plane, result.decision_id)
+    assert [e["kind"] for e in events] == ["decision", "execution"]
+    assert (events[-1]["outcome"], events[-1]["result"]["unaudited_egress"]) == ("error", 1)
 
 
 async def test_tool_asking_for_a_host_not_allowlisted_is_refused(plane: ControlPlane) -> None:

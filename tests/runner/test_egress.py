@@ -116,6 +116,57 @@ async def test_allowed_plain_http_get_is_forwarded(
     assert record.bytes_down > 0
 
 
+async def test_a_request_cut_off_when_the_run_ends_is_still_recorded(tmp_path: Path) -> None:
+    """The run ends (its proxy closes) while an upstream is slow to answer: the request went out in
+    full, so it is recorded (and audited by the hook) as any other, marked cut off, with the bytes
+    that went each way; a tunnel still open is recorded the same way. Once, nothing went out
+    unrecorded: the close cancelled the exchange before its record was made."""
+    received: list[bytes] = []
+    answered, finished = asyncio.Event(), asyncio.Event()
+
+    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        received.append(await reader.read(65536))  # answers nothing until the test is over
+        answered.set()
+        await finished.wait()
+        writer.close()
+
+    upstream = await asyncio.start_server(slow, "127.0.0.1", 0)
+    port = upstream.sockets[0].getsockname()[1]
+    records: list[EgressRecord] = []
+
+    async def keep(record: EgressRecord) -> None:
+        await asyncio.sleep(0.01)  # an audit append takes a moment: it must be let finish
+        records.append(record)
+
+    server = EgressProxy(tmp_path / "cut.sock", [EgressRule(HOST, port)], keep, hosts={HOST: "127.0.0.1"})
+    await server.start()
+    clients = []
+    body = "card=4111111111111111"
+    for raw in (
+        f"POST http://{HOST}:{port}/hook HTTP/1.1\r\nHost: {HOST}:{port}\r\nContent-Length: {len(body)}\r\n\r\n{body}",
+        f"CONNECT {HOST}:{port} HTTP/1.1\r\nHost: {HOST}:{port}\r\n\r\n",
+    ):
+        answered.clear()
+        reader, writer = await asyncio.open_unix_connection(str(server.path))
+        writer.write(raw.encode())
+        if raw.startswith("CONNECT"):
+            assert (await reader.readline()).startswith(b"HTTP/1.1 200")
+            await reader.readline()
+            writer.write(b"tunnelled bytes")
+        await asyncio.wait_for(answered.wait(), 10)
+        clients.append(writer)
+    await server.aclose()
+    finished.set()
+    for writer in clients:
+        writer.close()
+    upstream.close()
+    await upstream.wait_closed()
+    assert any(body.encode() in r for r in received)
+    assert sorted((r.method, r.allowed, r.cut_off) for r in records) == [("CONNECT", True, True), ("POST", True, True)]
+    assert all(r.bytes_up > 0 for r in records)
+    assert records == server.records
+
+
 async def test_a_method_the_rule_does_not_list_is_refused(
     proxy: tuple[EgressProxy, list[EgressRecord]], http_upstream: int
 ) -> None:
