@@ -146,7 +146,7 @@ class _Call:
         self.unaudited_egress = 0  # egress requests the audit log could not take: the output is withheld
         self.leases: list[Lease] = []  # minted credentials: revoked on every exit
         self.stage = "prepared"  # how far the call got, for the record of an exit that cut it short
-        self.going_ahead = False  # the decision to go ahead is on record: its trail must be closed
+        self.going_ahead = False  # the decision to go ahead is (or may be) on record: its trail must be closed
         self.closed = False  # the event that ends the trail (execution, or awaiting a report) is written
         self.call_id = "c-" + secrets.token_hex(8)
         self.decision_id = str(uuid.uuid4())
@@ -1022,6 +1022,10 @@ class ControlPlane:
                     decision = policy_pkg.deny("sandbox.unavailable", problem, revision=decision.policy_revision)
             telemetry.decided(span, decision, tier, call.decision_id)
         metrics.DECISIONS.labels(decision.outcome.value).observe(elapsed / 1e9)
+        if mode == "call" and decision.outcome is Outcome.ALLOW:
+            # Before the append, not after: a cancellation while the allow is being written (its
+            # fsync, a Redis round trip) may leave it on record, and the trail must then be closed.
+            call.going_ahead = True
         await self._audit(self._event(
             "decision", call.decision_id, call.session, spec.name, call.call_id,
             outcome=decision.outcome.value,

@@ -65,6 +65,37 @@ async def test_a_call_cut_short_mid_run_ends_its_trail_as_cancelled(tmp_path: Pa
         assert (await plane.call(session, "sleeper", {"seconds": 0})).output == "woke"
 
 
+async def test_a_call_cancelled_at_any_turn_never_leaves_an_allow_without_an_exit(tmp_path: Path) -> None:
+    """Cancelled after 0, 1, 2 … turns of the loop until calls complete on their own: whatever
+    turn a cancellation lands on, an allow on record is followed by the call's execution event.
+    (One landed while the allow was being written, waiting for its fsync: the call was not yet
+    marked as going ahead, so the decision stayed on record with nothing after it.)"""
+    echo = python_tool("echo", "def main(**kw):\n    return kw\n")
+    async with ControlPlane.from_settings(Settings(audit=AuditSettings(path=tmp_path / "a.jsonl"))) as plane:
+        await plane.register(echo)
+        session = await plane.open_session("agent-1", "alice@example.com")
+        completed = 0
+        turns = 0
+        while completed < 3:  # a few calls that outran their cancellation: every turn before was tried
+            task = asyncio.create_task(plane.call(session, "echo", {"turns": turns}))
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            task.cancel()
+            try:
+                await task
+                completed += 1
+            except asyncio.CancelledError:
+                pass
+            turns += 1
+        await asyncio.sleep(0.2)  # shielded records of the last cancellations
+        trails: dict[str, list[str]] = {}
+        for event in await plane.audit.query(AuditFilter(tool="echo")):
+            trails.setdefault(event.decision_id, []).append(f"{event.kind}:{event.outcome}")
+    unclosed = [t for t in trails.values() if "decision:allow" in t and not any(k.startswith("execution:") for k in t)]
+    assert turns > 10
+    assert unclosed == []
+
+
 def _server(tmp_path: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
     token = "tok-agent"
     principals = [{"name": "agent-1", "role": "agent", "may_register": True,
