@@ -41,7 +41,7 @@ import redis.exceptions
 import structlog
 
 from router.audit.base import GENESIS_HASH, AuditEvent, AuditFilter, VerifyReport, as_written, matches
-from router.audit.chain import Unsealed, document_of, line_hash
+from router.audit.chain import Unsealed, canonical, document_of, line_hash
 from router.audit.checkpoint import Checkpoint, VerifyKey, sign_checkpoint
 from router.audit.jsonl import JsonlAuditLog, LogOptions, publish_file
 from router.audit.merkle import CompactRange, MerkleTree
@@ -88,6 +88,9 @@ return 1
 """
 CHECKPOINTS = f"{keys.PREFIX}audit:checkpoints"
 _READ_CHUNK = 2000
+# Entries after this router's last known append that a drain looks through for spooled events
+# already in the stream (an append whose answer was lost to a timeout, though Redis ran it).
+_LOST_ANSWERS_WINDOW = 10_000
 
 
 class RedisAuditLog:
@@ -250,6 +253,7 @@ class RedisAuditLog:
         if self._spool is None or not self._pending:
             return
         done = self._drained()
+        landed: set[str] | None = None
         # Read one event at a time: while Redis is down, the first put fails at once, so an
         # append costs the same whether the spool holds ten events or a day's outage.
         with self._spool.path.open("rb") as handle:
@@ -259,6 +263,13 @@ class RedisAuditLog:
                 document = json.loads(line)
                 if document["seq"] <= done:
                     continue  # chained before a crash cut this drain short
+                if landed is None:
+                    landed = await self._landed()
+                if _body(document) in landed:
+                    # Its put timed out, but Redis ran it: in the stream already, never twice.
+                    log.warning("audit_spooled_event_in_stream", spool_seq=document["seq"], kind=document.get("kind"))
+                    self._progress(document["seq"])
+                    continue
                 labels = {**document.get("labels", {}), "spool": f"{self._spool.path.name}#{document['seq']}"}
                 body = {k: v for k, v in document.items() if k not in ("seq", "prev_hash", "hash")}
                 spooled = AuditEvent.model_validate({**body, "labels": labels})
@@ -270,6 +281,17 @@ class RedisAuditLog:
         # A fresh writer: the old one's notion of what is synced belongs to the truncated file.
         self._spool = JsonlAuditLog(path)
         self._pending = False
+
+    async def _landed(self) -> set[str]:
+        """The events (chain fields aside, `_body`) the stream holds after this router's last
+        known append: a put whose answer was lost to a timeout may have landed among them."""
+        start = f"({self._appended_id}" if self._appended_id else "-"
+        entries = await self._redis.xrange(STREAM, min=start, count=_LOST_ANSWERS_WINDOW)
+        found = set()
+        for _, fields in entries or []:
+            with contextlib.suppress(ValueError, TypeError, AttributeError, RecursionError):  # not an event
+                found.add(_body(json.loads(str((fields or {}).get("event", "")))))
+        return found
 
     def _progress_path(self) -> Path:
         assert self._spool is not None  # noqa: S101  (the caller checks)
@@ -415,6 +437,12 @@ class RedisAuditLog:
         if self._spool_lock is not None:
             os.close(self._spool_lock)  # releases the spool for the next router on this host
             self._spool_lock = None
+
+
+def _body(document: dict[str, Any]) -> str:
+    """An event as written, but for where it was chained (seq, prev_hash, hash): the same for its
+    copy in the spool and in the stream."""
+    return canonical({k: v for k, v in document.items() if k not in ("seq", "prev_hash", "hash")})
 
 
 def _claim_spool(directory: Path, instance: str) -> tuple[int, Path]:

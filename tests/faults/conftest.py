@@ -31,7 +31,7 @@ class RedisServer:
         persistence = ["--appendonly", "yes", "--appendfsync", "always"] if self.persistent else ["--appendonly", "no"]
         self._process = subprocess.Popen(
             ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--dir",
-             str(self.directory), *persistence],
+             str(self.directory), "--enable-debug-command", "local", *persistence],  # DEBUG SLEEP: a stall
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2)

@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from pathlib import Path
 
 import pytest
+import redis
 
 from policy import PolicySettings
 from router import AuditError, ControlPlane, Settings, StockadeError
-from router.audit import AuditFilter
+from router.audit import AuditEvent, AuditFilter, timestamp
+from router.audit.redis import RedisAuditLog
 from router.settings import AuditSettings, StoreSettings
 from tests.conftest import copy_policies, edit_catalog, external_tool
 from tests.faults.conftest import RedisServer
@@ -176,3 +179,38 @@ async def test_a_loss_hidden_by_other_routers_appending_past_it_is_still_seen(
         session = await first.open_session("agent-1", "alice@example.com")
         assert (await first.call(session, "lookup", {})).reasons == ["audit.unavailable"]
         assert "went backwards" in ((await first.readiness_problems())["audit"] or "")
+
+
+async def test_an_append_that_timed_out_but_landed_is_not_chained_twice(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Redis stalls past the client's timeout and then runs the append it was sent: the caller saw
+    a failure and spooled the event, but the stream has it. When the spool is drained, that event
+    is found in the stream and not appended again: each event once, in order, the chain intact."""
+    log = RedisAuditLog(redis_server.url, timeout_s=0.3, spool_dir=tmp_path / "spool", instance="r1")
+
+    def event(name: str) -> AuditEvent:
+        return AuditEvent(kind="decision", decision_id=name, timestamp=timestamp(), outcome="allow")
+
+    await log.append(event("before"))
+    stalling = redis.Redis.from_url(redis_server.url)
+    stall = threading.Thread(target=lambda: stalling.execute_command("DEBUG", "SLEEP", 2.0))
+    stall.start()
+    probe = redis.Redis.from_url(redis_server.url, socket_timeout=0.05)
+    for _ in range(100):  # until the stall is running: the append below then waits behind it
+        try:
+            probe.ping()
+            await asyncio.sleep(0.01)
+        except redis.exceptions.TimeoutError:
+            break
+    probe.close()
+    with pytest.raises(AuditError):
+        await log.append(event("timed-out"))
+    stall.join()
+    await log.append(event("after"))
+    stream = await log.query(AuditFilter())
+    assert [e.decision_id for e in stream] == ["before", "timed-out", "after"]
+    assert [e.seq for e in stream] == [1, 2, 3]
+    assert (await log.verify()).ok
+    await log.aclose()
+    stalling.close()
