@@ -208,6 +208,12 @@ def _watch(options: _TestOptions) -> None:
             sys.stdout.flush()
             while (now := fingerprint(root)) == seen:
                 time.sleep(_WATCH_INTERVAL_S)
+            # Run once the files stop changing: an editor (or a script) writes a file in steps
+            # (truncate, then write), and tests run on a half-written file fail for nothing.
+            time.sleep(_WATCH_INTERVAL_S)
+            while (settled := fingerprint(root)) != now:
+                now = settled
+                time.sleep(_WATCH_INTERVAL_S)
             changed = sorted({entry[0] for entry in set(now) ^ set(seen)})
             seen = now
             out.print(_plain(f"\nchanged: {', '.join(changed)}; running the tests again"))

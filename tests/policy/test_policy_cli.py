@@ -182,7 +182,12 @@ def test_watch_runs_the_tests_again_when_a_file_changes(tmp_path: Path) -> None:
     try:
         seen = output.until("watching")
         assert "2 passed, 0 failed" in seen
-        (root / "stockade" / "decision_test.rego").write_text(TESTS.replace('"team.blocked" in', '"team.other" in'))
+        # Saved as an editor saves (truncate, then write): tests run on the empty file would fail
+        # to parse; the watcher waits for the files to settle.
+        with (root / "stockade" / "decision_test.rego").open("w") as saving:
+            saving.flush()
+            time.sleep(0.1)
+            saving.write(TESTS.replace('"team.blocked" in', '"team.other" in'))
         seen = output.until("watching")
         assert "changed: stockade/decision_test.rego; running the tests again" in seen
         assert "FAIL stockade/decision_test.rego::test_blocked_is_denied" in seen
