@@ -71,6 +71,14 @@ class RateCounts(_Frozen):
     agent_tool_per_day: int = Field(default=0, ge=0)
 
 
+class InputInfo(_Frozen):
+    """A file the caller passes in (the tool reads it at ``/in/<name>``): never its bytes."""
+
+    name: str
+    sha256: str
+    size: int
+
+
 class EnvironmentInfo(_Frozen):
     """Where the router deciding runs: the deployment's name and this router instance."""
 
@@ -128,6 +136,7 @@ class PolicyInput(_Frozen):
     session: SessionInfo
     tool: ToolInfo
     args: dict[str, Any]
+    inputs: list[InputInfo] = Field(default_factory=list)  # the files passed in, by name, sorted
     provenance: dict[str, list[str]] = Field(default_factory=dict)
     # Per value of each destination, amount, sensitive and content argument (a list's elements
     # one by one; a content argument's identifiers one by one): where each was seen.

@@ -1,9 +1,10 @@
 """Approvals: a human's yes or no for one exact action.
 
-An approval is bound to sha256 of (tool, canonical arguments, session): the same call, with the
-same arguments, in the same session, once. It carries the policy's reasons, the requesting agent
-and an expiry. The call that redeems it is decided again with ``input.approval`` set, so an
-approval never overrides a deny, and covers only the reasons it was asked for.
+An approval is bound to sha256 of (tool, canonical arguments, session, input files): the same
+call, with the same arguments and files, in the same session, once. It carries the policy's
+reasons, the requesting agent and an expiry. The call that redeems it is decided again with
+``input.approval`` set, so an approval never overrides a deny, and covers only the reasons it was
+asked for.
 
 The approvals themselves live in the `Store`: status changes are compare-and-set there, so two
 routers can never both approve, or both redeem, one approval.
@@ -12,10 +13,11 @@ routers can never both approve, or both redeem, one approval.
 from __future__ import annotations
 
 import hashlib
+import json
 import secrets
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -32,8 +34,13 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 
-def binding(tool: str, canonical_args: str, session_id: str) -> str:
-    return hashlib.sha256("\0".join((tool, canonical_args, session_id)).encode()).hexdigest()
+def binding(tool: str, canonical_args: str, session_id: str, inputs: Sequence[Mapping[str, Any]] = ()) -> str:
+    """What an approval is for: the tool, its canonical arguments, the session, and the files
+    passed in (by name and sha256: the approver sees them, and other files make another call)."""
+    parts = [tool, canonical_args, session_id]
+    if inputs:  # none: the binding as it was before files were part of it (approvals kept across upgrades)
+        parts.append(json.dumps([[i["name"], i["sha256"]] for i in inputs], separators=(",", ":")))
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
 class ApprovalBook:
@@ -69,13 +76,14 @@ class ApprovalBook:
 
     async def open(
         self, *, decision_id: str, session_id: str, agent: str, principal: str, tool: str, canonical_args: str,
-        reasons: list[dict[str, str]],
+        reasons: list[dict[str, str]], inputs: Sequence[Mapping[str, Any]] = (),
     ) -> Approval:  # fmt: skip
         now = time.time()
         approval = Approval(
             id="a-" + secrets.token_hex(10), decision_id=decision_id, session_id=session_id, agent=agent,
-            principal=principal, tool=tool, args=canonical_args, binding=binding(tool, canonical_args, session_id),
-            reasons=reasons, created_at=now, expires_at=now + self._ttl_s,
+            principal=principal, tool=tool, args=canonical_args, inputs=[dict(i) for i in inputs],
+            binding=binding(tool, canonical_args, session_id, inputs), reasons=reasons, created_at=now,
+            expires_at=now + self._ttl_s,
         )  # fmt: skip
         await self._store.put_approval(approval, self._ttl_s + self._keep_s)
         return approval
@@ -117,16 +125,19 @@ class ApprovalBook:
         log.info("approval_decided", approval_id=approval.id, status=decided.status.value, approver=approver)
         return decided
 
-    async def check(self, approval_id: str, *, session_id: str, tool: str, canonical_args: str) -> Approval:
+    async def check(
+        self, approval_id: str, *, session_id: str, tool: str, canonical_args: str,
+        inputs: Sequence[Mapping[str, Any]] = (),
+    ) -> Approval:  # fmt: skip
         """The approval for exactly this call, approved and unused.
 
         Raises:
             ApprovalError: unknown, not approved, used, expired, or for another call.
         """
         approval = await self.get(approval_id)
-        if approval.binding != binding(tool, canonical_args, session_id):
-            raise ApprovalError(f"approval {approval.id} is for another call: tool, arguments and session "
-                                "must be exactly those approved")  # fmt: skip
+        if approval.binding != binding(tool, canonical_args, session_id, inputs):
+            raise ApprovalError(f"approval {approval.id} is for another call: tool, arguments, input files and "
+                                "session must be exactly those approved")  # fmt: skip
         if approval.status is not ApprovalStatus.APPROVED:
             raise ApprovalError(f"approval {approval.id} is {approval.status.value}, not approved")
         return approval

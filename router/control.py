@@ -36,7 +36,7 @@ import runner as runner_pkg
 import runner.base
 import runner.files
 from policy import Decision, Outcome, PolicyEngine, PolicyInput, SessionInfo, SubjectInfo, ValueSources
-from policy.base import MAX_SESSION_LABELS, POLICY_ERROR, EnvironmentInfo, RateCounts
+from policy.base import MAX_SESSION_LABELS, POLICY_ERROR, EnvironmentInfo, InputInfo, RateCounts
 from policy.bundle import fingerprint
 from router import metrics, telemetry
 from router.approvals import Approval, ApprovalBook, ApprovalError, ApprovalStatus, binding
@@ -115,6 +115,7 @@ class _Call:
         "closed",
         "decision_id",
         "going_ahead",
+        "input_infos",
         "inputs",
         "leases",
         "provenance",
@@ -135,6 +136,7 @@ class _Call:
         self.canonical_args = canonical_args
         self.argv: tuple[str, ...] = ()
         self.inputs: tuple[runner_pkg.InputFile, ...] = ()
+        self.input_infos: list[dict[str, Any]] = []  # each input's name, sha256 and size, by name: what is approved
         self.approval: Approval | None = None  # a granted approval this call redeems
         self.asked: Approval | None = None  # an approval asked for this exact call before, not granted
         self.provenance: dict[str, list[str]] = {}
@@ -852,6 +854,10 @@ class ControlPlane:
         await self._check_owner(context.session, agent)
         call = _Call(context.session, tool, args, canonical_args)
         call.inputs, call.argv = checked_inputs, argv
+        call.input_infos = [
+            {"name": f.name, "sha256": hashlib.sha256(f.data).hexdigest(), "size": len(f.data)}
+            for f in sorted(checked_inputs, key=lambda f: f.name)
+        ]
         provenance = dict(context.provenance)
         for arg in (*spec.destination_args, *spec.amount_args, *spec.sensitive_args, *spec.content_args):
             if arg in args:  # present, even with nothing in it to check (policy holds an arg it has no entry for)
@@ -950,8 +956,9 @@ class ControlPlane:
         """
         try:
             call.approval = await self.approvals.check(
-                approval_id, session_id=call.session.id, tool=call.tool.spec.name, canonical_args=call.canonical_args
-            )
+                approval_id, session_id=call.session.id, tool=call.tool.spec.name, canonical_args=call.canonical_args,
+                inputs=call.input_infos,
+            )  # fmt: skip
         except (ApprovalError, StoreError) as exc:
             await self._audit_rejection(call.session, call.tool.spec.name, exc)
             raise
@@ -968,7 +975,9 @@ class ControlPlane:
         Raises:
             StoreError: the approval could not be read (audited).
         """
-        remembered = call.session.approvals.get(binding(call.tool.spec.name, call.canonical_args, call.session.id))
+        remembered = call.session.approvals.get(
+            binding(call.tool.spec.name, call.canonical_args, call.session.id, call.input_infos)
+        )
         if remembered is None:
             return
         try:
@@ -1060,6 +1069,7 @@ class ControlPlane:
             decision_id=call.decision_id, session_id=call.session.id, agent=call.session.agent,
             principal=call.session.principal, tool=call.tool.spec.name,
             canonical_args=call.canonical_args, reasons=[r.model_dump() for r in decision.reasons],
+            inputs=call.input_infos,
         ))  # fmt: skip
         await self._audit(self.approvals.event(approval, "requested"))
         log.info("tool_call_held_for_approval", reasons=decision.reason_codes, approval_id=approval.id)
@@ -1368,6 +1378,7 @@ def _policy_input(call: _Call, settings: Settings, environment: EnvironmentInfo)
         ),
         tool=call.tool.policy_view,
         args=call.args,
+        inputs=[InputInfo.model_validate(i) for i in call.input_infos],
         approval=None
         if call.approval is None
         else {

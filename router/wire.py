@@ -262,7 +262,12 @@ class Approval(BaseModel):
     principal: str
     tool: str
     args: str = Field(description="the canonical JSON arguments the approver is asked about")
-    binding: str = Field(description="sha256 of (tool, canonical args, session)")
+    inputs: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="the files passed in with the call (name, sha256, size), approved with it: a retry with other "
+        "files is another call",
+    )
+    binding: str = Field(description="sha256 of (tool, canonical args, session, inputs)")
     reasons: list[dict[str, str]]
     created_at: float
     expires_at: float

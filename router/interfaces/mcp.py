@@ -309,6 +309,7 @@ def _question(approval: Approval, session: _Session, principal: str, spec: ToolS
         if name not in key and len(value) > _SHOWN_VALUE:
             value = value[:_SHOWN_VALUE] + f"… ({len(value)} characters)"
         lines.append(f"  {name} = {value}")
+    lines += [f"  file /in/{i['name']}: {i['size']} bytes, sha256 {i['sha256']}" for i in approval.inputs]
     why = "; ".join(r.get("message") or r["code"] for r in approval.reasons)
     question = (
         f"stockade holds a call by {session.agent} for {principal}: {approval.tool}\n" + "\n".join(lines)

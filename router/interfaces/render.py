@@ -61,6 +61,8 @@ def approval_panel(approval: Approval) -> Table:
     rows = [
         ("approval", approval.id), ("status", approval.status.value), ("tool", approval.tool),
         ("arguments", json.dumps(json.loads(approval.args), indent=2, ensure_ascii=False)),
+        ("input files", "\n".join(f"/in/{i['name']}  {i['size']} bytes  sha256 {i['sha256']}"
+                                   for i in approval.inputs)),
         ("agent", approval.agent), ("principal", approval.principal), ("session", approval.session_id),
         ("reasons", "\n".join(f"{r['code']}: {r.get('message', '')}" for r in approval.reasons)),
         ("requested", _when(approval.created_at)), ("expires", _when(approval.expires_at)),

