@@ -169,7 +169,13 @@ def mcp(
 
     from router.control import ControlPlane  # noqa: PLC0415
     from router.interfaces.local import approval_socket  # noqa: PLC0415
-    from router.interfaces.mcp import build_server, is_loopback, require_bearer, token_names  # noqa: PLC0415
+    from router.interfaces.mcp import (  # noqa: PLC0415
+        build_server,
+        is_loopback,
+        rebinding_guard,
+        require_bearer,
+        token_names,
+    )
     from router.interfaces.mcp_stdio import stdio_wire  # noqa: PLC0415
 
     settings = _settings(ctx)
@@ -199,7 +205,7 @@ def mcp(
                                   tokens=tokens or None, elicitation=elicitation and not http)  # fmt: skip
             async with approval_socket(plane):  # `stockade approvals` reaches an embedded store here
                 if http:
-                    asgi = server.streamable_http_app(host=host)
+                    asgi = server.streamable_http_app(host=host, transport_security=rebinding_guard(host, tokens))
                     guarded = require_bearer(asgi, tokens, plane, acting_refused) if tokens else asgi
                     config = uvicorn.Config(guarded, host=host, port=port, log_level=settings.log_level,
                                             access_log=False)  # fmt: skip

@@ -39,6 +39,7 @@ from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
+from mcp.server.transport_security import TransportSecuritySettings
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -72,6 +73,20 @@ _ELICIT_SCHEMA: dict[str, Any] = {
 def is_loopback(host: str) -> bool:
     """Whether ``host`` is an address only this machine can reach."""
     return host in _LOOPBACK or host.startswith("127.")
+
+
+def rebinding_guard(host: str, tokens: Mapping[bytes, str]) -> TransportSecuritySettings | None:
+    """For `streamable_http_app`: without tokens (loopback only), a web page the user visits could
+    still reach the server through DNS rebinding, so requests must name this host (or a loopback
+    name) in Host and Origin. The SDK does so by itself only for 127.0.0.1, localhost and ::1,
+    not for 127.0.0.2 and the like. With tokens, none is needed: a page cannot send one."""
+    if tokens:
+        return None
+    names = {f"[{host}]" if ":" in host else host, "127.0.0.1", "localhost", "[::1]"}
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True, allowed_hosts=sorted(f"{n}:*" for n in names),
+        allowed_origins=sorted(f"http://{n}:*" for n in names),
+    )  # fmt: skip
 
 
 def _text(text: str, *, error: bool, structured: dict[str, Any] | None = None) -> types.CallToolResult:

@@ -11,6 +11,7 @@ import os
 import secrets
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from router.audit import AuditFilter
 from router.interfaces import mcp as mcp_module
 from router.interfaces.mcp import build_server
 from router.settings import AuditSettings
-from tests.conftest import ECHO, external_tool, python_tool, stockade_server
+from tests.conftest import ECHO, external_tool, free_port, python_tool, stockade_server
 
 TOOLS: list[dict[str, Any]] = [
     python_tool("echo", ECHO),
@@ -359,6 +360,40 @@ def test_mcp_refuses_to_listen_beyond_loopback_without_authentication(tmp_path: 
     done = subprocess.run([STOCKADE, *args], env=env, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2
     assert "without authentication" in done.stderr
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2"])
+def test_without_tokens_a_rebound_page_is_turned_away_on_any_loopback_address(tmp_path: Path, host: str) -> None:
+    """Without tokens, only loopback is served; a web page the user visits can still reach it by
+    DNS rebinding (its requests then name the attacker's host). The SDK guards 127.0.0.1 only:
+    on 127.0.0.2 a rebound page once called tools as --principal. Every loopback address now
+    answers only requests naming it (or a loopback name)."""
+    port = free_port()
+    args = ["mcp", "--agent", "claude", "--principal", "alice@example.com", "--tools", str(write_tools(tmp_path)),
+            "--http", "--host", host, "--port", str(port)]  # fmt: skip
+    env = {**os.environ, "STOCKADE_AUDIT__PATH": str(tmp_path / "audit.jsonl"), "STOCKADE_LOG_LEVEL": "error",
+           "STOCKADE_API_PRINCIPALS": "[]"}  # fmt: skip
+    server = subprocess.Popen([STOCKADE, *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://{host}:{port}/mcp"
+    hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18",
+             "capabilities": {}, "clientInfo": {"name": "page", "version": "1"}}}  # fmt: skip
+    accept = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    try:
+        for _ in range(200):
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.get(url, timeout=1)
+                break
+            time.sleep(0.05)
+        rebound = httpx.post(url, json=hello, timeout=10, headers={
+            **accept, "Host": f"attacker.example:{port}", "Origin": f"http://attacker.example:{port}"})  # fmt: skip
+        assert rebound.status_code in (400, 403, 421), rebound.text
+        assert "mcp-session-id" not in rebound.headers
+        own = httpx.post(url, json=hello, timeout=10, headers=accept)
+        assert own.status_code == 200, own.text
+        assert "mcp-session-id" in own.headers
+    finally:
+        server.terminate()
+        server.wait(10)
 
 
 def test_a_bad_tools_file_is_a_clear_error_not_an_exception_group(tmp_path: Path) -> None:
