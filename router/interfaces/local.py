@@ -42,16 +42,21 @@ log = structlog.get_logger(__name__)
 
 _MAX_REQUEST = 64 << 10
 _TIMEOUT_S = 10.0
+_RUN = "/run"
 
 
 def socket_dir(settings: Settings) -> Path:
-    """Where the routers sharing these settings (the same audit log directory) put their sockets."""
+    """Where the routers sharing these settings (the same audit log directory) put their sockets:
+    under ``$XDG_RUNTIME_DIR``; for root without one (a service), under ``/run``, where no other
+    user can create the directory first; else under the temporary directory, per uid."""
     runtime = os.environ.get("XDG_RUNTIME_DIR", "")
-    base = (
-        Path(runtime) / "stockade"
-        if os.path.isabs(runtime)
-        else Path(tempfile.gettempdir()) / f"stockade-{os.getuid()}"
-    )
+    if os.path.isabs(runtime):
+        base = Path(runtime) / "stockade"
+    elif os.getuid() == 0 and os.path.isdir(_RUN) and os.access(_RUN, os.W_OK):
+        # Not /tmp/stockade-0: any local user could make that first, and the router would refuse to start.
+        base = Path(_RUN) / "stockade-approvals"  # not the runner's /run/stockade, which sandboxes traverse
+    else:
+        base = Path(tempfile.gettempdir()) / f"stockade-{os.getuid()}"
     key = hashlib.sha256(str(settings.audit.path.parent.resolve()).encode()).hexdigest()[:16]
     return base / key
 
@@ -137,7 +142,8 @@ def _check_private(directory: Path) -> None:
     if found.st_uid != os.getuid() or found.st_mode & 0o077:
         raise StockadeError(
             f"{directory} must be owned by uid {os.getuid()} with mode 0700 (it is uid {found.st_uid}, mode "
-            f"{stat.S_IMODE(found.st_mode):o}): fix it, or point STOCKADE_AUDIT__PATH at a private directory"
+            f"{stat.S_IMODE(found.st_mode):o}): remove it if it is not yours, or set XDG_RUNTIME_DIR to a "
+            "private directory of yours (the approval sockets go there)"
         )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,27 @@ async def test_a_socket_directory_others_could_write_to_is_refused(tmp_path: Pat
                 pass
     with pytest.raises(StockadeError, match="mode 0700"):
         LocalRouters(directory).sockets()
+
+
+async def test_a_directory_another_user_made_first_cannot_stop_a_service(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Root without XDG_RUNTIME_DIR (a service) once put its sockets under /tmp/stockade-0, which
+    any local user can create first: the router then refused to start. Its sockets now go under
+    /run, where only root creates anything; the squatted directory changes nothing."""
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    squatted = temp / f"stockade-{os.getuid()}"
+    squatted.mkdir(mode=0o700)
+    os.chown(squatted, 65534, 65534)  # made first by "nobody"
+    settings = Settings(audit=AuditSettings(path=tmp_path / "audit.jsonl"))
+    assert socket_dir(settings).parent == Path("/run/stockade-approvals")
+    async with ControlPlane.from_settings(settings) as plane, approval_socket(plane) as path:
+        assert path is not None
+        assert (await ask(path, b'{"op": "list"}\n')) == {"approvals": []}
+        assert LocalRouters(socket_dir(settings)).sockets() == [path]
 
 
 async def test_a_deep_audit_directory_still_gets_a_socket(tmp_path: Path) -> None:
