@@ -31,10 +31,13 @@ class Redactor:
         self._next_expiry = float("inf")
 
     def add(self, secret: str, label: str, *, until: float = float("inf")) -> None:
-        """Redact ``secret`` (and its encodings) as ``[REDACTED:label]`` until ``until`` (epoch)."""
+        """Redact ``secret`` (and its encodings) as ``[REDACTED:label]`` until ``until`` (epoch), or
+        longer if it is registered already for longer: a lease of an operator's secret (redacted for
+        as long as the router runs) must not shorten that to the lease's expiry."""
         with self._lock:
             for needle, encoding in secret_forms(secret).items():
-                self._entries[needle] = (Form(needle, label, encoding), until)
+                kept = self._entries.get(needle)
+                self._entries[needle] = (Form(needle, label, encoding), max(until, kept[1] if kept else until))
             self._next_expiry = min(self._next_expiry, until)
             self._compile()
 

@@ -35,6 +35,19 @@ def test_forgotten_and_expired_secrets_are_no_longer_scrubbed() -> None:
     assert not redactor.active
 
 
+def test_a_lease_of_a_secret_never_shortens_how_long_it_is_redacted() -> None:
+    """An operator's secret is redacted for as long as the router runs; each call that uses it
+    registers it again with its lease's expiry. That once replaced the permanent entry, so a minute
+    after the lease ended the secret passed into outputs, the audit log and logs unredacted."""
+    redactor = Redactor()
+    redactor.add("sk-live-operator-secret-9x", "api-key")  # at start, for good
+    redactor.add("sk-live-operator-secret-9x", "api-key", until=time.time() + 0.05)  # a lease of it
+    redactor.add("minted-token-abcdef", "tok", until=time.time() + 0.05)
+    redactor.add("minted-token-abcdef", "tok", until=time.time() + 60)  # minted again, later expiry
+    time.sleep(0.1)
+    assert redactor("sk-live-operator-secret-9x minted-token-abcdef") == "[REDACTED:api-key] [REDACTED:tok]"
+
+
 def test_every_form_the_egress_proxy_scrubs_is_redacted_too() -> None:
     """Hex, reversed, any ASCII case, base64 of ``user:secret`` for users of every length (each
     alignment of the secret in base64), base64url, percent-encoding with either case of escape,
