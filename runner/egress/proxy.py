@@ -449,9 +449,13 @@ class EgressProxy:
         body = await _read_body(conn, reader, self._idle_timeout)
         upstream = h11.Connection(h11.CLIENT)
         # The body is framed by what we send, never by the client's claims.
-        headers, exchange.injected = _inject(
-            [(k, v) for k, v in request.headers if k.lower() not in _HOP_BY_HOP | {b"content-length"}], route.injections
-        )
+        # Host names the rule's authority, whatever the client wrote (as a proxy must, RFC 9112
+        # §3.2.2): a credential for a shared front (a CDN, an ingress) never reaches another tenant.
+        default_port = 443 if route.intercept else 80
+        host = f"[{exchange.host}]" if ":" in exchange.host else exchange.host
+        authority = host if exchange.port == default_port else f"{host}:{exchange.port}"
+        kept = [(k, v) for k, v in request.headers if k.lower() not in _HOP_BY_HOP | {b"content-length", b"host"}]
+        headers, exchange.injected = _inject([(b"host", authority.encode()), *kept], route.injections)
         scrubber = _ResponseScrubber(route.injections, request.method) if route.injections else None
         if scrubber is not None:
             # Scrubbing needs the body as text: ask for it uncompressed.
@@ -489,7 +493,9 @@ class EgressProxy:
             try:
                 event = upstream.next_event()
             except h11.RemoteProtocolError as exc:
-                raise _Refused(502, f"malformed response from upstream: {exc}") from exc
+                # h11 quotes the offending line: from a credential's host, it may reflect the value
+                # injected into the request. What is wrong is said; the upstream's bytes never are.
+                raise _Refused(502, f"malformed response from upstream: {str(exc).split(':', 1)[0]}") from exc
             if event is h11.NEED_DATA:
                 chunk = await asyncio.wait_for(up_reader.read(_CHUNK), self._idle_timeout)
                 exchange.down += len(chunk)

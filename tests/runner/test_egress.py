@@ -167,6 +167,50 @@ async def test_a_request_cut_off_when_the_run_ends_is_still_recorded(tmp_path: P
     assert records == server.records
 
 
+async def test_a_credential_reflected_in_a_malformed_answer_never_reaches_the_sandbox(tmp_path: Path) -> None:
+    """A credential's host answers with a head h11 cannot parse, quoting the header the proxy put
+    in: the 502 the sandbox gets says what was wrong, never the upstream's bytes (h11 quotes the
+    offending line, which once carried the raw credential past every scrubber). And the request
+    goes out with Host naming the rule's host, whatever the client wrote: a credential for a shared
+    front never reaches another tenant."""
+    seen: list[bytes] = []
+
+    async def reflect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        seen.append(head)
+        key = next(line for line in head.split(b"\r\n") if line.lower().startswith(b"x-api-key:")).split(b":", 1)[1]
+        writer.write(b"HTTP/1.1 401 No\r\nWWW-Authenticate Bearer " + key.strip() + b"\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    upstream = await asyncio.start_server(reflect, "127.0.0.1", 0)
+    port = upstream.sockets[0].getsockname()[1]
+    records: list[EgressRecord] = []
+
+    async def keep(record: EgressRecord) -> None:
+        records.append(record)
+
+    server = EgressProxy(tmp_path / "r.sock", [EgressRule(HOST, port)], keep, hosts={HOST: "127.0.0.1"},
+                         injections=[Injection("api-key", PLACEHOLDER, SECRET, (HOST,))])  # fmt: skip
+    await server.start()
+    try:
+        reply = await send(server, f"GET http://{HOST}:{port}/me HTTP/1.1\r\nHost: other-tenant.example\r\n"
+                                   f"X-Api-Key: {PLACEHOLDER}\r\n\r\n".encode())  # fmt: skip
+    finally:
+        await server.aclose()
+        upstream.close()
+        await upstream.wait_closed()
+    [head] = seen
+    assert SECRET.encode() in head  # injected, so reflected
+    assert f"host: {HOST}:{port}\r\n".encode() in head.lower()
+    assert b"other-tenant" not in head
+    assert reply.startswith(b"HTTP/1.1 502")
+    assert b"sk-egress" not in reply
+    assert b"illegal header line" in reply
+    [record] = records
+    assert "sk-egress" not in record.reason
+
+
 async def test_a_method_the_rule_does_not_list_is_refused(
     proxy: tuple[EgressProxy, list[EgressRecord]], http_upstream: int
 ) -> None:
