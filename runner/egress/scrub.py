@@ -26,6 +26,7 @@ and lazy reflection, not a boundary against an upstream that computes on the sec
 from __future__ import annotations
 
 import base64
+import html
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -64,6 +65,15 @@ def secret_forms(value: str) -> dict[bytes, str]:
     ascii_json = json.dumps(value)[1:-1]
     escaped = json.dumps(value, ensure_ascii=False)[1:-1].encode("utf-8", "surrogatepass")
     add("json", ascii_json.encode(), escaped, ascii_json.replace("/", "\\/").encode())  # some encoders escape "/"
+    # Go's encoding/json (and others, to be safe in HTML) escape <, > and & as \u003c, \u003e, \u0026.
+    html_safe = ascii_json.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    add("json", html_safe.encode(), html_safe.replace("/", "\\/").encode())
+    # An HTML page (an error page quoting a header) escapes &, <, >, " and ' as entities.
+    add(
+        "html",
+        html.escape(value, quote=True).encode("utf-8", "surrogatepass"),
+        html.escape(value, quote=False).encode("utf-8", "surrogatepass"),
+    )
     standard, urlsafe = base64.b64encode(raw), base64.urlsafe_b64encode(raw)
     add("base64", standard, standard.rstrip(b"="))
     add("base64url", urlsafe, urlsafe.rstrip(b"="))

@@ -51,7 +51,7 @@ def test_a_lease_of_a_secret_never_shortens_how_long_it_is_redacted() -> None:
 def test_every_form_the_egress_proxy_scrubs_is_redacted_too() -> None:
     """Hex, reversed, any ASCII case, base64 of ``user:secret`` for users of every length (each
     alignment of the secret in base64), base64url, percent-encoding with either case of escape,
-    JSON escapes: 0 of them survive."""
+    JSON escapes (Go's \\u0026 for & too), HTML entities: 0 of them survive."""
     redactor = Redactor()
     redactor.add(SECRET, "api-key")
     raw = SECRET.encode()
@@ -60,6 +60,9 @@ def test_every_form_the_egress_proxy_scrubs_is_redacted_too() -> None:
         "upper": SECRET.upper(), "lower": SECRET.lower(), "swapped": SECRET.swapcase(),
         "percent lower": quote(SECRET, safe="").lower(), "percent keeping /": quote(SECRET),
         "json": json.dumps(SECRET)[1:-1].replace("/", "\\/"),
+        "json as Go writes it": json.dumps(SECRET)[1:-1].replace("&", "\\u0026"),
+        "json as Go writes it, / escaped": json.dumps(SECRET)[1:-1].replace("&", "\\u0026").replace("/", "\\/"),
+        "html": SECRET.replace("&", "&amp;"),
         **{f"basic {user!r}": base64.b64encode(f"{user}:{SECRET}".encode()).decode()
            for user in ("", "a", "ab", "abc")},
         **{f"base64url {user!r}": base64.urlsafe_b64encode(f"{user}:{SECRET}".encode()).decode().rstrip("=")
