@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import signal
 import subprocess
@@ -41,7 +42,15 @@ def log_options(settings: Settings, *, index: bool = True) -> LogOptions:
         segment_max_bytes=audit.segment_max_bytes, rotate_daily=audit.rotate_daily,
         retention_days=audit.retention_days, masks=tuple((rule.path, rule.hash) for rule in audit.mask),
         on_sealed=indexer, on_grown=indexer, on_close=indexer.stop if indexer is not None else None,
+        anchor=anchor_path(audit.signing_key, audit.path),
     )  # fmt: skip
+
+
+def anchor_path(signing_key: Path, log_path: Path) -> Path:
+    """Where the writer of the log at ``log_path`` keeps the last checkpoint it signed: beside the
+    signing key (off the log's volume, as the key is), one file per log."""
+    key = hashlib.sha256(str(log_path.resolve()).encode()).hexdigest()[:16]
+    return signing_key.parent / "audit-anchors" / f"{key}.json"
 
 
 class BackgroundIndexer:

@@ -87,6 +87,11 @@ class LogOptions:
     # Called (in a worker thread) when the log closes, first: the factory waits there for the
     # indexers it started, and starts none after, so nothing writes beside a closed log.
     on_close: Callable[[], None] | None = field(default=None, compare=False)
+    # Where the writer keeps the last checkpoint it signed, off the log's volume (beside the
+    # signing key): at load, a checkpoints file that no longer holds it (cut back with the events
+    # it covered, or rewritten with them) gets it back, so verification checks the files against
+    # it, and the loss is recorded. None: the writer trusts the checkpoints file.
+    anchor: Path | None = None
 
 
 @dataclass(slots=True)
@@ -234,6 +239,9 @@ class JsonlAuditLog:
             self._tree = CompactRange.from_json(state["tree"])
             self._pending_notes.append(missing)
         self._read_checkpoints()
+        lost = self._restore_anchor()
+        if lost is not None:
+            self._pending_notes.append(lost)
         if self._checkpoint is not None and self._checkpoint.size > self._seq:
             # A signed checkpoint covers events no file holds: the chain goes on, the gap on record
             # (verify reports it against that checkpoint for as long as the log exists).
@@ -480,6 +488,50 @@ class JsonlAuditLog:
             except ValueError as exc:
                 raise AuditError(f"the last checkpoint in {self.layout.checkpoints} is unreadable") from exc
 
+    def _restore_anchor(self) -> AuditEvent | None:
+        """Put back the last checkpoint this writer signed (`LogOptions.anchor`) if the checkpoints
+        file no longer holds it; the audit event recording that (None: nothing was missing)."""
+        anchor = self.options.anchor
+        if anchor is None:
+            return None
+        try:
+            anchored = Checkpoint.model_validate_json(anchor.read_bytes())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            log.error("audit_anchor_unreadable", path=str(anchor), error=str(exc))
+            return None
+        if anchored.log != self.options.log_name or _holds(self.layout.checkpoints, anchored):
+            return None
+        self._append_checkpoint(anchored)
+        self._checkpoint = anchored  # the next checkpoint follows it
+        message = (
+            f"the checkpoints file no longer held checkpoint {anchored.size} (root {anchored.root[:16]}…), the "
+            f"last this writer signed (kept at {anchor}): put back; `stockade audit verify` checks the log against it"
+        )
+        log.error("audit_checkpoints_lost", path=str(self.path), size=anchored.size, anchor=str(anchor))
+        return AuditEvent(
+            kind="error", decision_id=str(uuid.uuid4()), timestamp=timestamp(), outcome="audit_checkpoints_lost",
+            result={"code": "audit.checkpoints_lost", "size": anchored.size, "root": anchored.root, "message": message},
+        )  # fmt: skip
+
+    def _append_checkpoint(self, checkpoint: Checkpoint) -> None:
+        """Append ``checkpoint`` to the checkpoints file, durably, or leave the file as it was."""
+        text = checkpoint.signed_text() + b"\n"
+        fd = os.open(self.layout.checkpoints, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        try:
+            before = os.fstat(fd).st_size
+            try:
+                if os.write(fd, text) != len(text):
+                    raise OSError(errno.ENOSPC, "short write of a checkpoint")
+                os.fsync(fd)
+            except OSError:
+                os.ftruncate(fd, before)  # no torn checkpoint line: the file stays as it was
+                raise
+        finally:
+            os.close(fd)
+        self._checkpoints_size = os.stat(self.layout.checkpoints).st_size
+
     def _checkpoint_locked(self, *, force: bool = False) -> Checkpoint:
         """Sign the tree as it stands (under the lock, the state caught up) and publish it."""
         signer = self.options.signer
@@ -496,21 +548,14 @@ class JsonlAuditLog:
         if prev is not None and (prev.log != name or prev.size > self._seq):
             prev = None  # another log's, or one the files no longer reach (recorded at load): a new chain
         checkpoint = sign_checkpoint(signer, log=name, size=self._seq, root=self._tree.root(), prev=prev)
-        text = checkpoint.signed_text() + b"\n"
-        fd = os.open(self.layout.checkpoints, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
-        try:
-            before = os.fstat(fd).st_size
-            try:
-                if os.write(fd, text) != len(text):
-                    raise OSError(errno.ENOSPC, "short write of a checkpoint")
-                os.fsync(fd)
-            except OSError:
-                os.ftruncate(fd, before)  # no torn checkpoint line: the file stays as it was
-                raise
-        finally:
-            os.close(fd)
-        self._checkpoints_size = os.stat(self.layout.checkpoints).st_size
+        self._append_checkpoint(checkpoint)
         self._checkpoint = checkpoint
+        if self.options.anchor is not None:
+            try:
+                self.options.anchor.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                write_json_atomically(self.options.anchor, checkpoint.model_dump(mode="json"), mode=0o600)
+            except OSError as exc:  # the checkpoint stands; only the check at the next start is weaker
+                log.error("audit_anchor_unwritable", path=str(self.options.anchor), error=str(exc))
         if self.options.publish_dir is not None:
             publish_file(self.options.publish_dir, checkpoint)
         self._write_state()
@@ -777,6 +822,36 @@ def _read_state(path: Path) -> dict[str, Any] | None:
         return value if isinstance(value, dict) else None
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def _holds(path: Path, checkpoint: Checkpoint) -> bool:
+    """Whether the checkpoints file at ``path`` holds ``checkpoint`` (read from its end back to
+    the first line of a smaller tree: checkpoints follow one another by size)."""
+    try:
+        with path.open("rb") as handle:
+            end = handle.seek(0, os.SEEK_END)
+            rest = b""
+            while end > 0:
+                start = max(0, end - _TAIL_CHUNK)
+                handle.seek(start)
+                block = handle.read(end - start) + rest
+                found = block.split(b"\n")
+                rest = found.pop(0) if start > 0 else b""  # a line cut by the block's start: with the next
+                for line in reversed(found):
+                    if not line.strip():
+                        continue
+                    try:
+                        seen = Checkpoint.model_validate_json(line)
+                    except ValueError:
+                        continue  # verification reports an unreadable line
+                    if seen == checkpoint:
+                        return True
+                    if seen.size < checkpoint.size:
+                        return False
+                end = start
+            return False
+    except FileNotFoundError:
+        return False
 
 
 def _last_line_of(path: Path, size: int) -> bytes | None:

@@ -479,6 +479,54 @@ def test_a_cut_tail_with_the_checkpoints_rolled_back_is_caught_by_the_publish_di
     assert passed_without_outside_checkpoints == 2 * (N - baseline.active_first)
 
 
+@pytest.mark.parametrize("how", ["rewritten", "cut"])
+async def test_a_restarted_writer_never_signs_history_forged_under_it(tmp_path: Path, how: str) -> None:
+    """Without the key or any checkpoint kept elsewhere (no publish directory), the attacker
+    rewrites (or cuts) the events after an early checkpoint, rolls the checkpoints file back to it
+    and deletes the writer's state; then the router restarts and appends. The writer once chained
+    on and signed the forged history, and verification found nothing. Now it keeps its last
+    checkpoint beside its key (off the log's volume), puts it back into the checkpoints file,
+    records that, and verification names the forgery. The control, a writer with nothing kept
+    beside its key, shows the same tampering passing."""
+    got_through = 0
+    passed_without_anchor = 0
+    for anchored in (True, False):
+        root = tmp_path / ("anchored" if anchored else "control")
+        kept = root / "keys" / "anchor.json" if anchored else None
+        key = await _build(root, [event(n) for n in range(1, N + 1)], publish_dir=None, anchor=kept)
+        copy = Copy(root, key)
+        active = [head_of(line.rstrip(b"\n"))[0] for line in copy.parts[-1][1]]  # type: ignore[index]
+        first = active[1]  # an event of the active segment, after a checkpoint
+        signed_before = max(c.size for c in copy.layout.read_checkpoints() if c.size < first)
+        if how == "rewritten":
+            copy.replace(first, edited(copy.line(first)))
+            copy.relink(first)
+        else:
+            _cut_tail(copy, first)
+        _drop_checkpoints_after(copy, signed_before)
+        copy.save()
+        copy.layout.state.unlink(missing_ok=True)
+
+        log = JsonlAuditLog(copy.layout.active, options=_options(root, key, publish_dir=None, anchor=kept))
+        await log.append(event(N + 1))
+        await log.aclose()
+        report = copy.verify(publish=False)
+        if not anchored:
+            passed_without_anchor += report.ok
+            continue
+        got_through += report.ok
+        assert report.broken_seq is not None
+        # A rewrite is named where it starts; a cut where the log stops reaching the checkpoint
+        # put back (what the writer appended since takes the seqs that were cut: no root over them
+        # can be compared with the signed one, which covers more events than the files hold).
+        assert report.broken_seq <= (first if how == "rewritten" else N), report.problem
+        lost = [json.loads(line) for _, lines in Copy(root, key).parts for line in lines
+                if b"audit.checkpoints_lost" in line]  # fmt: skip
+        assert [e["result"]["size"] for e in lost] == [N]
+    assert got_through == 0
+    assert passed_without_anchor == 1
+
+
 # -- segments -------------------------------------------------------------------------------------
 
 
