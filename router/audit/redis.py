@@ -408,7 +408,8 @@ class RedisAuditLog:
         if not keys and self._signer is not None:
             keys = [VerifyKey.from_pem(self._signer.public_pem())]
         checkpoints = await self._read_checkpoints()
-        found = gather_checkpoints([("stream checkpoints", checkpoints), ("the auditor's checkpoint", trusted)], keys,
+        # The auditor's first: where it and the stream's disagree at one size, theirs is the root held to.
+        found = gather_checkpoints([("the auditor's checkpoint", trusted), ("stream checkpoints", checkpoints)], keys,
                                    chained="stream checkpoints")  # fmt: skip
         walk = Walk(found)
         number = 0

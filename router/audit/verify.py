@@ -220,12 +220,12 @@ def verify_log(
     segment's manifest, whose root its signed checkpoint vouches for). ``workers`` > 1: the older
     half of the segments is checked in another process meanwhile, the newer half resuming from the
     signed manifest between them (which the older half's check vouches for)."""
-    sources: list[tuple[str, Iterable[Checkpoint | None]]] = [
-        (layout.checkpoints.name, read_checkpoint_source(layout.checkpoints))
-    ]
+    # Those the log's writer cannot rewrite first: where two disagree at one size, theirs is the
+    # root the files are held to, so the broken seq is named against it, not the log's own.
+    sources: list[tuple[str, Iterable[Checkpoint | None]]] = [("the auditor's checkpoint", trusted)]
     if publish_dir is not None:
         sources.append((str(publish_dir), read_checkpoint_source(publish_dir)))
-    sources.append(("the auditor's checkpoint", trusted))
+    sources.append((layout.checkpoints.name, read_checkpoint_source(layout.checkpoints)))
     checkpoints = gather_checkpoints(sources, keys, chained=layout.checkpoints.name)
     parts = layout.parts()
     split = _split_point(parts) if workers > 1 and from_seq is None else 0

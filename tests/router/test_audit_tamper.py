@@ -527,6 +527,39 @@ async def test_a_restarted_writer_never_signs_history_forged_under_it(tmp_path: 
     assert passed_without_anchor == 1
 
 
+def test_a_kept_checkpoint_outranks_the_logs_own_when_they_disagree(
+    baseline: Baseline, fresh: Callable[[], Copy]
+) -> None:
+    """The events after a checkpoint are re-chained, and every later checkpoint in the log's file is
+    replaced by one signed over the forged tree with the real key (a router made to sign it, or a
+    leaked key). A checkpoint the auditor kept disagrees at the same size: the files are held to the
+    auditor's, so the forgery is found within what it covers (it was once named past the end of the
+    log, as if every event were sound). Where within, the re-signed checkpoints cannot tell: they
+    are signed by the key too."""
+    tally = Tally()
+    for seq in range(baseline.active_first, N + 1):
+        copy = fresh()
+        copy.replace(seq, edited(copy.line(seq)))
+        copy.relink(seq)
+        copy.save()
+        forged = CompactRange()
+        roots = {}
+        for _, lines in copy.parts:
+            for line in lines:
+                forged.append(line_hash(line.rstrip(b"\n")))
+                roots[forged.size] = forged.root()
+        kept = [c for c in copy.layout.read_checkpoints() if c.size < seq]
+        resigned = list(kept)
+        for size in sorted(c.size for c in copy.layout.read_checkpoints() if c.size >= seq):
+            resigned.append(sign_checkpoint(baseline.key, log="stockade", size=size, root=roots[size],
+                                            prev=resigned[-1] if resigned else None))  # fmt: skip
+        copy.layout.checkpoints.write_bytes(b"".join(c.signed_text() + b"\n" for c in resigned))
+        assert copy.verify(publish=False).ok  # the log's own files agree with themselves
+        report = copy.verify(publish=False, trusted=(baseline.last,))
+        tally.check(f"re-chained from {seq}, checkpoints re-signed", report, baseline.before(seq) + 1, N)
+    tally.assert_none_got_through()
+
+
 # -- segments -------------------------------------------------------------------------------------
 
 
