@@ -304,7 +304,16 @@ def audit_verify(
         else:
             log = _audit_log(ctx, path)
             where = str(log.path)
-            report = verify_log(log.layout, keys=keys, publish_dir=settings.audit.publish_dir, trusted=trusted,
+            if not keys and (_has_bytes(log.layout.checkpoints) or trusted):
+                # Signatures unchecked, anyone who can write the log's volume could have signed
+                # its checkpoints: "intact" would mean nothing.
+                raise _fail(f"{log.layout.checkpoints} holds signed checkpoints, and no public key was found to check "
+                            "them: pass --public-key FILE (the signing key's .pub, as given to auditors)")  # fmt: skip
+            publish_dir = settings.audit.publish_dir
+            if publish_dir is not None and not publish_dir.is_dir():
+                why = "the checkpoints kept there cannot be checked; mount it, or unset it to go without"
+                raise _fail(f"STOCKADE_AUDIT__PUBLISH_DIR={publish_dir} is not a directory (not mounted?): {why}")
+            report = verify_log(log.layout, keys=keys, publish_dir=publish_dir, trusted=trusted,
                                 from_seq=from_seq, workers=2)  # fmt: skip
     except AuditError as exc:
         raise _fail(str(exc)) from exc
@@ -324,6 +333,13 @@ def audit_verify(
         out.print(f"[red]BROKEN[/red] {escape(where)}: at seq {report.broken_seq}: {escape(report.problem)}. "
                   f"{max((report.broken_seq or 1) - 1, 0)} events before it verify.")  # fmt: skip
     raise typer.Exit(0 if report.ok else 1)
+
+
+def _has_bytes(path: Path) -> bool:
+    try:
+        return path.stat().st_size > 0
+    except OSError:
+        return False
 
 
 async def _verify_redis(settings: Settings, keys: list[VerifyKey], trusted: list[Checkpoint]) -> VerifyReport:

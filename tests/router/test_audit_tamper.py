@@ -1061,6 +1061,25 @@ def stockade_verify(*args: str, env: dict[str, str] | None = None) -> tuple[int,
     return result.returncode, json.loads(result.stdout)
 
 
+def test_the_cli_never_calls_a_log_intact_it_could_not_check(baseline: Baseline, fresh: Callable[[], Copy]) -> None:
+    """Without a public key, anyone able to write the log's volume could have signed its
+    checkpoints (a forged tombstone with a zero signature passed as "OK"); and a publish directory
+    that is not there (unmounted) once counted as one holding nothing. Both are usage errors now,
+    naming what to pass."""
+    copy = fresh()
+    base = [STOCKADE, "audit", "verify", "--path", str(copy.layout.active)]
+    env = {**os.environ, "STOCKADE_AUDIT__SIGNING_KEY": "/nonexistent/audit.key"}
+    no_key = subprocess.run(base, capture_output=True, text=True, timeout=120, check=False, env=env)
+    assert no_key.returncode == 2
+    assert "--public-key" in no_key.stderr
+    public = str(baseline.root / "keys" / "audit.key.pub")
+    env["STOCKADE_AUDIT__PUBLISH_DIR"] = str(copy.root / "gone")
+    unmounted = subprocess.run([*base, "--public-key", public], capture_output=True, text=True, timeout=120,
+                               check=False, env=env)  # fmt: skip
+    assert unmounted.returncode == 2
+    assert "not a directory" in unmounted.stderr
+
+
 def test_the_cli_exits_1_and_names_the_broken_seq(baseline: Baseline, fresh: Callable[[], Copy]) -> None:
     public = str(baseline.root / "keys" / "audit.key.pub")
     copy = fresh()
