@@ -279,10 +279,10 @@ def _verify_parts(
             except (OSError, ValueError) as exc:
                 walk.fail(part.first_seq, f"{part.path.name} is unreadable: {exc}")
             continue
-        first = walk.expected
+        first, first_prev = walk.expected, walk.prev
         walk.feed(chain.from_iterable(line_blocks(part.path)), part.path.name)
         if part.kind == "sealed" and walk.report is None and walk.mismatch is None:
-            _check_sealed(part, first, walk, checkpoints, keys)
+            _check_sealed(part, first, first_prev, walk, checkpoints, keys)
     if not last and walk.mismatch is not None and walk.report is None:
         walk._rewritten()
     if not last and walk.report is None:
@@ -314,8 +314,13 @@ def _from(parts: list[Part], seq: int, walk: Walk, keys: Sequence[VerifyKey]) ->
     return []
 
 
-def _check_sealed(part: Part, first: int, walk: Walk, checkpoints: _Checkpoints, keys: Sequence[VerifyKey]) -> None:
-    """A sealed segment holds exactly the range its name says, and its manifest agrees with it."""
+def _check_sealed(
+    part: Part, first: int, first_prev: str, walk: Walk, checkpoints: _Checkpoints, keys: Sequence[VerifyKey]
+) -> None:
+    """A sealed segment holds exactly the range its name says, and its manifest agrees with it:
+    its signed checkpoint, its size (so no byte was added after the last line, where reading
+    lines would not see it), its first and last hashes and its tree state. (Its sha256 is the
+    indexer's check: with every line's hash and the size as recorded, the bytes are those sealed.)"""
     name = part.path.name
     if (first, walk.expected - 1) != (part.first_seq, part.last_seq):
         blame = walk.expected if walk.expected - 1 < part.last_seq else part.last_seq + 1
@@ -334,9 +339,21 @@ def _check_sealed(part: Part, first: int, walk: Walk, checkpoints: _Checkpoints,
                                   "records: the segment was replaced or rewritten")  # fmt: skip
     elif manifest.last_hash != walk.prev:
         walk.fail(part.last_seq, f"{name}: its manifest records another last event")
+    elif manifest.first_prev_hash != first_prev or manifest.tree != walk.tree.to_json():
+        walk.fail(part.first_seq, f"{name}: its manifest records another chain or tree than its events make")
+    elif (size := _size(part.path)) != manifest.bytes:
+        walk.fail(part.last_seq + 1, f"{name} holds {size} bytes, but its manifest records {manifest.bytes}: bytes "
+                                     "were added after its last event, or the manifest was edited")  # fmt: skip
     else:
         checkpoints.roots.setdefault(part.last_seq, manifest.checkpoint.root)
         walk.matched = max(walk.matched, part.last_seq)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return -1
 
 
 class Proofs(Mapping[int, list[str]]):

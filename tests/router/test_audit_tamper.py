@@ -563,6 +563,38 @@ def test_a_kept_checkpoint_outranks_the_logs_own_when_they_disagree(
 # -- segments -------------------------------------------------------------------------------------
 
 
+def test_bytes_added_to_a_sealed_segment_or_its_manifest_edited_are_named(
+    baseline: Baseline, fresh: Callable[[], Copy]
+) -> None:
+    """Reading lines does not see bytes after a segment's last newline, and a manifest's size,
+    first hash and tree are not signed: each is held to what the segment's events make. (Once,
+    garbage appended to a sealed segment, or its manifest's size edited, verified as intact.)"""
+    tally = Tally()
+    for first, last in baseline.segments:
+        segment = baseline.root / "log" / "audit.jsonl.segments" / f"{first:012d}-{last:012d}.jsonl"
+        for how in ("a partial line appended", "manifest size", "manifest first hash", "manifest tree"):
+
+            def change(c: Copy, f: int = first, la: int = last, h: str = how) -> None:
+                path = c.layout.segments_dir / f"{f:012d}-{la:012d}.jsonl"
+                manifest = path.with_name(path.name[:26] + "manifest.json")
+                document = json.loads(manifest.read_bytes())
+                if h == "a partial line appended":  # no newline: `save` writes the part's lines back
+                    lines = next(lines for p, lines in c.parts if p == path)
+                    lines.append(b'{"seq":' + str(la + 1).encode() + b',"garbage":1')
+                elif h == "manifest size":
+                    document["bytes"] += 1
+                elif h == "manifest first hash":
+                    document["first_prev_hash"] = "f" * 64
+                else:
+                    document["tree"] = CompactRange().to_json()
+                manifest.write_text(json.dumps(document))
+
+            assert segment.exists()
+            copy = tamper(fresh, change)
+            tally.check(f"segment {first}..{last}: {how}", copy.verify(), first, last + 1)
+    tally.assert_none_got_through()
+
+
 def test_a_sealed_segment_deleted_is_named(baseline: Baseline, fresh: Callable[[], Copy]) -> None:
     tally = Tally()
     for first, last in baseline.segments:
