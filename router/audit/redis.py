@@ -286,7 +286,10 @@ class RedisAuditLog:
         """The events (chain fields aside, `_body`) the stream holds after this router's last
         known append: a put whose answer was lost to a timeout may have landed among them."""
         start = f"({self._appended_id}" if self._appended_id else "-"
-        entries = await self._redis.xrange(STREAM, min=start, count=_LOST_ANSWERS_WINDOW)
+        try:
+            entries = await self._redis.xrange(STREAM, min=start, count=_LOST_ANSWERS_WINDOW)
+        except (redis.exceptions.RedisError, OSError) as exc:
+            raise AuditError(f"cannot append to the audit stream: {exc}; check that Redis is up") from exc
         found = set()
         for _, fields in entries or []:
             with contextlib.suppress(ValueError, TypeError, AttributeError, RecursionError):  # not an event
