@@ -307,6 +307,10 @@ def _from(parts: list[Part], seq: int, walk: Walk, keys: Sequence[VerifyKey]) ->
             if tree.root().hex() != end.checkpoint.root or (keys and not any(end.checkpoint.verify(k) for k in keys)):
                 walk.fail(before.last_seq, f"{before.path.name}: no signed checkpoint vouches for its end state")
                 return []
+            if isinstance(end, Tombstone) and keys and not any(end.verify(k) for k in keys):
+                # The checkpoint inside may be a genuine one, copied: the tombstone itself must be signed.
+                walk.fail(before.first_seq, f"{before.path.name}: the tombstone is not signed by a trusted key")
+                return []
             walk.roots.setdefault(end.last_seq, end.checkpoint.root)
             walk.matched = end.last_seq
             walk.start_at(end.last_seq + 1, end.last_hash, tree)

@@ -905,6 +905,14 @@ def test_tombstones_edited_forged_or_deleted_are_refused(retired: Baseline, scra
         copy = _copy_of(retired, scratch)
         copy.layout.segment_path(first, last, "tombstone.json").unlink()
         tally.check(f"tombstone {first}-{last} deleted", copy.verify(), first)
+        # Verified from just after it, it is where the tree resumes: its own signature is checked
+        # there too, not only the (genuine, copied) checkpoint inside it.
+        copy = _copy_of(retired, scratch)
+        document = json.loads(genuine.signed_text())
+        document["signature"] = other_signature
+        copy.layout.segment_path(first, last, "tombstone.json").write_text(json.dumps(document))
+        report = verify_log(copy.layout, keys=[retired.key.verify_key], from_seq=last + 1)
+        tally.check(f"tombstone {first}-{last}: signature edited, verified from seq {last + 1}", report, first)
     tally.assert_none_got_through()
 
 
