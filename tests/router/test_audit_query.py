@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -681,16 +681,7 @@ def test_the_active_segment_is_snapshotted_without_an_operator(tmp_path: Path) -
     audit = AuditSettings(path=path, signing_key=tmp_path / "keys" / "audit.key", rotate_daily=False)
     chosen = log_options(Settings(audit=audit))
 
-    async def write() -> None:
-        log = JsonlAuditLog(path, durability="relaxed", options=chosen)
-        calls = Calls(seed=6)
-        while not path.exists() or path.stat().st_size < 5 * audit_jsonl.GROWN_MIN_BYTES // 4:
-            for event in calls.session(3):
-                await log.append(event)
-        assert _indexers_of(path), "no indexer was started"
-        await log.aclose()
-
-    asyncio.run(write())
+    _write_until(path, chosen, 6, lambda: path.exists() and path.stat().st_size >= 5 * audit_jsonl.GROWN_MIN_BYTES // 4)
     assert _indexers_of(path) == []
     marker = index_dir_of(path) / "active.json"
     assert marker.exists(), (index_dir_of(path) / "indexer.log").read_text()[-2000:]
@@ -725,16 +716,7 @@ def test_closing_the_log_ends_an_indexer_that_outlasts_the_grace(tmp_path: Path)
     chosen = LogOptions(signer=key, segment_max_bytes=300_000, rotate_daily=False,
                         on_sealed=indexer, on_close=indexer.stop)  # fmt: skip
 
-    async def write() -> None:
-        log = JsonlAuditLog(path, durability="relaxed", options=chosen)
-        calls = Calls(seed=7)
-        while len([p for p in LogLayout(path).parts() if p.kind == "sealed"]) < 3:
-            for event in calls.session(3):
-                await log.append(event)
-        assert _indexers_of(path), "no indexer was started"
-        await log.aclose()
-
-    asyncio.run(write())
+    _write_until(path, chosen, 7, lambda: len([p for p in LogLayout(path).parts() if p.kind == "sealed"]) >= 3)
     assert _indexers_of(path) == []
     with AuditQuery(path) as query:
         assert [s for (s,) in query.events(EventFilter(), columns=("seq",))] == expected(path, EventFilter())
@@ -798,6 +780,22 @@ def test_stopping_the_indexer_takes_the_grace_once_however_many_it_started(
     assert [p.poll() for p in started] == [-9] * 4
     indexer(tmp_path / "audit.jsonl")
     assert len(started) == 4  # stopped for good: nothing started after
+
+
+def _write_until(path: Path, options: LogOptions, seed: int, done: Callable[[], bool]) -> None:
+    """Append generated sessions to the log at ``path`` until ``done``, check that an indexer was
+    started meanwhile, and close the log (which waits for it)."""
+
+    async def write() -> None:
+        log = JsonlAuditLog(path, durability="relaxed", options=options)
+        calls = Calls(seed=seed)
+        while not done():
+            for event in calls.session(3):
+                await log.append(event)
+        assert _indexers_of(path), "no indexer was started"
+        await log.aclose()
+
+    asyncio.run(write())
 
 
 def _indexers_of(path: Path) -> list[int]:
