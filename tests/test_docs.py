@@ -726,7 +726,10 @@ def policy_verify_bundle(command: Command, ctx: Context) -> None:
 
 
 def audit_verify(command: Command, ctx: Context) -> None:
-    report = json.loads(execute(command.argv(), ctx, ctx.env(STOCKADE_AUDIT__PATH=str(ctx.demo.log))))
+    # As the user who ran the demo (its HOME holds the signing key whose public half verify checks
+    # the checkpoints with): without a public key, verify refuses to call a log intact.
+    home = ctx.demo.log.parents[4]  # <home>/.local/state/stockade/demo/audit-….jsonl
+    report = json.loads(execute(command.argv(), ctx, user_env(home, {"STOCKADE_AUDIT__PATH": str(ctx.demo.log)})))
     assert (report["ok"], report["events"]) == (True, len(ctx.demo.log.read_text().splitlines()))
 
 

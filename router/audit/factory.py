@@ -48,8 +48,10 @@ def log_options(settings: Settings, *, index: bool = True) -> LogOptions:
 
 def anchor_path(signing_key: Path, log_path: Path) -> Path:
     """Where the writer of the log at ``log_path`` keeps the last checkpoint it signed: beside the
-    signing key (off the log's volume, as the key is), one file per log."""
-    key = hashlib.sha256(str(log_path.resolve()).encode()).hexdigest()[:16]
+    signing key (off the log's volume, as the key is), one file per log, named after the log's
+    path as configured (made absolute, symlinks not followed: a log swapped for a symlink to a
+    forged copy is held to the same anchor)."""
+    key = hashlib.sha256(os.path.abspath(log_path).encode()).hexdigest()[:16]
     return signing_key.parent / "audit-anchors" / f"{key}.json"
 
 

@@ -136,6 +136,7 @@ class JsonlAuditLog:
         self._sync_task: asyncio.Task[None] | None = None
         self.failed: str | None = None  # why the last append failed; None after a good one
         self._grown_at = 0  # the active segment's size at the last on_grown call
+        self._anchored = 0  # the size of the checkpoint kept at `LogOptions.anchor`: it never goes down
 
     # -- state ------------------------------------------------------------------------------
 
@@ -501,7 +502,10 @@ class JsonlAuditLog:
         except (OSError, ValueError) as exc:
             log.error("audit_anchor_unreadable", path=str(anchor), error=str(exc))
             return None
-        if anchored.log != self.options.log_name or _holds(self.layout.checkpoints, anchored):
+        if anchored.log != self.options.log_name:
+            return None
+        self._anchored = max(self._anchored, anchored.size)
+        if _holds(self.layout.checkpoints, anchored):
             return None
         self._append_checkpoint(anchored)
         self._checkpoint = anchored  # the next checkpoint follows it
@@ -550,7 +554,10 @@ class JsonlAuditLog:
         checkpoint = sign_checkpoint(signer, log=name, size=self._seq, root=self._tree.root(), prev=prev)
         self._append_checkpoint(checkpoint)
         self._checkpoint = checkpoint
-        if self.options.anchor is not None:
+        if self.options.anchor is not None and checkpoint.size >= self._anchored:
+            # Never a smaller one: after a loss (the files end before the anchor), the anchor
+            # stays the evidence until the log has grown past it.
+            self._anchored = checkpoint.size
             try:
                 self.options.anchor.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
                 write_json_atomically(self.options.anchor, checkpoint.model_dump(mode="json"), mode=0o600)
@@ -572,7 +579,16 @@ class JsonlAuditLog:
         if self.options.signer is None:
             return None
         with self._locked():
-            self._catch_up()
+            caught = self._catch_up()
+            notes, self._pending_notes = self._pending_notes + caught, []
+            # Recorded before they are signed over: a router stopped with no call since it started
+            # (its shutdown checkpoint) must not sign a loss it found without recording it.
+            try:
+                for note in notes:
+                    self._write_locked(as_written(note)[1], note.timestamp)
+            except OSError:
+                self._loaded = False  # re-read everything next time: the load finds the loss again
+                raise
             return self._checkpoint_locked()
 
     def _timed_checkpoint(self) -> None:
@@ -615,7 +631,8 @@ class JsonlAuditLog:
         try:
             with self._locked():
                 if self._active is None:
-                    self._catch_up()
+                    caught = self._catch_up()  # (a load sets the pending notes anew: read them after it)
+                    self._pending_notes += caught  # chained before the next event
                     self._loaded = True
             assert self._active is not None  # noqa: S101
             fd = self._active.fd

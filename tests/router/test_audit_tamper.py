@@ -32,6 +32,7 @@ from router.audit import AuditEvent, line_hash, timestamp
 from router.audit.base import VerifyReport
 from router.audit.chain import GENESIS_HASH, Unsealed, head_of
 from router.audit.checkpoint import Checkpoint, Manifest, SigningKey, Tombstone, sign_checkpoint, sign_tombstone
+from router.audit.factory import anchor_path
 from router.audit.jsonl import JsonlAuditLog, LogOptions
 from router.audit.layout import LogLayout
 from router.audit.merkle import CompactRange
@@ -479,15 +480,17 @@ def test_a_cut_tail_with_the_checkpoints_rolled_back_is_caught_by_the_publish_di
     assert passed_without_outside_checkpoints == 2 * (N - baseline.active_first)
 
 
-@pytest.mark.parametrize("how", ["rewritten", "cut"])
-async def test_a_restarted_writer_never_signs_history_forged_under_it(tmp_path: Path, how: str) -> None:
+@pytest.mark.parametrize(("how", "restart"), [("rewritten", "append"), ("cut", "append"), ("rewritten", "probe")])
+async def test_a_restarted_writer_never_signs_history_forged_under_it(tmp_path: Path, how: str, restart: str) -> None:
     """Without the key or any checkpoint kept elsewhere (no publish directory), the attacker
     rewrites (or cuts) the events after an early checkpoint, rolls the checkpoints file back to it
     and deletes the writer's state; then the router restarts and appends. The writer once chained
     on and signed the forged history, and verification found nothing. Now it keeps its last
     checkpoint beside its key (off the log's volume), puts it back into the checkpoints file,
-    records that, and verification names the forgery. The control, a writer with nothing kept
-    beside its key, shows the same tampering passing."""
+    records that, and verification names the forgery. With ``probe``, the restarted router only
+    answers a readiness probe and is stopped (a rollout): its shutdown checkpoint once signed the
+    forged files unrecorded and replaced the anchor with it. The control, a writer with nothing
+    kept beside its key, shows the same tampering passing."""
     got_through = 0
     passed_without_anchor = 0
     for anchored in (True, False):
@@ -507,6 +510,10 @@ async def test_a_restarted_writer_never_signs_history_forged_under_it(tmp_path: 
         copy.save()
         copy.layout.state.unlink(missing_ok=True)
 
+        if restart == "probe":
+            probed = JsonlAuditLog(copy.layout.active, options=_options(root, key, publish_dir=None, anchor=kept))
+            assert await probed.check() is None
+            await probed.aclose()
         log = JsonlAuditLog(copy.layout.active, options=_options(root, key, publish_dir=None, anchor=kept))
         await log.append(event(N + 1))
         await log.aclose()
@@ -525,6 +532,21 @@ async def test_a_restarted_writer_never_signs_history_forged_under_it(tmp_path: 
         assert [e["result"]["size"] for e in lost] == [N]
     assert got_through == 0
     assert passed_without_anchor == 1
+
+
+def test_the_anchor_is_named_after_the_configured_path_not_where_a_symlink_leads(tmp_path: Path) -> None:
+    """A log directory swapped for a symlink to a forged copy must be held to the same anchor: it
+    is named after the path as configured, never after where the path leads."""
+    key = tmp_path / "keys" / "audit.key"
+    configured = tmp_path / "log" / "audit.jsonl"
+    configured.parent.mkdir()
+    before = anchor_path(key, configured)
+    forged = tmp_path / "forged"
+    forged.mkdir()
+    configured.parent.rmdir()
+    configured.parent.symlink_to(forged)
+    assert anchor_path(key, configured) == before
+    assert anchor_path(key, forged / "audit.jsonl") != before
 
 
 def test_a_kept_checkpoint_outranks_the_logs_own_when_they_disagree(
