@@ -395,7 +395,7 @@ class RedisStore:
 
     async def put_approval(self, approval: Approval, keep_s: float) -> None:
         keep_ms = max(1, int(keep_s * 1000))
-        args: list[str | float] = [approval.id, approval.created_at, approval.model_dump_json(), keep_ms,
+        args: list[str | float] = [approval.id, approval.created_at, _approval_json(approval), keep_ms,
                                    approval.binding]  # fmt: skip
         script_keys = [keys.approval(approval.id), keys.APPROVALS, keys.session(approval.session_id)]
         await self._do("store an approval", self._put(script_keys, args))
@@ -417,7 +417,7 @@ class RedisStore:
     async def swap_approval(self, approval: Approval, expected: ApprovalStatus) -> bool:
         swapped = await self._do(
             "update an approval",
-            self._swap([keys.approval(approval.id)], [expected.value, approval.model_dump_json()]),
+            self._swap([keys.approval(approval.id)], [expected.value, _approval_json(approval)]),
         )
         return bool(swapped)
 
@@ -476,3 +476,9 @@ class RedisStore:
 
     async def aclose(self) -> None:
         await self._redis.aclose()
+
+
+def _approval_json(approval: Approval) -> str:
+    """An approval as stored: without ``inputs`` when it has none, so a router of the version
+    before input files were bound (whose model forbids the field) still reads it in a rolling upgrade."""
+    return approval.model_dump_json(exclude={"inputs"} if not approval.inputs else None)

@@ -8,13 +8,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 import redis
+from pydantic import BaseModel, ConfigDict, create_model
 
 from policy.base import RATE_SCOPES, RateCounts
 from router.approvals import Approval, ApprovalStatus, binding
 from router.errors import StoreError
 from router.rates import PERIODS
 from router.store import MemoryStore, PendingExternal, RedisStore, SessionRecord, Store
-from router.store.redis import redacted
+from router.store.redis import _approval_json, redacted
 from tests.conftest import free_port
 
 MakeStore = Callable[..., Awaitable[Store]]
@@ -301,3 +302,20 @@ async def test_another_agents_claim_counts_and_reveals_nothing(make: MakeStore) 
     assert own is not None
     assert (own.session.call_count, own.rates.session_per_day) == (1, 1)  # the intruder's was not counted
     assert own.provenance == {"x": ["user"]}
+
+
+def test_an_approval_without_files_is_stored_as_routers_before_input_binding_read_it() -> None:
+    """Routers sharing one store are upgraded one at a time: an approval without input files is
+    stored without the new field, which the previous version's model (extra fields forbidden)
+    would refuse, and every approval listing on those routers would fail. One with files carries
+    them (an older router cannot bind them, and refuses it rather than run other files)."""
+    fields = {name: (info.annotation, info) for name, info in Approval.model_fields.items() if name != "inputs"}
+    before = create_model("ApprovalBefore", __config__=ConfigDict(extra="forbid", frozen=True), **fields)  # type: ignore[call-overload]
+    plain = Approval(id="a-1", decision_id="d", session_id="s", agent="a", principal="p", tool="t", args="{}",
+                     binding=binding("t", "{}", "s"), reasons=[], created_at=1.0, expires_at=2.0)  # fmt: skip
+    assert isinstance(before.model_validate_json(_approval_json(plain)), BaseModel)
+    assert Approval.model_validate_json(_approval_json(plain)) == plain
+    files = plain.model_copy(update={"inputs": [{"name": "x.txt", "sha256": "0" * 64, "size": 1}]})
+    assert Approval.model_validate_json(_approval_json(files)) == files
+    with pytest.raises(ValueError, match="inputs"):
+        before.model_validate_json(_approval_json(files))
