@@ -114,6 +114,7 @@ class _Call:
         "canonical_args",
         "closed",
         "decision_id",
+        "egress_records",
         "going_ahead",
         "input_infos",
         "inputs",
@@ -146,6 +147,7 @@ class _Call:
         self.rates = RateCounts()
         self.tier: str | None = None  # the sandbox tier, once the call runs
         self.unaudited_egress = 0  # egress requests the audit log could not take: the output is withheld
+        self.egress_records: list[asyncio.Future[None]] = []  # each done once its egress event is appended (or not)
         self.leases: list[Lease] = []  # minted credentials: revoked on every exit
         self.stage = "prepared"  # how far the call got, for the record of an exit that cut it short
         self.going_ahead = False  # the decision to go ahead is (or may be) on record: its trail must be closed
@@ -1184,6 +1186,10 @@ class ControlPlane:
             elapsed = time.perf_counter_ns() - started
             telemetry.ran(span, run)
         metrics.RUNS.labels(run.tier).observe(elapsed / 1e9)
+        if call.egress_records:
+            # The proxy closed when the run ended; a record it reported then may still be being
+            # appended (shielded there): its outcome decides whether the output may leave.
+            await asyncio.gather(*call.egress_records)
 
         # A secret the tool got hold of (an upstream echoing it back) never reaches the agent.
         stdout, stderr = redact(_text(run.stdout)), redact(_text(run.stderr))
@@ -1262,11 +1268,19 @@ class ControlPlane:
         """A hook that audits each request the call's egress proxy saw, under its decision_id."""
 
         async def audit_egress(record: runner_pkg.EgressRecord) -> None:
-            if not await self._record(self._event(
-                "egress", call.decision_id, call.session, call.tool.spec.name, call.call_id,
-                outcome="allow" if record.allowed else "deny", result=dataclasses.asdict(record),
-            )):  # fmt: skip
-                call.unaudited_egress += 1  # the run goes on (the request is made); its output will not
+            done = asyncio.get_running_loop().create_future()
+            call.egress_records.append(done)  # waited for before the output is released
+            try:
+                if not await self._record(self._event(
+                    "egress", call.decision_id, call.session, call.tool.spec.name, call.call_id,
+                    outcome="allow" if record.allowed else "deny", result=dataclasses.asdict(record),
+                )):  # fmt: skip
+                    call.unaudited_egress += 1  # the run goes on (the request is made); its output will not
+            except BaseException:  # cut short: not on record
+                call.unaudited_egress += 1
+                raise
+            finally:
+                done.set_result(None)
 
         return audit_egress
 

@@ -280,7 +280,7 @@ class EgressProxy:
         except _Refused as refused:
             await _send_error(conn, writer, refused.status, refused.reason)
             exchange.fail(refused)
-            await self._report(exchange.record())
+            await asyncio.shield(self._report(exchange.record()))
             return
         except asyncio.CancelledError:
             if exchange.host != "?":  # it asked for somewhere: recorded, though nothing went out yet
@@ -311,7 +311,9 @@ class EgressProxy:
         if cut_off:
             await asyncio.shield(self._report(exchange.record(cut_off=True)))
             raise asyncio.CancelledError
-        await self._report(exchange.record())
+        # Shielded, as every report: the run may end (and this task be cancelled) while the hook
+        # still appends the record; the append goes on, and the router waits for it.
+        await asyncio.shield(self._report(exchange.record()))
 
     async def _route(self, request: h11.Request, exchange: _Exchange) -> _Route:
         """Check ``request`` against the rules and open its upstream connection, or `_Refused`."""

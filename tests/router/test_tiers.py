@@ -128,6 +128,45 @@ def main():
     assert (events[-1]["outcome"], events[-1]["result"]["unaudited_egress"]) == ("error", 1)
 
 
+class _SlowEgressRecords:
+    """The router's audit log, taking its time over egress events (a Redis round trip under load,
+    a group commit): the run ends, and its proxy closes, while the record is still being appended."""
+
+    def __init__(self, log: Any) -> None:
+        self._log = log
+
+    async def append(self, event: AuditEvent) -> AuditEvent:
+        if event.kind == "egress":
+            await asyncio.sleep(0.5)
+        return cast(AuditEvent, await self._log.append(event))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._log, name)
+
+
+async def test_an_egress_record_still_being_appended_when_the_run_ends_is_waited_for(
+    plane: ControlPlane, upstream: Upstream
+) -> None:
+    """The proxy closing at the end of the run once cancelled the append of a record it had just
+    reported: the request was never on record, and the output left all the same. Now the append
+    goes on, and the output is released only once it is done: decision, egress, execution."""
+    source = f"""
+import ssl, urllib.request
+def main():
+    ctx = ssl.create_default_context(cafile='/in/ca.pem')
+    return urllib.request.urlopen('https://{ALLOWED_HOST}:{upstream.port}/', context=ctx, timeout=10).read().decode()
+"""
+    await plane.register(python_tool("fetch", source, sandbox={
+        "tier": "docker", "egress": [{"host": ALLOWED_HOST, "port": upstream.port}]}))  # fmt: skip
+    session = await plane.open_session("agent-1", "alice@example.com")
+    plane.audit = _SlowEgressRecords(plane.audit)  # type: ignore[assignment]
+    result = await plane.call(session, "fetch", {}, inputs={"ca.pem": upstream.ca_pem})
+    assert (result.status, result.output) == ("completed", "hello from the allowlisted upstream")
+    events = await trail(plane, result.decision_id)
+    assert [e["kind"] for e in events] == ["decision", "egress", "execution"]
+    assert events[-1]["result"]["unaudited_egress"] == 0
+
+
 async def test_tool_asking_for_a_host_not_allowlisted_is_refused(plane: ControlPlane) -> None:
     """Every call to it would be denied, so it is refused at registration, audited, never run."""
     with pytest.raises(ToolRefused) as refused:
