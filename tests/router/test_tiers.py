@@ -90,27 +90,28 @@ def main():
     assert events[-1]["kind"] == "execution"
 
 
-class _EgressRecordsFail:
-    """The router's audit log, failing the appends of egress events only: a log that is briefly
-    unavailable (a disk full for a moment, a store failover) while the tool's request is made, and
-    back for its execution event. A real disk cannot be made to fail for exactly one append."""
+class _EgressAppends:
+    """The router's audit log, with its appends of egress events failing (``fail``: a log briefly
+    unavailable while the tool's request is made, and back for its execution event; a real disk
+    cannot be made to fail for exactly one append) or slow (``delay``: a Redis round trip under
+    load, a group commit, so the run ends while the record is still being appended)."""
 
-    def __init__(self, log: Any) -> None:
-        self._log = log
+    def __init__(self, log: Any, *, fail: bool = False, delay: float = 0.0) -> None:
+        self._log, self._fail, self._delay = log, fail, delay
 
     async def append(self, event: AuditEvent) -> AuditEvent:
         if event.kind == "egress":
-            raise AuditError("cannot append to audit log: No space left on device")
+            await asyncio.sleep(self._delay)
+            if self._fail:
+                raise AuditError("cannot append to audit log: No space left on device")
         return cast(AuditEvent, await self._log.append(event))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._log, name)
 
 
-async def test_a_request_the_log_could_not_take_withholds_the_output(plane: ControlPlane, upstream: Upstream) -> None:
-    """Nothing unaudited: when the record of an egress request fails, the run goes on (the
-    request is already made) but what it brought back never reaches the agent, and the execution
-    event says how many requests are missing from the log."""
+async def _fetcher(plane: ControlPlane, upstream: Upstream) -> str:
+    """Registers ``fetch`` (one HTTPS GET to the allowlisted upstream, on docker); a session to call it in."""
     source = f"""
 import ssl, urllib.request
 def main():
@@ -119,29 +120,20 @@ def main():
 """
     await plane.register(python_tool("fetch", source, sandbox={
         "tier": "docker", "egress": [{"host": ALLOWED_HOST, "port": upstream.port}]}))  # fmt: skip
-    session = await plane.open_session("agent-1", "alice@example.com")
-    plane.audit = _EgressRecordsFail(plane.audit)  # type: ignore[assignment]
+    return await plane.open_session("agent-1", "alice@example.com")
+
+
+async def test_a_request_the_log_could_not_take_withholds_the_output(plane: ControlPlane, upstream: Upstream) -> None:
+    """Nothing unaudited: when the record of an egress request fails, the run goes on (the
+    request is already made) but what it brought back never reaches the agent, and the execution
+    event says how many requests are missing from the log."""
+    session = await _fetcher(plane, upstream)
+    plane.audit = _EgressAppends(plane.audit, fail=True)  # type: ignore[assignment]
     result = await plane.call(session, "fetch", {}, inputs={"ca.pem": upstream.ca_pem})
     assert (result.status, result.reasons, result.output, result.stdout) == ("error", ["audit.unavailable"], None, "")
     events = await trail(plane, result.decision_id)
     assert [e["kind"] for e in events] == ["decision", "execution"]
     assert (events[-1]["outcome"], events[-1]["result"]["unaudited_egress"]) == ("error", 1)
-
-
-class _SlowEgressRecords:
-    """The router's audit log, taking its time over egress events (a Redis round trip under load,
-    a group commit): the run ends, and its proxy closes, while the record is still being appended."""
-
-    def __init__(self, log: Any) -> None:
-        self._log = log
-
-    async def append(self, event: AuditEvent) -> AuditEvent:
-        if event.kind == "egress":
-            await asyncio.sleep(0.5)
-        return cast(AuditEvent, await self._log.append(event))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._log, name)
 
 
 async def test_an_egress_record_still_being_appended_when_the_run_ends_is_waited_for(
@@ -150,16 +142,8 @@ async def test_an_egress_record_still_being_appended_when_the_run_ends_is_waited
     """The proxy closing at the end of the run once cancelled the append of a record it had just
     reported: the request was never on record, and the output left all the same. Now the append
     goes on, and the output is released only once it is done: decision, egress, execution."""
-    source = f"""
-import ssl, urllib.request
-def main():
-    ctx = ssl.create_default_context(cafile='/in/ca.pem')
-    return urllib.request.urlopen('https://{ALLOWED_HOST}:{upstream.port}/', context=ctx, timeout=10).read().decode()
-"""
-    await plane.register(python_tool("fetch", source, sandbox={
-        "tier": "docker", "egress": [{"host": ALLOWED_HOST, "port": upstream.port}]}))  # fmt: skip
-    session = await plane.open_session("agent-1", "alice@example.com")
-    plane.audit = _SlowEgressRecords(plane.audit)  # type: ignore[assignment]
+    session = await _fetcher(plane, upstream)
+    plane.audit = _EgressAppends(plane.audit, delay=0.5)  # type: ignore[assignment]
     result = await plane.call(session, "fetch", {}, inputs={"ca.pem": upstream.ca_pem})
     assert (result.status, result.output) == ("completed", "hello from the allowlisted upstream")
     events = await trail(plane, result.decision_id)
