@@ -341,11 +341,9 @@ class JsonlAuditLog:
         try:
             with self._locked():
                 caught = self._catch_up()
-                notes, self._pending_notes = self._pending_notes + caught, []
                 if self._rotation_due(event.timestamp):
                     self._seal()
-                for note in notes:
-                    self._write_locked(as_written(note)[1], note.timestamp)
+                self._chain_notes(caught)
                 chain = self._write_locked(unsealed, event.timestamp)
                 if self.options.signer is not None and self._seq - self._signed() >= self.options.checkpoint_every:
                     self._checkpoint_or_log()  # the event is written: a checkpoint's failure is not its own
@@ -358,6 +356,13 @@ class JsonlAuditLog:
             self._note_growth(self.options.on_grown)
         # The event was validated when it was built; only the chain fields are new.
         return event.model_copy(update=chain)
+
+    def _chain_notes(self, caught: list[AuditEvent]) -> None:
+        """Write the events the writer owes the chain (found at load, or by ``_catch_up``: a torn
+        tail, a segment gone, checkpoints lost) before anything else goes on it (under the lock)."""
+        notes, self._pending_notes = self._pending_notes + caught, []
+        for note in notes:
+            self._write_locked(as_written(note)[1], note.timestamp)
 
     def _note_growth(self, on_grown: Callable[[Path], None]) -> None:
         """Call ``on_grown`` when the active segment has grown enough since the last call (see
@@ -505,7 +510,9 @@ class JsonlAuditLog:
         if anchored.log != self.options.log_name:
             return None
         self._anchored = max(self._anchored, anchored.size)
-        if _holds(self.layout.checkpoints, anchored):
+        # Almost always the file's last (just read); else (another writer signed since, or a crash
+        # between the two writes) somewhere before it.
+        if self._checkpoint == anchored or anchored in self.layout.read_checkpoints():
             return None
         self._append_checkpoint(anchored)
         self._checkpoint = anchored  # the next checkpoint follows it
@@ -579,13 +586,10 @@ class JsonlAuditLog:
         if self.options.signer is None:
             return None
         with self._locked():
-            caught = self._catch_up()
-            notes, self._pending_notes = self._pending_notes + caught, []
             # Recorded before they are signed over: a router stopped with no call since it started
             # (its shutdown checkpoint) must not sign a loss it found without recording it.
             try:
-                for note in notes:
-                    self._write_locked(as_written(note)[1], note.timestamp)
+                self._chain_notes(self._catch_up())
             except OSError:
                 self._loaded = False  # re-read everything next time: the load finds the loss again
                 raise
@@ -839,36 +843,6 @@ def _read_state(path: Path) -> dict[str, Any] | None:
         return value if isinstance(value, dict) else None
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-def _holds(path: Path, checkpoint: Checkpoint) -> bool:
-    """Whether the checkpoints file at ``path`` holds ``checkpoint`` (read from its end back to
-    the first line of a smaller tree: checkpoints follow one another by size)."""
-    try:
-        with path.open("rb") as handle:
-            end = handle.seek(0, os.SEEK_END)
-            rest = b""
-            while end > 0:
-                start = max(0, end - _TAIL_CHUNK)
-                handle.seek(start)
-                block = handle.read(end - start) + rest
-                found = block.split(b"\n")
-                rest = found.pop(0) if start > 0 else b""  # a line cut by the block's start: with the next
-                for line in reversed(found):
-                    if not line.strip():
-                        continue
-                    try:
-                        seen = Checkpoint.model_validate_json(line)
-                    except ValueError:
-                        continue  # verification reports an unreadable line
-                    if seen == checkpoint:
-                        return True
-                    if seen.size < checkpoint.size:
-                        return False
-                end = start
-            return False
-    except FileNotFoundError:
-        return False
 
 
 def _last_line_of(path: Path, size: int) -> bytes | None:
