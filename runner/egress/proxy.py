@@ -255,6 +255,12 @@ class EgressProxy:
             await _close(writer)
 
     async def _report(self, record: EgressRecord) -> None:
+        """Record an exchange, and hand it to the hook (the router's audit append) to the end even
+        when this task is cancelled (the run ended, the proxy closes): the append goes on, and the
+        router waits for it before it releases the call's output."""
+        await asyncio.shield(self._deliver(record))
+
+    async def _deliver(self, record: EgressRecord) -> None:
         self.records.append(record)
         log.info("egress", method=record.method, host=record.host, port=record.port, allowed=record.allowed,
                  reason=record.reason, status=record.status, intercepted=record.intercepted, cut_off=record.cut_off,
@@ -280,11 +286,11 @@ class EgressProxy:
         except _Refused as refused:
             await _send_error(conn, writer, refused.status, refused.reason)
             exchange.fail(refused)
-            await asyncio.shield(self._report(exchange.record()))
+            await self._report(exchange.record())
             return
         except asyncio.CancelledError:
             if exchange.host != "?":  # it asked for somewhere: recorded, though nothing went out yet
-                await asyncio.shield(self._report(exchange.record(cut_off=True)))
+                await self._report(exchange.record(cut_off=True))
             raise
         cut_off = False
         try:
@@ -309,11 +315,9 @@ class EgressProxy:
         finally:
             await _close(route.up_writer)
         if cut_off:
-            await asyncio.shield(self._report(exchange.record(cut_off=True)))
+            await self._report(exchange.record(cut_off=True))
             raise asyncio.CancelledError
-        # Shielded, as every report: the run may end (and this task be cancelled) while the hook
-        # still appends the record; the append goes on, and the router waits for it.
-        await asyncio.shield(self._report(exchange.record()))
+        await self._report(exchange.record())
 
     async def _route(self, request: h11.Request, exchange: _Exchange) -> _Route:
         """Check ``request`` against the rules and open its upstream connection, or `_Refused`."""
