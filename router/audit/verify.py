@@ -81,6 +81,7 @@ def gather_checkpoints(
 
 
 _HEAD_ENDS = (b",", b"}")  # what follows a line's head (`router.audit.chain`'s _HEAD)
+_SUSPECT = b"?"  # a link no line holds: the line after a `Walk.suspect` one goes to `Walk._resolve`
 
 
 class Walk:
@@ -94,6 +95,10 @@ class Walk:
         self.matched = 0  # the largest checkpoint size whose root the data matched
         self.retired = 0
         self.mismatch: tuple[int, int, str] | None = None  # a root that did not match: (size, line, where)
+        # An event whose link to the one before does not hold, when nothing vouches for that one:
+        # (seq, line, where, its line's hash, the hash before it). The next line says which of the
+        # two was changed.
+        self.suspect: tuple[int, int, str, bytes, str] | None = None
         self.report: VerifyReport | None = None
 
     def fail(self, seq: int, problem: str, line: int | None = None) -> None:
@@ -105,6 +110,9 @@ class Walk:
         self.expected, self.prev, self.tree = seq, prev, tree
 
     def tombstone(self, tombstone: Tombstone, keys: Sequence[VerifyKey]) -> None:
+        self.settle()
+        if self.report is not None:
+            return
         if keys and not any(tombstone.verify(key) for key in keys):
             self.fail(tombstone.first_seq, f"the tombstone for seq {tombstone.first_seq}..{tombstone.last_seq} "
                                            "is not signed by a trusted key")  # fmt: skip
@@ -130,8 +138,16 @@ class Walk:
                 head = b'{"seq":%d,"prev_hash":"%s"' % (expected, prev)
                 if not (line.startswith(head) and line.startswith(_HEAD_ENDS, len(head))):
                     self.expected, self.prev = expected, prev.decode()
+                    if self.suspect is not None:
+                        self._resolve(line)
+                        return
                     self._broken(line, number, where)
-                    return
+                    if self.suspect is None:
+                        return
+                    # On to the next line, which must link to this one as it is; `_SUSPECT` as
+                    # the link expected sends it to `_resolve` (the loop itself stays as it was).
+                    prev, expected = _SUSPECT, expected + 1
+                    continue
                 if self.mismatch is not None:  # the line after a root that did not match links to it
                     self.expected, self.prev = expected, prev.decode()
                     self._rewritten()
@@ -176,12 +192,40 @@ class Walk:
                 "event before it, which a signed checkpoint vouches for"
             )
             self.fail(self.expected, problem, number)
+        elif self.mismatch is None and self.expected > 1:
+            # Either the event before was changed (this line records the hash it had) or this
+            # line's own link was: the next line, which records this one's hash, tells.
+            self.suspect = (self.expected, number, where, hexlify(line_hash(line)), self.prev)
         else:
             blame = max(self.expected - 1, 1)
             self.fail(blame, f"{where} line {number}: event seq {blame} was modified or replaced: seq {head[0]} "
                              "records a different hash for it", number)  # fmt: skip
 
+    def _resolve(self, following: bytes | None) -> None:
+        """Name the event the `suspect` link blames, from the line ``following`` it (None: the log
+        ends there)."""
+        assert self.suspect is not None  # noqa: S101  (the callers check)
+        seq, number, where, digest, prev = self.suspect
+        self.suspect = None
+        self.expected, self.prev = seq, prev  # the walk stands where the suspect link is
+        head = head_of(following) if following is not None else None
+        if head is not None and head == (seq + 1, digest.decode()):
+            self.fail(seq - 1, f"{where} line {number}: event seq {seq - 1} was modified or replaced: seq {seq} "
+                               "records a different hash for it", number)  # fmt: skip
+        elif head is not None and head[0] == seq + 1:
+            self.fail(seq, f"{where} line {number}: event seq {seq} was modified: it links neither to the event "
+                           f"before it nor does seq {seq + 1} record its hash", number)  # fmt: skip
+        else:  # the log ends (or breaks again) there: nothing tells which of the two changed
+            self.fail(seq - 1, f"{where} line {number}: event seq {seq - 1}, or seq {seq}'s link to it, was "
+                               f"modified: seq {seq} records a different hash for seq {seq - 1}", number)  # fmt: skip
+
+    def settle(self) -> None:
+        """Name a `suspect` link the data ended on (the caller has no line after it)."""
+        if self.suspect is not None and self.report is None:
+            self._resolve(None)
+
     def finish(self, checkpoints: _Checkpoints) -> VerifyReport:
+        self.settle()
         if self.mismatch is not None and self.report is None:
             self._rewritten()
         if self.report is not None:
@@ -281,8 +325,10 @@ def _verify_parts(
             continue
         first, first_prev = walk.expected, walk.prev
         walk.feed(chain.from_iterable(line_blocks(part.path)), part.path.name)
-        if part.kind == "sealed" and walk.report is None and walk.mismatch is None:
+        if part.kind == "sealed" and walk.report is None and walk.mismatch is None and walk.suspect is None:
             _check_sealed(part, first, first_prev, walk, checkpoints, keys)
+    if not last:
+        walk.settle()  # the newer half, walked elsewhere, holds the line after
     if not last and walk.mismatch is not None and walk.report is None:
         walk._rewritten()
     if not last and walk.report is None:
