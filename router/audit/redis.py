@@ -9,6 +9,8 @@ event's hash from the head it knows, and one Lua script appends it only if that 
 head (XADD and the head update together, atomically); if another router appended first, the
 script answers with the current head and the router chains onto that instead. Neither key
 expires: the audit log is the system of record (Redis should run with AOF, as compose.yaml does).
+A router with a spool also lists the entry ids it appended (``stockade:audit:writer:...``, the
+last 256, expiring a month after its last append), for the drain below.
 
 Two faults the stream cannot see by itself are handled here:
 
@@ -30,8 +32,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
+import socket
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -55,9 +59,10 @@ STREAM = f"{keys.PREFIX}audit"
 HEAD = f"{keys.PREFIX}audit:head"
 _MAX_RETRIES = 64
 
-# KEYS: stream, head. ARGV: expected seq, expected hash, the event's line (chained to them), the
-# genesis hash, then the last event this router appended: its seq, stream entry id and hash ("0",
-# "", "" if none), then the new event's seq, hash and the Merkle tree state after it (JSON).
+# KEYS: stream, head, this writer's list of entry ids. ARGV: expected seq, expected hash, the
+# event's line (chained to them), the genesis hash, then the last event this router appended: its
+# seq, stream entry id and hash ("0", "", "" if none), then the new event's seq, hash and the
+# Merkle tree state after it (JSON), then "1" to add the entry id to the writer's list ("" not to).
 # Appends and moves the head if the head is still the expected one; returns {1, entry id}, or
 # {0, seq, hash, tree} if another router moved it, or {2, seq, hash} if the stream no longer holds
 # what this router appended (its head is behind it, or that entry is gone or different: Redis lost
@@ -73,6 +78,11 @@ end
 if seq ~= ARGV[1] or hash ~= ARGV[2] then return {0, seq, hash, head[3] or ''} end
 local id = redis.call('XADD', KEYS[1], '*', 'event', ARGV[3], 'hash', ARGV[9])
 redis.call('HSET', KEYS[2], 'seq', ARGV[8], 'hash', ARGV[9], 'tree', ARGV[10])
+if ARGV[11] == '1' then
+  redis.call('RPUSH', KEYS[3], id)
+  redis.call('LTRIM', KEYS[3], -WRITER_IDS, -1)
+  redis.call('PEXPIRE', KEYS[3], WRITER_TTL_MS)
+end
 return {1, id}
 """
 
@@ -89,8 +99,15 @@ return 1
 CHECKPOINTS = f"{keys.PREFIX}audit:checkpoints"
 _READ_CHUNK = 2000
 # Entries after this router's last known append that a drain looks through for spooled events
-# already in the stream (an append whose answer was lost to a timeout, though Redis ran it).
+# already in the stream (an append whose answer was lost to a timeout, though Redis ran it), when
+# the writer's own list of entries (below) cannot say which are its own.
 _LOST_ANSWERS_WINDOW = 10_000
+# Each writer (a router's spool) keeps the ids of its last `_WRITER_IDS` entries in
+# ``stockade:audit:writer:<host>:<spool>``, added by the append script itself: a drain finds the
+# entries a lost answer left in the stream however many other routers appended since. The list
+# expires `_WRITER_TTL_MS` after the writer's last append (a router gone for good leaves no key).
+_WRITER_IDS = 256
+_WRITER_TTL_MS = 30 * 24 * 3600 * 1000
 
 
 class RedisAuditLog:
@@ -118,13 +135,16 @@ class RedisAuditLog:
         self._redis = redis.asyncio.Redis.from_url(
             url, decode_responses=True, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
         )
-        self._append = self._redis.register_script(_APPEND)
+        script = _APPEND.replace("WRITER_IDS", str(_WRITER_IDS)).replace("WRITER_TTL_MS", str(_WRITER_TTL_MS))
+        self._append = self._redis.register_script(script)
         self._publish = self._redis.register_script(_CHECKPOINT)
         self._lock = asyncio.Lock()
         self._seq, self._head = 0, GENESIS_HASH
         self._spool = JsonlAuditLog(spool) if spool is not None else None
         self._pending = spool is not None and spool.exists() and spool.stat().st_size > 0
         self._memory = spool.with_name(spool.name + ".redis-head") if spool is not None else None
+        # Only a router with a spool drains one, so only it needs its entries listed (`_landed`).
+        self._writer = _writer_key(spool) if spool is not None else f"{STREAM}:writer:-"
         # The last event this router (ever) appended: seq, stream entry id, hash.
         self._appended, self._appended_id, self._appended_hash = _read_memory(self._memory)
         self._memory_fd: int | None = None
@@ -155,9 +175,10 @@ class RedisAuditLog:
                 tree = self._tree.copy()
                 tree.append(bytes.fromhex(chain["hash"]))
                 answer = await self._append(
-                    [STREAM, HEAD],
+                    [STREAM, HEAD, self._writer],
                     [str(self._seq), self._head, line.decode(), GENESIS_HASH, str(self._appended), self._appended_id,
-                     self._appended_hash, str(chain["seq"]), chain["hash"], json.dumps(tree.to_json())],
+                     self._appended_hash, str(chain["seq"]), chain["hash"], json.dumps(tree.to_json()),
+                     "1" if self._spool is not None else ""],
                 )  # fmt: skip
                 if int(answer[0]) == 1:
                     self._seq, self._head, self._tree = chain["seq"], chain["hash"], tree
@@ -283,11 +304,15 @@ class RedisAuditLog:
         self._pending = False
 
     async def _landed(self) -> set[str]:
-        """The events (chain fields aside, `_body`) the stream holds after this router's last
-        known append: a put whose answer was lost to a timeout may have landed among them."""
-        start = f"({self._appended_id}" if self._appended_id else "-"
+        """The events (chain fields aside, `_body`) this router appended after its last known
+        append: a put whose answer was lost to a timeout may have landed. Read from the writer's
+        list of entry ids when that covers the time since; else from the `_LOST_ANSWERS_WINDOW`
+        entries after the last known append (whoever wrote them)."""
         try:
-            entries = await self._redis.xrange(STREAM, min=start, count=_LOST_ANSWERS_WINDOW)
+            entries = await self._own_entries()
+            if entries is None:
+                start = f"({self._appended_id}" if self._appended_id else "-"
+                entries = await self._redis.xrange(STREAM, min=start, count=_LOST_ANSWERS_WINDOW)
         except (redis.exceptions.RedisError, OSError) as exc:
             raise AuditError(f"cannot append to the audit stream: {exc}; check that Redis is up") from exc
         found = set()
@@ -295,6 +320,21 @@ class RedisAuditLog:
             with contextlib.suppress(ValueError, TypeError, AttributeError, RecursionError):  # not an event
                 found.add(_body(json.loads(str((fields or {}).get("event", "")))))
         return found
+
+    async def _own_entries(self) -> list[Any] | None:
+        """The entries this writer appended after its last known append, by its list of entry ids;
+        None if the list cannot say (gone, or trimmed past that append)."""
+        ids = [str(i) for i in await self._redis.lrange(self._writer, 0, -1)]
+        known = _entry_id(self._appended_id) if self._appended_id else None
+        newer = [i for i in ids if known is None or _entry_id(i) > known]
+        complete = len(newer) < len(ids) if known is not None else 0 < len(ids) < _WRITER_IDS
+        if not complete:
+            return None
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for entry in newer:
+                pipe.xrange(STREAM, min=entry, max=entry)
+            found: list[list[Any]] = await pipe.execute() if newer else []
+        return [entry for entries in found for entry in entries]
 
     def _progress_path(self) -> Path:
         assert self._spool is not None  # noqa: S101  (the caller checks)
@@ -467,6 +507,19 @@ def _claim_spool(directory: Path, instance: str) -> tuple[int, Path]:
             continue
         return fd, path
     raise AuditError(f"no free audit spool in {directory}: 1,024 routers hold one")
+
+
+def _writer_key(spool: Path) -> str:
+    """The key of the list of entry ids the router writing to ``spool`` appended: named after the
+    host and the spool's path, which no other live router on the host holds (`_claim_spool`)."""
+    where = hashlib.sha256(str(spool.resolve()).encode()).hexdigest()[:16]
+    return f"{STREAM}:writer:{socket.gethostname()}:{where}"
+
+
+def _entry_id(entry: str) -> tuple[int, int]:
+    """A stream entry id (``<ms>-<n>``) as numbers, which order as Redis orders the entries."""
+    ms, _, n = entry.partition("-")
+    return int(ms), int(n or 0)
 
 
 def _read_memory(path: Path | None) -> tuple[int, str, str]:

@@ -10,6 +10,7 @@ import json
 import threading
 import time
 from collections import Counter
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -209,24 +210,78 @@ async def test_an_append_that_timed_out_but_landed_is_not_chained_twice(
         return AuditEvent(kind="decision", decision_id=name, timestamp=timestamp(), outcome="allow")
 
     await log.append(event("before"))
-    stalling = redis.Redis.from_url(redis_server.url)
-    stall = threading.Thread(target=lambda: stalling.execute_command("DEBUG", "SLEEP", 2.0))
-    stall.start()
-    probe = redis.Redis.from_url(redis_server.url, socket_timeout=0.05)
-    for _ in range(100):  # until the stall is running: the append below then waits behind it
-        try:
-            probe.ping()
-            await asyncio.sleep(0.01)
-        except redis.exceptions.TimeoutError:
-            break
-    probe.close()
-    with pytest.raises(AuditError):
-        await log.append(event("timed-out"))
-    stall.join()
+    await _stall_during(redis_server, log.append(event("timed-out")))
     await log.append(event("after"))
     stream = await log.query(AuditFilter())
     assert [e.decision_id for e in stream] == ["before", "timed-out", "after"]
     assert [e.seq for e in stream] == [1, 2, 3]
     assert (await log.verify()).ok
     await log.aclose()
+
+
+async def test_an_append_that_landed_is_found_however_many_others_appended_since(
+    tmp_path: Path, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, for an idle router in a busy fleet: more than 10,000 events were appended since
+    its last answered append. Its next append learns the head from the script's "moved" answer,
+    and the retry chained onto it times out but lands. The drain still finds that entry, by the
+    list of entry ids the writer's appends keep, not by reading what the fleet wrote after its
+    last known one."""
+    idle = RedisAuditLog(redis_server.url, timeout_s=0.3, spool_dir=tmp_path / "idle", instance="r1")
+    busy = RedisAuditLog(redis_server.url, spool_dir=tmp_path / "busy", instance="r1")
+
+    def event(name: str) -> AuditEvent:
+        return AuditEvent(kind="decision", decision_id=name, timestamp=timestamp(), outcome="allow")
+
+    await idle.append(event("before"))
+    for n in range(10_001):
+        await busy.append(event(f"busy-{n}"))
+    script, attempts = idle._append, 0
+    stalling = redis.Redis.from_url(redis_server.url)
+
+    async def stall_before_the_retry(keys: list[str], args: list[str]) -> Any:
+        nonlocal attempts
+        attempts += 1
+        if attempts == 2:  # the first was answered "moved": stall Redis under the retry
+            await _until_stalled(redis_server, threading.Thread(target=stalling.execute_command,
+                                                                args=("DEBUG", "SLEEP", 2.0)))  # fmt: skip
+        return await script(keys, args)
+
+    monkeypatch.setattr(idle, "_append", stall_before_the_retry)
+    with pytest.raises(AuditError):
+        await idle.append(event("timed-out"))
+    await asyncio.sleep(2)  # the stall ends; Redis runs the retry
+    monkeypatch.setattr(idle, "_append", script)
+    await idle.append(event("after"))
     stalling.close()
+    stream = await idle.query(AuditFilter())
+    mine = [e.decision_id for e in stream if not (e.decision_id or "").startswith("busy-")]
+    assert mine == ["before", "timed-out", "after"]
+    assert len(stream) == 10_004
+    assert (await idle.verify()).ok
+    await idle.aclose()
+    await busy.aclose()
+
+
+async def _stall_during(redis_server: RedisServer, append: Coroutine[Any, Any, AuditEvent]) -> None:
+    """Run ``append`` while Redis stalls past its client's timeout: it fails, though Redis runs it."""
+    stalling = redis.Redis.from_url(redis_server.url)
+    stall = threading.Thread(target=stalling.execute_command, args=("DEBUG", "SLEEP", 2.0))
+    await _until_stalled(redis_server, stall)
+    with pytest.raises(AuditError):
+        await append
+    stall.join()
+    stalling.close()
+
+
+async def _until_stalled(redis_server: RedisServer, stall: threading.Thread) -> None:
+    """Start ``stall`` (a thread that stalls Redis) and return once Redis stopped answering."""
+    stall.start()
+    probe = redis.Redis.from_url(redis_server.url, socket_timeout=0.05)
+    for _ in range(100):  # until the stall is running: a command sent next waits behind it
+        try:
+            probe.ping()
+            await asyncio.sleep(0.01)
+        except redis.exceptions.TimeoutError:
+            break
+    probe.close()
