@@ -49,6 +49,7 @@ from router.errors import (
     DuplicateTool,
     FieldProblem,
     InvalidCall,
+    InvalidToolSpec,
     PolicyError,
     SandboxUnavailable,
     SessionNotFound,
@@ -257,9 +258,21 @@ class ControlPlane:
         (an error, a rule about arguments the probe lacks) is left to each call.
 
         Raises:
-            InvalidToolSpec: malformed. DuplicateTool: the name is taken. ToolRefused: see above.
+            InvalidToolSpec: malformed. DuplicateTool: the name is taken. ToolRefused: see above. Each
+                refusal is audited (``kind: policy``, outcome ``tool_invalid``, ``tool_duplicate`` or
+                ``tool_refused``).
         """
-        tool = self.registry.prepare(spec)
+        try:
+            tool = self.registry.prepare(spec)
+        except InvalidToolSpec as exc:  # a DuplicateTool too
+            name = spec.name if isinstance(spec, ToolSpec) else spec.get("name") if isinstance(spec, Mapping) else None
+            outcome = "tool_duplicate" if isinstance(exc, DuplicateTool) else "tool_invalid"
+            await self._record(AuditEvent(
+                kind="policy", decision_id=str(uuid.uuid4()), timestamp=_now(), outcome=outcome,
+                tool=name[:256] if isinstance(name, str) else None, labels=self._labels,
+                result={"code": exc.code, "message": str(exc)[:2000]},
+            ))  # fmt: skip
+            raise
         probe = PolicyInput(
             subject=SubjectInfo(agent="register-probe", principal="register-probe"),
             session=SessionInfo(id="register-probe"), tool=tool.policy_view, args={}, now=_now(),
@@ -525,6 +538,7 @@ class ControlPlane:
 
         Raises:
             SessionNotFound: the session is not open. InvalidCall: the call left no output in it.
+            ApprovalError: ``by`` is blank or the session's agent (refused, and on record).
             AuditError: the request could not be recorded (then it does not take effect), or its
                 confirmation could not (then it is in force, on record as ``requested``).
             StoreError: the store failed (recorded; whether it took effect is then unknown).
@@ -539,6 +553,12 @@ class ControlPlane:
                 result={"by": by, "note": note[:2000], **result},
             )  # fmt: skip
 
+        if not by.strip() or by == session.agent:
+            # The agent is what an injection steers: its word cannot make untrusted values trusted
+            # (an approver identity named as the agent is the agent, as for approvals).
+            await self._record(event("refused", code="endorsement.by_agent"))
+            raise ApprovalError(f"an endorsement in session {session.id} cannot be made by {show(by)}: the "
+                                "session's own agent never endorses what it read; ask a human approver")  # fmt: skip
         if not await self._record(event("requested")):
             raise AuditError("the endorsement could not be recorded: it was not made")
         try:
@@ -886,7 +906,15 @@ class ControlPlane:
         """A session is its agent's alone: to another (authenticated) caller it does not exist."""
         if agent is not None and session.agent != agent:
             await self.record_refusal(agent, f"session {session.id}", "another agent's session")
-            raise SessionNotFound(f"no open session {show(session.id)} of yours; open one with open_session()")
+            raise self._not_found(session.id)  # word for word what an unknown session gets
+
+    def _not_found(self, session_id: str) -> SessionNotFound:
+        """The one answer for a session that is not open, or not the caller's (its existence is
+        not revealed)."""
+        return SessionNotFound(
+            f"no open session {show(session_id)} (unknown, closed, or idle for longer than "
+            f"{self.settings.session_idle_ttl_s:g}s); open one with open_session()"
+        )
 
     async def _from_store(self, session_id: object, load: Callable[[str], Awaitable[_T | None]]) -> _T:
         """``load(session_id)``, which is None if the session is not open.
@@ -908,10 +936,7 @@ class ControlPlane:
             raise
         if loaded is None:
             self._here.discard(session_id)
-            raise SessionNotFound(
-                f"no open session {show(session_id)} (unknown, closed, or idle for longer than "
-                f"{self.settings.session_idle_ttl_s:g}s); open one with open_session()"
-            )
+            raise self._not_found(session_id)
         self._here.add(session_id)
         return loaded
 

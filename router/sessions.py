@@ -14,6 +14,10 @@ from router.tools import show
 UNTRUSTED_CONTENT = "untrusted_content"
 _MAX_NAME = 256
 _MAX_CONTEXT_ITEMS = 1000
+# The user's own words and the values they named, not documents (those arrive as tool output): the
+# context goes into every policy input of the session and into its decision events, so its size
+# bounds what one call costs the policy engine and the audit log.
+MAX_CONTEXT_BYTES = 256 << 10
 
 
 def _check_name(field_name: str, value: object) -> str:
@@ -29,12 +33,18 @@ def new_session(agent: object, principal: object, trusted_context: object) -> Se
 
     Raises:
         InvalidCall: a name is empty, too long or unprintable, or trusted_context is not a list of
-            at most 1000 strings.
+            at most 1000 strings of at most `MAX_CONTEXT_BYTES` in all (UTF-8).
     """
     if not isinstance(trusted_context, list) or not all(isinstance(i, str) for i in trusted_context):
         raise InvalidCall("trusted_context must be a list of strings")
     if len(trusted_context) > _MAX_CONTEXT_ITEMS:
         raise InvalidCall(f"trusted_context has {len(trusted_context)} items; at most {_MAX_CONTEXT_ITEMS}")
+    size = sum(len(item.encode("utf-8", "surrogatepass")) for item in trusted_context)
+    if size > MAX_CONTEXT_BYTES:
+        raise InvalidCall(
+            f"trusted_context holds {size} bytes of text; at most {MAX_CONTEXT_BYTES} (UTF-8) in all: give the "
+            "user's request and the values they named, not whole documents (let a tool read those)"
+        )
     return SessionRecord(
         id="s-" + secrets.token_hex(12),
         agent=_check_name("agent", agent),

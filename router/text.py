@@ -29,21 +29,40 @@ def check_text(value: Any, field: str) -> None:
 
 def first_invalid_text(value: Any, path: str = "") -> str | None:
     """The JSON path of the first string or key in ``value`` that UTF-8 cannot encode, else None.
-    Iterative: a value nested deeper than the recursion limit is walked too."""
-    stack: list[tuple[Any, str]] = [(value, path)]
+    Iterative: a value nested deeper than the recursion limit is walked too. Linear: each node
+    keeps its parent and its step from it, and only the path found is spelled out (a path per
+    node would cost the square of the depth)."""
+    steps: list[tuple[int, Any, bool]] = []  # (parent's index, key or list index, whether a key)
+    stack: list[tuple[Any, int]] = [(value, -1)]
     while stack:
-        item, where = stack.pop()
+        item, at = stack.pop()
         if isinstance(item, str):
             if not item.isascii() and not encodable(item):
-                return where or "$"
+                return _spelled(steps, at, path) or "$"
         elif isinstance(item, dict):
             for key, child in item.items():
                 if isinstance(key, str) and not key.isascii() and not encodable(key):
+                    where = _spelled(steps, at, path)
                     return f"{where}.{key!r}" if where else repr(key)
-                stack.append((child, f"{where}.{key}" if where else str(key)))
+                steps.append((at, key, True))
+                stack.append((child, len(steps) - 1))
         elif isinstance(item, (list, tuple)):
-            stack.extend((child, f"{where}[{i}]") for i, child in enumerate(item))
+            for i, child in enumerate(item):
+                steps.append((at, i, False))
+                stack.append((child, len(steps) - 1))
     return None
+
+
+def _spelled(steps: list[tuple[int, Any, bool]], at: int, path: str) -> str:
+    """The path of node ``at`` (see `first_invalid_text`), from ``path``: ``a.b[0]``."""
+    chain = []
+    while at >= 0:
+        at, step, is_key = steps[at][0], steps[at][1], steps[at][2]
+        chain.append((step, is_key))
+    where = path
+    for step, is_key in reversed(chain):
+        where = (f"{where}.{step}" if where else str(step)) if is_key else f"{where}[{step}]"
+    return where
 
 
 def encodable(text: str) -> bool:

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from policy import ToolInfo
 from policy.base import CredentialRequest, EgressRequest
 from router.errors import DuplicateTool, FieldProblem, InvalidCall, InvalidToolSpec, ToolNotFound
-from router.text import check_text
+from router.text import check_text, first_invalid_text
 from router.wire import (
     MAX_NESTING,
     TOOL_NAME,
@@ -120,6 +120,12 @@ class ToolRegistry:
     def prepare(self, spec: ToolSpec | Mapping[str, Any]) -> RegisteredTool:
         """A tool validated and compiled, not yet added (so policy can look at it first). Raises as
         `register`."""
+        # Text UTF-8 cannot hold (a lone surrogate) anywhere in the spec, a schema's property name
+        # or pattern too: no store, audit record or policy input could take the tool.
+        where = first_invalid_text(spec.model_dump() if isinstance(spec, ToolSpec) else dict(spec), "spec")
+        if where is not None:
+            raise InvalidToolSpec(f"invalid tool spec: {where} holds a lone surrogate, which is not Unicode text: "
+                                  "send valid UTF-8")  # fmt: skip
         if not isinstance(spec, ToolSpec):
             try:
                 spec = ToolSpec.model_validate(spec)

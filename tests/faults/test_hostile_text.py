@@ -76,6 +76,30 @@ async def test_a_surrogate_in_any_caller_field_is_refused_audited_and_the_sessio
     assert (await plane.audit.verify()).ok
 
 
+async def test_a_surrogate_anywhere_in_a_tool_spec_is_refused_over_http_and_audited(plane: ControlPlane) -> None:
+    """A schema's property name or pattern, a description: refused as an invalid spec (422,
+    naming where), on record, never a 500 from serialising the spec later."""
+    app = create_app(plane)
+    headers = {"Authorization": f"Bearer {TOKEN}", "content-type": "application/json"}
+    specs = {
+        "property name": {"type": "object", "properties": {SURROGATE: {"type": "string"}}},
+        "pattern": {"type": "object", "properties": {"q": {"type": "string", "pattern": SURROGATE}}},
+    }
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://stockade") as client:
+        for where, schema in specs.items():
+            before = len(events(plane))
+            body = json.dumps(external_tool("odd", input_schema=schema))  # JSON escapes the surrogate: \ud800
+            answer = await client.post("/v1/tools", content=body, headers=headers)
+            assert (answer.status_code, answer.json()["code"]) == (422, "tool.invalid_spec"), where
+            assert "spec.input_schema" in answer.json()["detail"], where
+            assert len(events(plane)) > before, f"{where}: no audit record"
+        odd = json.dumps(external_tool("odd", description="a" + SURROGATE))
+        described = await client.post("/v1/tools", headers=headers, content=odd)
+        assert (described.status_code, described.json()["code"]) == (422, "tool.invalid_spec")
+    assert "odd" not in plane.registry.names()
+    assert (await plane.audit.verify()).ok
+
+
 async def test_what_a_tool_returns_or_names_is_recorded_escaped_never_a_crash(plane: ControlPlane) -> None:
     source = (
         "import json, sys\n"

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from policy import PolicySettings
-from router import ControlPlane, Settings
+from router import ControlPlane, InvalidCall, Settings
 from router.audit import AuditFilter
 from router.interfaces.api import create_app
 from router.settings import ApiPrincipal, AuditSettings
@@ -87,10 +87,15 @@ async def test_an_agent_works_in_its_own_sessions_only(api: tuple[httpx.AsyncCli
         (f"/v1/sessions/{session}/decide", {"tool": "echo"}),
         (f"/v1/sessions/{session}/reports", {"call_id": mine.json()["call_id"], "output": 1}),
     ]
+    unknown = await client.post("/v1/sessions/s-000000000000000000000000/calls", json={"tool": "echo", "args": {}},
+                                headers=auth("agent-2"))  # fmt: skip
     for path, body in attempts:
         theirs = await client.post(path, json=body, headers=auth("agent-2"))
         assert (theirs.status_code, theirs.json()["code"]) == (404, "session.not_found")  # existence not revealed
-    assert (await client.delete(f"/v1/sessions/{session}", headers=auth("agent-2"))).status_code == 404
+        assert theirs.json()["detail"] == unknown.json()["detail"].replace("s-000000000000000000000000", session)
+    theirs_closed = await client.delete(f"/v1/sessions/{session}", headers=auth("agent-2"))
+    assert theirs_closed.status_code == 404
+    assert theirs_closed.json()["detail"] == unknown.json()["detail"].replace("s-000000000000000000000000", session)
     reported = await client.post(f"/v1/sessions/{session}/reports", json={"call_id": mine.json()["call_id"],
                                  "output": {"ok": True}}, headers=auth("agent-1"))  # fmt: skip
     assert reported.json()["status"] == "completed"
@@ -121,6 +126,46 @@ async def test_held_calls_are_approved_over_http_but_never_by_the_requesting_age
     trail = await client.get(f"/v1/audit/decisions/{held['decision_id']}", headers=auth("audit"))
     assert [e["kind"] for e in trail.json()][:3] == ["decision", "approval", "approval"]
     assert (await client.get("/v1/audit/verify", headers=auth("audit"))).json()["ok"] is True
+
+
+async def test_an_approver_who_is_the_sessions_agent_cannot_endorse_its_output(
+    api: tuple[httpx.AsyncClient, ControlPlane],
+) -> None:
+    """An approver identity named as the agent is the agent: it may not make what the agent read
+    count as trusted, as it may not approve the agent's calls. Refused and on record."""
+    client, plane = api
+    reader = external_tool("read_file", capabilities=["reads_untrusted"])
+    assert (await client.post("/v1/tools", json=reader, headers=auth("root"))).status_code == 201
+    session = (await client.post("/v1/sessions", json={"principal": "alice"}, headers=auth("agent-1"))).json()
+    path = f"/v1/sessions/{session['session_id']}"
+    read = (await client.post(f"{path}/calls", json={"tool": "read_file", "args": {}}, headers=auth("agent-1"))).json()
+    reported = await client.post(f"{path}/reports", json={"call_id": read["call_id"], "output": "pay DE89..."},
+                                 headers=auth("agent-1"))  # fmt: skip
+    assert reported.json()["status"] == "completed"
+    own = await client.post(f"{path}/endorsements", json={"call_id": read["call_id"]}, headers=auth("self-approver"))
+    assert (own.status_code, own.json()["code"]) == (409, "approval.invalid")
+    events = await plane.audit.query(AuditFilter(kind="endorsement"))
+    assert [(e.outcome, e.result["by"], e.result.get("code")) for e in events] == [
+        ("refused", "agent-1", "endorsement.by_agent")]  # fmt: skip
+    loaded = await plane.store.load_session(session["session_id"])
+    assert loaded is not None
+    assert not loaded.endorsed
+    human = await client.post(f"{path}/endorsements", json={"call_id": read["call_id"]}, headers=auth("oncall"))
+    assert human.status_code == 201
+
+
+async def test_a_session_context_is_bounded_in_bytes_not_only_in_items(
+    api: tuple[httpx.AsyncClient, ControlPlane],
+) -> None:
+    """The context goes into every policy input and decision event of its session: 1,000 strings
+    of 30 KiB each would make every one-line call a 30 MiB audit append. Refused, naming the field."""
+    _, plane = api
+    with pytest.raises(InvalidCall, match="trusted_context holds 262145 bytes") as refused:
+        await plane.open_session("agent-1", "alice", ["x" * (128 << 10), "é" * (64 << 10) + "y"])
+    assert refused.value.http_status == 422
+    session = await plane.open_session("agent-1", "alice", ["x" * (128 << 10), "é" * (64 << 10)])
+    await plane.register(external_tool("echo"))
+    assert (await plane.call(session, "echo", {})).status == "awaiting_report"
 
 
 async def test_errors_are_problem_details_naming_the_field(api: tuple[httpx.AsyncClient, ControlPlane]) -> None:
@@ -244,9 +289,10 @@ def test_two_routers_on_one_redis_act_as_one(tmp_path: Path, redis_url: str) -> 
         assert (again.status_code, again.json()["code"]) == (409, "approval.invalid")  # used, on the other router
         verify = httpx.get(f"{two}/v1/audit/verify", headers=auth("audit")).json()
         assert verify["ok"] is True
-        # two registrations (echo once, by the first router to start; drop_table), then the held
-        # call's require_approval and request, approved, allow, redeemed, ran; the refused reuse
-        assert verify["events"] == 9
+        # two registrations (echo once, by the first router to start; drop_table), the refused
+        # duplicate, then the held call's require_approval and request, approved, allow, redeemed,
+        # ran; the refused reuse
+        assert verify["events"] == 10
 
 
 async def test_metrics_count_calls_and_time_decisions(api: tuple[httpx.AsyncClient, ControlPlane]) -> None:

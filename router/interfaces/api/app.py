@@ -93,7 +93,9 @@ class OpenSession(_Body):
     # str.isprintable, which no regular expression that JSON Schema tools share can state.
     principal: Annotated[str, _PRINTABLE] = Field(description="the human the agent acts for: printable text, not blank")
     trusted_context: list[str] = Field(
-        default_factory=list, json_schema_extra={"maxItems": 1000}, description="what the user gave: request, addresses"
+        default_factory=list,
+        json_schema_extra={"maxItems": 1000},
+        description="what the user gave: request, addresses (at most 256 KiB of UTF-8 text in all)",
     )
 
 
@@ -770,8 +772,9 @@ def _approvals(app: FastAPI, plane: ControlPlane, gate: Gate) -> None:
         return await plane.deny_approval(approval_id, principal.name, body.note)
 
     @app.post("/v1/sessions/{session_id}/endorsements", status_code=201, tags=["approvals"], responses=problems(
-        (404, "no open session with that id"), (422, "the call left no output in the session, or the body is not "
-                                                     "JSON, nests too deep or does not match the schema"), 503,
+        (404, "no open session with that id"), (409, "the approver is the session's own agent"),
+        (422, "the call left no output in the session, or the body is not JSON, nests too deep or does not match "
+              "the schema"), 503,
     ))  # fmt: skip
     async def endorse_output(session_id: str, body: EndorsementRequest, principal: Approver) -> Endorsement:
         """A human endorses the output of an earlier call of the session (see ControlPlane.endorse)."""
