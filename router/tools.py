@@ -12,13 +12,16 @@ Names are checked whole (``re.fullmatch``): ``$`` would also match before a fina
 
 from __future__ import annotations
 
+import functools
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from itertools import accumulate
 from typing import Any
 
-from jsonschema import Draft202012Validator
+import re2
+from jsonschema import Draft202012Validator, validators
+from jsonschema.exceptions import ValidationError as SchemaError
 from pydantic import ValidationError
 
 from policy import ToolInfo
@@ -81,6 +84,98 @@ _BRACKET_STEP = {"[": 1, "]": -1}
 _PEEL_ROUNDS = 8  # cheap passes (str.replace) before the exact, slower one (a running sum)
 
 
+# A schema's regular expressions (`pattern`, `patternProperties`) are matched with RE2, in time
+# linear in the text: with Python's backtracking re, a pattern like ^(a+)+$ and a 40-character
+# argument would hold the router's event loop for hours. RE2 has no lookaround and no
+# backreferences, so a schema using them is refused at registration, saying so. (ECMA-262, which
+# JSON Schema names, agrees with RE2 where Python's re does not: \d and \w are ASCII, and $ does
+# not match before a final newline.)
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False  # a refused pattern is the caller's error, not a log line on stderr
+# Keys whose values are data, not schemas: a {"pattern": ...} there is not a regular expression.
+_SCHEMA_DATA_KEYS = frozenset({"enum", "const", "default", "examples"})
+
+
+@functools.lru_cache(maxsize=4096)
+def _linear(pattern: str) -> Any:
+    """``pattern`` compiled by RE2 (``re2.error`` if RE2 cannot match it in linear time)."""
+    return re2.compile(pattern, _RE2_OPTIONS)
+
+
+def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[SchemaError]:
+    if validator.is_type(instance, "string") and not _linear(pattern).search(instance):
+        # The value cut short: a long one would push the reason past what an error message shows.
+        yield SchemaError(f"{show(instance)} does not match {show(pattern, 120)}")
+
+
+def _pattern_properties(validator: Any, patterns: dict[str, Any], instance: Any, schema: Any) -> Iterator[Any]:
+    if not validator.is_type(instance, "object"):
+        return
+    for pattern, subschema in patterns.items():
+        regex = _linear(pattern)
+        for key, value in instance.items():
+            if regex.search(key):
+                yield from validator.descend(value, subschema, path=key, schema_path=pattern)
+
+
+_ADDITIONAL_PROPERTIES = Draft202012Validator.VALIDATORS["additionalProperties"]
+
+
+def _additional_properties(validator: Any, additional: Any, instance: Any, schema: Any) -> Iterator[Any]:
+    """jsonschema's own, given the instance without the properties `patternProperties` match (by
+    RE2): it would match them with Python's re."""
+    patterns = schema.get("patternProperties")
+    if patterns and validator.is_type(instance, "object"):
+        compiled = [_linear(pattern) for pattern in patterns]
+        instance = {k: v for k, v in instance.items() if not any(regex.search(k) for regex in compiled)}
+        schema = {k: v for k, v in schema.items() if k != "patternProperties"}
+    yield from _ADDITIONAL_PROPERTIES(validator, additional, instance, schema)
+
+
+_LinearValidator = validators.extend(Draft202012Validator, {  # type: ignore[no-untyped-call]
+    "pattern": _pattern, "patternProperties": _pattern_properties, "additionalProperties": _additional_properties,
+})  # fmt: skip
+
+
+def check_patterns(schema: Any) -> None:
+    """Refuse a schema whose regular expressions RE2 cannot match (see `_linear`), or that lets
+    `unevaluatedProperties` reach `patternProperties` (jsonschema would match those with Python's re).
+
+    Raises:
+        InvalidToolSpec: naming the pattern and why.
+    """
+    stack: list[tuple[Any, str]] = [(schema, "input_schema")]
+    found: set[str] = set()
+    while stack:
+        node, where = stack.pop()
+        if isinstance(node, list):
+            stack.extend((child, f"{where}[{i}]") for i, child in enumerate(node))
+            continue
+        if not isinstance(node, dict):
+            continue
+        patterns = [(node["pattern"], f"{where}.pattern")] if isinstance(node.get("pattern"), str) else []
+        if isinstance(node.get("patternProperties"), dict):
+            found.add("patternProperties")
+            patterns += [(key, f"{where}.patternProperties") for key in node["patternProperties"]]
+        if "unevaluatedProperties" in node:
+            found.add("unevaluatedProperties")
+        for pattern, at in patterns:
+            try:
+                _linear(pattern)
+            except re2.error as exc:
+                why = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else exc
+                raise InvalidToolSpec(
+                    f"invalid tool spec: {at}: {show(pattern)} cannot be matched in linear time ({why}): patterns "
+                    "are matched with RE2, which has no lookaround or backreferences; rewrite it without them"
+                ) from None
+        stack.extend((child, f"{where}.{key}") for key, child in node.items() if key not in _SCHEMA_DATA_KEYS)
+    if found == {"patternProperties", "unevaluatedProperties"}:
+        raise InvalidToolSpec(
+            "invalid tool spec: input_schema uses unevaluatedProperties with patternProperties, whose patterns "
+            "would then be matched by a backtracking engine: use additionalProperties instead"
+        )
+
+
 class RegisteredTool:
     """A registered `ToolSpec` with its compiled validator and what policy sees of it (built once,
     not per call)."""
@@ -89,7 +184,7 @@ class RegisteredTool:
 
     def __init__(self, spec: ToolSpec) -> None:
         self.spec = spec
-        self.validator = Draft202012Validator(spec.input_schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+        self.validator = _LinearValidator(spec.input_schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
         self.policy_view = ToolInfo(
             name=spec.name, capabilities=list(spec.capabilities), risk=spec.risk,
             limits=spec.sandbox.limits.model_dump(), executor=spec.executor.kind, tier=spec.sandbox.tier,
@@ -135,6 +230,7 @@ class ToolRegistry:
                     for e in exc.errors()[:_MAX_PROBLEMS]
                 ]
                 raise InvalidToolSpec("invalid tool spec: " + "; ".join(problems)) from exc
+        check_patterns(spec.input_schema)
         self._check_free(spec.name)
         return RegisteredTool(spec)
 

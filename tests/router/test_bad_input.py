@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -416,3 +417,70 @@ async def test_a_look_alike_name_registered_over_http_gets_a_problem_naming_it(a
     problem = assert_problem(response, 422)
     assert problem["type"] == "urn:stockade:problem:tool.invalid_spec"
     assert "'lookup\\n'" in problem["detail"]
+
+
+# -- a schema's regular expressions --------------------------------------------------------------
+
+
+async def test_a_backtracking_pattern_is_matched_in_linear_time_not_for_hours(
+    plane: ControlPlane, settings: Settings
+) -> None:
+    """^(a+)+$ against 'aaa…!' doubles its cost with each 'a' under Python's re (27 of them froze
+    the router 8.5 s; 35, for hours). Matched by RE2, thousands take no time, and the call is an
+    ordinary refusal naming the field, on record."""
+    keyed = {"type": "object", "properties": {"q": {"type": "string", "pattern": "^(a+)+$"}},
+             "patternProperties": {"^(b+)+$": {"type": "integer"}}, "additionalProperties": False}  # fmt: skip
+    await plane.register(external_tool("lookup", input_schema=keyed))
+    session = await plane.open_session("agent", "alice@example.com")
+    started = time.perf_counter()
+    with pytest.raises(InvalidCall) as refused:
+        await plane.call(session, "lookup", {"q": "a" * 5_000 + "!"})
+    with pytest.raises(InvalidCall) as by_key:
+        await plane.call(session, "lookup", {"b" * 5_000 + "!": 1})
+    assert time.perf_counter() - started < 1.0
+    assert [p.field for p in refused.value.problems] == ["args.q"]
+    assert "does not match" in refused.value.problems[0].problem
+    assert "Additional properties are not allowed" in by_key.value.problems[0].problem
+    assert (await plane.call(session, "lookup", {"q": "aaa", "bbb": 1})).status == "awaiting_report"
+    with pytest.raises(InvalidCall):  # a key the pattern matches is held to its schema
+        await plane.call(session, "lookup", {"bb": "not an integer"})
+    assert [e["result"]["code"] for e in rejections(settings.audit.path, session)] == ["call.invalid"] * 3
+
+
+async def test_patterns_follow_ecma_262_where_pythons_re_does_not(plane: ControlPlane) -> None:
+    """JSON Schema patterns are ECMA-262 regular expressions: $ ends the text (Python's re also
+    matches before a final newline) and \\d is an ASCII digit (Python's re: any Unicode digit)."""
+    digits = {"type": "object", "properties": {"n": {"type": "string", "pattern": "^\\d{3}$"}}}
+    await plane.register(external_tool("code", input_schema=digits))
+    session = await plane.open_session("agent", "alice@example.com")
+    assert (await plane.call(session, "code", {"n": "123"})).status == "awaiting_report"
+    for hostile in ("123\n", "١٢٣"):
+        with pytest.raises(InvalidCall):
+            await plane.call(session, "code", {"n": hostile})
+
+
+@pytest.mark.parametrize(
+    ("schema", "refusal"),
+    [
+        ({"type": "object", "properties": {"q": {"type": "string", "pattern": "^(?=.*x).*$"}}},
+         "input_schema.properties.q.pattern: '^(?=.*x).*$' cannot be matched in linear time"),
+        ({"type": "object", "patternProperties": {"(a)\\1": {}}},
+         "input_schema.patternProperties: '(a)\\\\1' cannot be matched in linear time"),
+        ({"type": "object", "patternProperties": {"^x": {}}, "unevaluatedProperties": False},
+         "unevaluatedProperties with patternProperties"),
+    ],
+)  # fmt: skip
+async def test_a_pattern_without_a_linear_time_match_is_refused_at_registration(
+    plane: ControlPlane, schema: dict[str, Any], refusal: str
+) -> None:
+    with pytest.raises(InvalidToolSpec) as refused:
+        await plane.register(external_tool("odd", input_schema=schema))
+    assert refusal in str(refused.value)
+    assert "odd" not in plane.registry.names()
+
+
+async def test_a_pattern_in_data_is_not_taken_for_a_schemas(plane: ControlPlane) -> None:
+    """A default or an enum value is data: a {"pattern": ...} in it is no regular expression."""
+    schema = {"type": "object", "properties": {"rule": {"type": "object", "default": {"pattern": "(?=x)"},
+                                                        "enum": [{"pattern": "(?<=y)"}]}}}  # fmt: skip
+    await plane.register(external_tool("rules", input_schema=schema))
