@@ -12,9 +12,10 @@ the tool sees bind sources in ``/proc/self/mountinfo``. ``gvisor`` is the same w
 
 Warm pools keep ``pool_size`` started, never-used containers per (image, limits) class, each
 with the resident worker (`runner.worker`) blocked on stdin. A call takes one, runs one job and
-the container is destroyed in the background while a replacement starts. An empty pool means a
-cold start, reported as ``start="cold"``. Session sandboxes keep one container per session, its
-worker looping over jobs, until `close_session`; nothing is shared across sessions.
+hangs up, which stops the container; it is removed in the background while a replacement
+starts. An empty pool means a cold start, reported as ``start="cold"``. Session sandboxes keep
+one container per session, its worker looping over jobs, until `close_session`; nothing is
+shared across sessions.
 
 Availability (`ContainerSandbox.check`) is probed in a thread, started when the sandbox is made,
 and cached: ``check()`` never calls Docker. An unavailable tier (no engine, no runtime, no image,
@@ -53,7 +54,7 @@ from runner.errors import SandboxError, SandboxUnavailable
 from runner.files import Quarantine, remove_tree, stage_inputs
 from runner.image import default_image
 from runner.seccomp import docker_profile
-from runner.worker import WORKER, FrameReader, encode_job
+from runner.worker import OUT_ENTRIES, WORKER, FrameReader, encode_job
 
 log = structlog.get_logger(__name__)
 
@@ -282,7 +283,7 @@ class ContainerSandbox:
                 cap_drop=["ALL"], security_opt=["no-new-privileges", f"seccomp={docker_profile()}"],
                 read_only=True, network_mode="none", runtime=self._runtime,
                 tmpfs={"/tmp": f"rw,nosuid,nodev,size={tmpfs_mb}m,nr_inodes=8192,mode=1777",
-                       "/out": f"rw,nosuid,nodev,size={out_mb}m,nr_inodes=1024,mode=1777"},
+                       "/out": f"rw,nosuid,nodev,size={out_mb}m,nr_inodes={OUT_ENTRIES},mode=1777"},
                 mem_limit=f"{cls.memory_mb}m", memswap_limit=f"{cls.memory_mb}m", pids_limit=cls.pids,
                 nano_cpus=int(cls.cpus * 1e9), log_config=LogConfig(type="none"),
                 volumes={str(staging / "in"): {"bind": "/in", "mode": "ro"},
@@ -452,8 +453,8 @@ class ContainerSandbox:
                 "kind": spec.kind, "argv": list(spec.argv), "cwd": "/tmp", "egress": bool(spec.egress),
                 "env": {"HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8", "PATH": _PATH,
                         **_proxy_env(bool(spec.egress)), **spec.env},
-                "outputs": {"max_files": spec.outputs.max_files, "max_bytes": spec.outputs.max_bytes}
-                if spec.outputs else None,
+                "outputs": {"max_files": spec.outputs.max_files, "max_bytes": spec.outputs.max_bytes,
+                            "max_entries": OUT_ENTRIES} if spec.outputs else None,
             }  # fmt: skip
             reader, worker_err, timed_out = await self._exchange(box, encode_job(header, spec.stdin), spec)
             died = reader.reply.exit is None
@@ -467,6 +468,10 @@ class ContainerSandbox:
             if proxy is not None:
                 await proxy.aclose()
             if not keep:
+                # Hang up at once: the worker sees the end of its stdin and exits, so the container
+                # stops now with whatever is left in it; its removal waits for the housekeeper.
+                with contextlib.suppress(OSError):
+                    box.sock.shutdown(socket.SHUT_WR)
                 self._destroy(box)
             elif spec.session is not None and (box.sock.fileno() < 0):
                 self._sessions.pop(spec.session, None)
@@ -525,8 +530,8 @@ class ContainerSandbox:
             with contextlib.suppress(OSError):
                 box.sock.shutdown(socket.SHUT_RDWR)
             await asyncio.to_thread(self._kill, box)
-        # Otherwise the worker has killed what the tool left running and waits for us to hang up;
-        # the housekeeper does that (and the container's teardown) when no call is running.
+        # Otherwise the worker has killed what the tool left running and waits for us to hang up
+        # (a pool container's caller does at once); the housekeeper removes the container later.
         return reader, bytes(worker_err), timed_out
 
     def _kill(self, box: _Box) -> None:

@@ -13,11 +13,15 @@ stdout with frames ``kind (1 byte) | length (4 bytes) | data``:
     d  done: nothing more follows
     R  ready (sent once, before the first job)
 
-``python`` jobs run in the worker's own process (its interpreter is already up: that is what
-makes a warm call fast); ``exec`` jobs are forked and exec'd. The worker shares the tool's uid, so
-the host treats every frame as untrusted output of the tool: it is capped, parsed defensively,
-and file paths are rebuilt by the host, never trusted as given. The worker makes itself not
-dumpable, so an ``exec`` tool cannot read its ``/proc`` entries (environment, memory).
+Every tool runs in a child of the worker, its stdin, stdout and stderr on pipes the worker
+frames: ``exec`` jobs are forked and exec'd; ``python`` jobs are forked only (the interpreter is
+already up: that is what makes a warm call fast). Nothing a tool does reaches the worker's own
+process, so a session's worker serves each later job as it served the first; when the tool's
+process ends the worker kills whatever it left running. The worker shares the tool's uid, so
+the host still treats every frame as untrusted output of the tool: it is capped, parsed
+defensively, and file paths are rebuilt by the host, never trusted as given. The worker makes
+itself not dumpable, so a tool cannot read its ``/proc`` entries (environment, memory), and as
+PID 1 of the container it takes no signal from the tool.
 
 A job with egress gets a bridge from ``127.0.0.1:3128`` to the proxy's socket: one process forked
 from the worker for the job's length, serving every connection with a selector loop.
@@ -30,12 +34,12 @@ import struct
 from dataclasses import dataclass, field
 
 WORKER = r'''
-import ctypes, json, os, resource, signal, struct, sys, selectors, socket, time, traceback
+import ctypes, json, os, signal, struct, sys, selectors, socket, time, traceback
 
-def write_all(data):
+def write_all(data, fd=1):
     view = memoryview(data)
     while view:
-        view = view[os.write(1, view):]
+        view = view[os.write(fd, view):]
 
 def frame(kind, data):
     write_all(kind + struct.pack(">I", len(data)) + data)
@@ -50,13 +54,14 @@ def read_exact(n):
         got += len(chunk)
     return b"".join(chunks)
 
-class Framed:
-    """sys.stdout/sys.stderr for in-process python tools: every write becomes a frame."""
-    def __init__(self, kind):
-        self.kind = kind
+class Unbuffered:
+    """sys.stdout/sys.stderr for python tools: every write goes to the descriptor at once, so
+    the tool's prints and a traceback reach the host in the order they were made."""
+    def __init__(self, fd):
+        self.fd = fd
     def write(self, text):
         if text:
-            frame(self.kind, text.encode("utf-8", "replace"))
+            write_all(text.encode("utf-8", "replace"), self.fd)
         return len(text)
     def flush(self):
         pass
@@ -229,39 +234,53 @@ def set_dumpable(value):
         os._exit(3)
 
 def run_python(job, payload):
-    # A python tool runs in this process: for its run the worker is the tool, and its own /proc
-    # entries (/proc/self/status, fd, environ) must read as any program's. Not dumpable again after.
-    set_dumpable(1)
-    # The job's environment (proxy, credential placeholders, CA bundle) replaces the last job's.
-    os.environ.clear()
-    os.environ.update(job.get("env", {}))
-    before = resource.getrusage(resource.RUSAGE_SELF)
-    real_out, real_err = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = Framed(b"e"), Framed(b"e")
-    code = 0
+    # Forked, not exec'd: the tool's process starts with this interpreter already up. It gets no
+    # stdin (a harness's stdin is at its end once it has read its job).
+    return run_child(job, b"", lambda: python_tool(job, payload))
+
+def python_tool(job, payload):
+    """The body of a python tool's process: runs the tool's entrypoint and writes
+    ``{"result": ...}`` as JSON on stdout; whatever the tool prints goes to stderr. Never returns."""
+    code = 1
     try:
-        spec = json.loads(payload)
-        namespace = {"__name__": "stockade_tool"}
-        exec(compile(spec["source"], "<tool>", "exec"), namespace)
-        fn = namespace.get(spec["entrypoint"])
-        if not callable(fn):
-            raise SystemExit("stockade: entrypoint %r is not defined by the tool source" % spec["entrypoint"])
-        frame(b"o", json.dumps({"result": fn(**spec["args"])}).encode())
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-        if not isinstance(exc.code, int) and exc.code is not None:
-            frame(b"e", (str(exc.code) + "\n").encode())
-    except BaseException:
-        code = 1
-        frame(b"e", traceback.format_exc().encode())
-    sys.stdout, sys.stderr = real_out, real_err
-    reap_leftovers()
-    set_dumpable(0)
-    after = resource.getrusage(resource.RUSAGE_SELF)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"code": code, "signal": 0, "cpu_s": cpu, "max_rss_kb": after.ru_maxrss}
+        # The worker is not dumpable; the tool's process must be, so that its own /proc entries
+        # (/proc/self/status, fd, environ) read as any program's.
+        set_dumpable(1)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.environ.clear()
+        os.environ.update(job.get("env", {}))
+        sys.stdout = sys.stderr = Unbuffered(2)
+        code = 0
+        try:
+            spec = json.loads(payload)
+            namespace = {"__name__": "stockade_tool"}
+            exec(compile(spec["source"], "<tool>", "exec"), namespace)
+            fn = namespace.get(spec["entrypoint"])
+            if not callable(fn):
+                raise SystemExit("stockade: entrypoint %r is not defined by the tool source" % spec["entrypoint"])
+            write_all(json.dumps({"result": fn(**spec["args"])}).encode())
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+            if not isinstance(exc.code, int) and exc.code is not None:
+                write_all((str(exc.code) + "\n").encode(), 2)
+        except BaseException:
+            code = 1
+            write_all(traceback.format_exc().encode(), 2)
+    finally:
+        # As the interpreter itself exits: the status is the low byte of the code.
+        os._exit(code & 0xFF)
+
+def exec_tool(job):
+    """The body of an exec tool's process: becomes the tool's program."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # the worker ignores it; an ignored signal stays so across exec
+    os.execvpe(job["argv"][0], job["argv"], job["env"])
 
 def run_exec(job, payload):
+    return run_child(job, payload, lambda: exec_tool(job))
+
+def run_child(job, payload, tool):
+    """Run ``tool`` in a child process with ``payload`` on its stdin and its stdout and stderr sent
+    as frames; when the child ends, kill what it left. Returns its exit, CPU time and peak memory."""
     r_in, w_in = os.pipe()
     r_out, w_out = os.pipe()
     r_err, w_err = os.pipe()
@@ -272,7 +291,7 @@ def run_exec(job, payload):
             for fd in (r_in, w_in, r_out, w_out, r_err, w_err):
                 os.close(fd)
             os.chdir(job.get("cwd", "/tmp"))
-            os.execvpe(job["argv"][0], job["argv"], job["env"])
+            tool()
         except BaseException as exc:
             os.write(2, ("stockade: cannot run %r: %s\n" % (job["argv"][0], exc)).encode())
         os._exit(127)
@@ -315,6 +334,9 @@ def run_exec(job, payload):
                 frame(key.data, chunk)
             else:
                 sel.unregister(key.fd); os.close(key.fd)
+    for key in list(sel.get_map().values()):
+        os.close(key.fd)  # given up on after the drain: a session's worker must not collect them
+    sel.close()
     if status is None:
         _, status, usage = os.wait4(pid, 0)
         reap_leftovers()
@@ -324,7 +346,7 @@ def run_exec(job, payload):
 
 def send_outputs(limits):
     import stat
-    count, total = 0, 0
+    count, total, entries = 0, 0, 0
     for root, dirs, files in os.walk("/out", followlinks=False):
         for name in sorted(dirs + files):
             path = os.path.join(root, name)
@@ -333,6 +355,12 @@ def send_outputs(limits):
             if stat.S_ISDIR(st.st_mode):
                 continue
             why = None
+            entries += 1
+            if entries == limits["max_entries"]:
+                # The host takes no more entries than this (gVisor's /out is not held to its inode count).
+                why = "over the entry count cap; later entries not listed"
+                frame(b"r", json.dumps({"path": rel, "why": why}).encode())
+                return
             if not stat.S_ISREG(st.st_mode):
                 why = "not a regular file"
             elif count + 1 > limits["max_files"]:
@@ -355,9 +383,12 @@ def main():
     session = sys.argv[1:] == ["session"]
     # Not dumpable: /proc/<this pid>/{environ,mem,...} become root's, so a tool (the same uid) cannot
     # read the worker's memory, which holds each job's header (its environment, placeholders).
-    # The tool's own processes are dumpable again after their execve; a python tool, which runs
-    # in this process, is for the length of its run (run_python).
+    # The tool's own processes are dumpable again: after their execve, or (python tools) by
+    # python_tool.
     set_dumpable(0)
+    # As PID 1 the worker receives only the signals it handles, and Python handles SIGINT: a tool
+    # (the same uid) could otherwise interrupt the worker and end its session.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     frame(b"R", b"")  # up and waiting: the host pools this container only after seeing it
     while True:
         header = json.loads(read_exact(struct.unpack(">I", read_exact(4))[0]))
@@ -378,6 +409,11 @@ def main():
 
 main()
 '''
+
+
+# Entries of a container's /out the worker reports (files sent and entries refused); past it, the
+# worker lists no more. Under runc, /out's inode count is the same.
+OUT_ENTRIES = 1024
 
 
 @dataclass
@@ -402,7 +438,9 @@ def encode_job(header: dict[str, object], stdin: bytes) -> bytes:
 
 class FrameReader:
     """Parses worker frames from a byte stream, enforcing the output cap on stdout+stderr
-    and separate caps on files, and refusing anything malformed."""
+    and separate caps on files, and refusing anything malformed. More ``f`` and ``r`` frames than
+    the worker reports (`OUT_ENTRIES`) did not come from an honest worker: the reply is
+    malformed, and the list of files and refused entries stops growing."""
 
     def __init__(self, output_cap: int, file_cap_bytes: int) -> None:
         self.reply = WorkerReply()
@@ -434,6 +472,10 @@ class FrameReader:
                 reply.over_cap = True
         elif kind == b"x":
             reply.exit = _json_object(body)
+        elif kind in (b"f", b"r") and len(reply.files) + len(reply.refused) >= OUT_ENTRIES:
+            reply.malformed = f"more than {OUT_ENTRIES} output file entries"
+        elif kind == b"f" and len(body) < 4:
+            reply.malformed = "file frame without its header length"
         elif kind == b"f":
             (head_len,) = struct.unpack(">I", body[:4])
             head = _json_object(body[4 : 4 + head_len])

@@ -1,0 +1,181 @@
+"""A python tool against the resident worker of the container tiers: it runs in a process of its
+own, so nothing it rebinds, forks or writes reaches the worker that serves the next job or the
+host's reading of the reply. Each runs on ``docker`` and ``gvisor``."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+
+from runner import ContainerSandbox, OutputCaps, ResourceLimits, RunnerSettings, SandboxSpec, Verdict
+from runner.python import parse_result, python_job
+from runner.worker import OUT_ENTRIES
+from tests.conftest import sandbox_containers
+
+
+@pytest.fixture(params=["docker", "gvisor"])
+async def container(request: pytest.FixtureRequest, settings: RunnerSettings) -> AsyncIterator[ContainerSandbox]:
+    box = ContainerSandbox(settings, request.param)
+    assert box.check() is None
+    yield box
+    await box.aclose()
+
+
+def python_tool(source: str, **spec: object) -> SandboxSpec:
+    job = python_job(source, "main", {}, interpreter="/usr/bin/python3", limits=ResourceLimits(timeout_s=20))
+    return dataclasses.replace(job, **spec)  # type: ignore[arg-type]
+
+
+# Rebinds the worker's job runners: each later job is written to /tmp/stolen (the session keeps
+# /tmp), and one whose environment asks for it gets a forged reply in place of its own.
+HIJACK = """
+def main():
+    import json, sys
+    worker = sys.modules["__main__"]
+
+    def steal(run):
+        def stolen(job, payload):
+            with open("/tmp/stolen", "a") as log:
+                log.write(json.dumps({"env": job.get("env"), "stdin": payload.decode(errors="replace")}) + "\\n")
+            if "FORGE" in job.get("env", {}):
+                worker.frame(b"o", b"forged output\\n")
+                return {"code": 0, "signal": 0, "cpu_s": 0, "max_rss_kb": 0}
+            return run(job, payload)
+        return stolen
+
+    worker.run_exec = steal(worker.run_exec)
+    worker.run_python = steal(worker.run_python)
+    return "installed"
+"""
+
+
+async def test_a_python_tool_cannot_change_or_watch_later_calls_in_its_session(container: ContainerSandbox) -> None:
+    """Later calls in the session run as asked, with their own output, exit code and verdict,
+    and the tool that rebound the worker's functions sees neither their environment nor stdin."""
+    secret_env, secret_stdin = "placeholder-env-5c1d", "private-stdin-a3e9"
+    installed = await container.run(python_tool(HIJACK, session="s"))
+    assert (installed.verdict, parse_result(installed.stdout)) == (Verdict.OK, "installed")
+    as_exec = await container.run(SandboxSpec(
+        argv=("/bin/sh", "-c", "cat; echo real output; exit 3"), stdin=secret_stdin.encode(),
+        env={"API_TOKEN": secret_env, "FORGE": "1"}, session="s", limits=ResourceLimits(timeout_s=20),
+    ))  # fmt: skip
+    reverse = "import os\ndef main():\n    return os.environ['API_TOKEN'][::-1]"
+    as_python = await container.run(python_tool(reverse, env={"API_TOKEN": secret_env}, session="s"))
+    look = await container.run(SandboxSpec(argv=("/bin/sh", "-c", "cat /tmp/stolen 2>/dev/null; echo end"),
+                                           session="s", limits=ResourceLimits(timeout_s=20)))  # fmt: skip
+    await container.close_session("s")
+    real = f"{secret_stdin}real output\n".encode()
+    assert (as_exec.verdict, as_exec.exit_code, as_exec.stdout) == (Verdict.NONZERO_EXIT, 3, real)
+    assert (as_python.verdict, as_python.exit_code, parse_result(as_python.stdout)) == (Verdict.OK, 0, secret_env[::-1])
+    assert look.stdout == b"end\n"  # nothing recorded the later jobs
+
+
+# Makes the worker's cleanup a no-op, then leaves a process spinning in a session of its own.
+SPINNER = """
+def main():
+    import os, sys, time
+    sys.modules["__main__"].reap_leftovers = lambda: None
+    if os.fork() == 0:
+        os.setsid()
+        started = time.monotonic()
+        while time.monotonic() - started < 60:
+            pass
+        os._exit(0)
+    return "returned"
+"""
+
+# Lists every process of the container but its own, with its command line.
+PROCESSES = """
+import json, os
+found = {}
+for pid in os.listdir('/proc'):
+    if pid.isdigit() and int(pid) != os.getpid():
+        try:
+            found[pid] = open('/proc/%s/cmdline' % pid, 'rb').read().replace(b'\\0', b' ').decode()
+        except OSError:
+            pass
+print(json.dumps(found))
+"""
+
+
+async def test_a_python_tool_that_disables_reaping_leaves_nothing_running(container: ContainerSandbox) -> None:
+    """What a python tool forked is killed when its call ends, though the tool rebound the
+    worker's cleanup: the next call in the session finds the worker and nothing else."""
+    spun = await container.run(python_tool(SPINNER, session="s"))
+    assert (spun.verdict, parse_result(spun.stdout)) == (Verdict.OK, "returned")
+    listing = await container.run(SandboxSpec(argv=("python3", "-I", "-c", PROCESSES), session="s",
+                                              limits=ResourceLimits(timeout_s=20)))  # fmt: skip
+    await container.close_session("s")
+    assert listing.verdict is Verdict.OK, (listing.detail, listing.stderr[-300:])
+    others = json.loads(listing.stdout)
+    assert list(others) == ["1"], others  # the worker, PID 1
+    assert others["1"].split()[-1] == "session"
+
+
+async def test_a_used_pool_container_stops_as_soon_as_its_call_returns(container: ContainerSandbox) -> None:
+    """Removing used containers waits until no call is running; stopping one does not: while
+    another call is in flight, the container of a finished call is no longer running."""
+    busy = asyncio.create_task(container.run(SandboxSpec(argv=("sleep", "10"), limits=ResourceLimits(timeout_s=20))))
+    await asyncio.sleep(0.2)
+    finished = await container.run(python_tool("def main():\n    return 1"))
+    assert finished.verdict is Verdict.OK
+    for _ in range(30):
+        running = [found for found in sandbox_containers(container.owner) if found["State"] == "running"]
+        if len(running) <= 1:
+            break
+        await asyncio.sleep(0.1)
+    assert not busy.done()
+    assert len(running) == 1  # the busy call's
+    await busy
+
+
+# Writes raw refused-entry frames to its descriptor 1, as the worker would after a job.
+REFUSED_FLOOD = """
+def main():
+    import json, os, struct
+    body = json.dumps({"path": "p" * 100, "why": "forged"}).encode()
+    blob = (b"r" + struct.pack(">I", len(body)) + body) * 1000
+    for _ in range(COUNT // 1000):
+        view = memoryview(blob)
+        while view:
+            view = view[os.write(1, view):]
+    return "flooded"
+"""
+
+
+async def test_a_flood_of_refused_entry_frames_is_bounded(container: ContainerSandbox) -> None:
+    """A tool writing raw ``r`` frames gets no entry into the reply's refused list (its bytes are
+    its own output, under the output cap): at most what /out could hold comes back."""
+    count = 20 * OUT_ENTRIES
+    spec = python_tool(REFUSED_FLOOD.replace("COUNT", str(count)), outputs=OutputCaps(max_files=4),
+                       limits=ResourceLimits(timeout_s=30, output_bytes=1 << 20))  # fmt: skip
+    result = await container.run(spec)
+    assert len(result.refused) <= OUT_ENTRIES, len(result.refused)
+    assert [why for _, why in result.refused if why == "forged"] == []
+    assert result.verdict is Verdict.OUTPUT_LIMIT, (result.verdict, result.detail)
+
+
+async def test_an_out_directory_filled_to_its_last_entry_is_reported_in_full(container: ContainerSandbox) -> None:
+    """The cap on refused entries sits at what an honest worker reports: every entry of /out
+    over ``max_files`` is listed up to `OUT_ENTRIES` (under runc, /out holds no more), and the
+    call is ok."""
+    fill = f"""
+def main():
+    made = 0
+    try:
+        while made < {OUT_ENTRIES + 200}:
+            open('/out/f%04d' % made, 'w').close()
+            made += 1
+    except OSError:
+        pass
+    return made
+"""
+    result = await container.run(python_tool(fill, outputs=OutputCaps(max_files=4)))
+    assert result.verdict is Verdict.OK, (result.verdict, result.detail, result.stderr[-300:])
+    made = parse_result(result.stdout)
+    assert made >= OUT_ENTRIES - 8
+    assert (len(result.artifacts), len(result.refused)) == (4, min(made, OUT_ENTRIES) - 4)
