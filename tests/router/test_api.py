@@ -3,15 +3,19 @@ one Redis acting as one router."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
+import socket
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 
 from policy import PolicySettings
 from router import ControlPlane, InvalidCall, Settings
@@ -71,6 +75,19 @@ async def test_missing_unknown_and_wrong_role_tokens_are_refused_and_audited(
     refusals = [e for e in await plane.audit.query(AuditFilter(kind="error")) if e.outcome == "refused"]
     assert len(refusals) == 6
     assert [e.agent for e in refusals] == [None, None, "oncall", "agent-1", "agent-1", "agent-2"]
+
+
+async def test_a_refused_introspection_is_on_record_like_every_refusal_at_the_door(
+    api: tuple[httpx.AsyncClient, ControlPlane],
+) -> None:
+    client, plane = api
+    for guess in ("nope", "tok-root", ""):
+        answer = await client.post("/v1/credentials/introspect", data={"token": "x"},
+                                   headers={"Authorization": f"Bearer {guess}"})  # fmt: skip
+        assert (answer.status_code, answer.json()["error"]) == (401, "invalid_client")
+    refusals = [e for e in await plane.audit.query(AuditFilter(kind="error")) if e.outcome == "refused"]
+    assert [(e.result["code"], e.result["request"]) for e in refusals] == [
+        ("auth.unauthenticated", "POST /v1/credentials/introspect")] * 3  # fmt: skip
 
 
 async def test_an_agent_works_in_its_own_sessions_only(api: tuple[httpx.AsyncClient, ControlPlane]) -> None:
@@ -307,3 +324,49 @@ async def test_metrics_count_calls_and_time_decisions(api: tuple[httpx.AsyncClie
     assert 'stockade_calls_total{status="awaiting_report",tool="metered"} 3.0' in counted
     assert "stockade_decision_seconds_bucket{" in text
     assert "stockade_audit_append_seconds_count" in text
+
+
+async def test_audit_streams_a_client_stops_reading_keep_no_one_elses_query_waiting(tmp_path: Path) -> None:
+    """Two NDJSON streams whose clients never read held both query slots while they waited on
+    the socket: every other auditor's query waited out the request timeout (504). A slot is held
+    while a chunk is read now, not while it is sent."""
+    settings = Settings(
+        audit=AuditSettings(path=tmp_path / "audit.jsonl", durability="relaxed"),
+        policy=PolicySettings(dir=REPO / "policies"), api_principals=[ApiPrincipal.model_validate(p)
+                                                                      for p in principals()],
+        api_request_timeout_s=10,
+    )  # fmt: skip
+    async with ControlPlane.from_settings(settings) as plane:
+        for n in range(6000):  # ~9 MB: far more than the sockets' buffers hold
+            await plane.record_refusal("agent-9", f"GET /pad/{n}", "padding " + "p" * 1500)
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        server = uvicorn.Server(uvicorn.Config(create_app(plane), log_level="error"))
+        serving = asyncio.create_task(server.serve(sockets=[sock]))
+        for _ in range(200):
+            if server.started:
+                break
+            await asyncio.sleep(0.05)
+        port = sock.getsockname()[1]
+        stuck = []
+        for _ in range(2):
+            reading, writing = await asyncio.open_connection("127.0.0.1", port)
+            writing.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            writing.write(b"GET /v1/audit/events?limit=100000 HTTP/1.1\r\nHost: stockade\r\n"
+                          b"Accept: application/x-ndjson\r\nAuthorization: Bearer tok-audit\r\n\r\n")  # fmt: skip
+            await writing.drain()
+            stuck.append((reading, writing))  # never read
+        await asyncio.sleep(1.5)  # both streams are blocked on their sockets by now
+        try:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+                started = time.monotonic()
+                page = await client.get("/v1/audit/events", params={"limit": 1}, headers=auth("root"))
+                waited = time.monotonic() - started
+            assert page.status_code == 200, page.text
+            assert waited < 5
+            assert len(page.json()["events"]) == 1
+        finally:
+            for _, writing in stuck:
+                writing.close()
+            server.should_exit = True
+            await serving

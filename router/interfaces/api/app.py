@@ -878,6 +878,9 @@ def _credentials(app: FastAPI, plane: ControlPlane) -> None:
         digest = presented(request)
         # Every configured token is compared, so the time taken says nothing about which matched.
         if bearer.match(digest, introspectors) is None:
+            # On record as every refusal at the door is: guessing introspection tokens leaves a trace.
+            await plane.record_refusal(None, "POST /v1/credentials/introspect", "no introspection token",
+                                       code="auth.unauthenticated")  # fmt: skip
             return JSONResponse({"error": "invalid_client", "error_description": "send a bearer token from "
                                  "STOCKADE_INTROSPECTION_TOKENS"}, status_code=401,
                                 headers={"WWW-Authenticate": 'Bearer realm="stockade"'})  # fmt: skip

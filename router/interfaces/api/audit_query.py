@@ -24,7 +24,6 @@ from fastapi import Depends, FastAPI, Query, Request, Response
 from fastapi import Path as PathParam
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.concurrency import iterate_in_threadpool
 
 from router.audit import AuditEvent
 from router.audit.index import AuditQuery, EventFilter, event_with_hash, matches, promote
@@ -198,18 +197,27 @@ def add_query_routes(app: FastAPI, plane: ControlPlane, gate: "Gate") -> None:
         return Response(body.encode(), media_type="application/json")
 
     async def stream(where: EventFilter, limit: int) -> AsyncIterator[bytes]:
-        await reader.slots.acquire()
+        # A query slot is held while each chunk is read, not while it is sent: a client that
+        # stops reading must not keep every other auditor's query waiting (it holds only its
+        # own idle cursor).
         try:
             if reader.on_redis:
-                async for _, text in reader.redis_lines(where, limit):
-                    yield (text + "\n").encode()
-                return
-            async for chunk in iterate_in_threadpool(_chunks(reader.lines(where, limit))):
+                lines = aiter(reader.redis_lines(where, limit))
+                while True:
+                    async with reader.slots:
+                        batch = [text async for _, text in _take(lines, _CHUNK_LINES)]
+                    if not batch:
+                        return
+                    yield ("\n".join(batch) + "\n").encode()
+            chunks = _chunks(reader.lines(where, limit))
+            while True:
+                async with reader.slots:
+                    chunk = await anyio.to_thread.run_sync(next, chunks, None)
+                if chunk is None:
+                    return
                 yield chunk
         except AuditError as exc:  # the status is sent: the stream just ends, and the log says why
             log.error("audit_stream_failed", error=str(exc))
-        finally:
-            reader.slots.release()
 
     @app.get("/v1/audit/decisions/{decision_id}", tags=["audit"], response_model=list[AuditEvent],
              responses=problems(503))  # fmt: skip
@@ -217,6 +225,15 @@ def add_query_routes(app: FastAPI, plane: ControlPlane, gate: "Gate") -> None:
         """Everything joined to one decision: request, approval, credentials, egress, execution."""
         found = await page(EventFilter(decision_id=decision_id), None)
         return Response(("[" + ",".join(text for _, text in found) + "]").encode(), media_type="application/json")
+
+
+async def _take(found: AsyncIterator[tuple[int, str]], count: int) -> AsyncIterator[tuple[int, str]]:
+    """The next ``count`` (at most) of ``found``."""
+    for _ in range(count):
+        try:
+            yield await anext(found)
+        except StopAsyncIteration:
+            return
 
 
 def _chunks(found: Iterator[tuple[int, str]]) -> Iterator[bytes]:
