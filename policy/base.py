@@ -163,7 +163,8 @@ class Reason(_Frozen):
 
 
 class Limits(_Frozen):
-    """Resource limits for one run; absent fields fall back to the tool's defaults."""
+    """Resource limits for one run. An absent field falls back to the tool's default only up to
+    the router's built-in one (`runner.ResourceLimits`); past that the call is refused."""
 
     timeout_s: float | None = Field(default=None, gt=0)
     memory_mb: int | None = Field(default=None, gt=0)

@@ -51,7 +51,8 @@ def _limit_values_model() -> type[BaseModel]:
     fields: dict[str, Any] = {}
     for name, info in base.Limits.model_fields.items():
         kinds = [kind for kind in get_args(info.annotation) if kind is not type(None)] or [info.annotation]
-        # Absent is allowed (the default is not validated); an explicit null is not.
+        # Absent is allowed (a limit without a catalog default defaults to its maximum, sandbox.rego);
+        # an explicit null is not.
         fields[name] = (kinds[0], Field(default=None, gt=0))
     model: type[BaseModel] = create_model("LimitValues", __base__=_Closed, **fields)
     return model

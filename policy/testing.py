@@ -18,6 +18,11 @@ input a test feeds with ``with input as <expr>`` is also decided on both engines
    the interpreter as production confirms decisions (``set_input_json`` + ``eval_rule_as_json``).
    Different values, or an error on one engine only, fail the test; both raising agrees (either
    way production denies with ``policy.error``).
+3. A decision both engines agree on is validated as production validates it
+   (`policy.base.to_decision`): one production would deny with ``policy.error`` (a session label
+   with a space, a limit that is not positive, a field the decision does not have, an undefined
+   decision) fails the test, naming the input and the path that is malformed, though every
+   assertion of the test held.
 
 What cannot be replayed (a literal that also mocks a function or replaces a rule with ``with``,
 an input holding a set, a test module whose copy could not be made) is listed in
@@ -46,6 +51,7 @@ from typing import Any
 
 import regorus
 
+from policy.base import POLICY_ERROR, to_decision
 from policy.bundle import PolicyBundle, load_bundle
 from policy.errors import PolicyBundleError
 
@@ -97,7 +103,10 @@ class RegoTestResult:
     snippet and message, no backtrace); ``failure`` the first statement that did not hold when
     the test was undefined or false; ``prints`` its ``print()`` lines (``file:line: text``);
     ``replayed`` counts the distinct inputs decided on both engines, ``disagreements`` those on
-    which they differ, ``not_replayed`` says (``file:line: why``) what could not be replayed.
+    which they differ, ``malformed`` (``file:line: why``) those on which both decide a value
+    production would deny as malformed (``policy.error``); ``not_replayed`` says (``file:line:
+    why``) what could not be replayed. A test whose only fault is a malformed decision has
+    ``error`` set to say so, as ``policy test`` shows a test's error.
     """
 
     file: str
@@ -108,6 +117,7 @@ class RegoTestResult:
     replayed: int = 0
     disagreements: tuple[RvmDisagreement, ...] = ()
     not_replayed: tuple[str, ...] = ()
+    malformed: tuple[str, ...] = ()
     interpreter_passed: bool | None = None
     failure: FailedStatement | None = None
     prints: tuple[str, ...] = ()
@@ -198,16 +208,21 @@ def run_rego_tests(
         elapsed = (time.perf_counter() - started) * 1000
         prints = tuple(engine.take_prints())
         failure = None if value is True or error is not None else prober.why_test_failed(path, name, value)
-        replayed, disagreements, not_replayed = _replay(instrumented, recorder, replayer, path, rule, error is not None)
+        replayed, disagreements, malformed, not_replayed = _replay(
+            instrumented, recorder, replayer, path, rule, error is not None
+        )
+        if malformed and error is None and failure is None:
+            error = "\n".join(f"{line} (production denies this call with {POLICY_ERROR})" for line in malformed)
         results.append(
             RegoTestResult(
                 file=path,
                 name=name,
-                passed=value is True and not disagreements,
+                passed=value is True and not disagreements and not malformed,
                 duration_ms=elapsed,
                 error=error,
                 replayed=replayed,
                 disagreements=tuple(disagreements),
+                malformed=tuple(malformed),
                 not_replayed=tuple(not_replayed),
                 interpreter_passed=value is True,
                 failure=failure,
@@ -682,10 +697,10 @@ class _NotReplayable(Exception):
 
 def _replay(
     instrumented: _Instrumented, recorder: _Recorder, replayer: _Replayer, path: str, rule: str, errored: bool
-) -> tuple[int, list[RvmDisagreement], list[str]]:
+) -> tuple[int, list[RvmDisagreement], list[str], list[str]]:
     """Run one test on the instrumented copy and decide what it fed the decision on both engines:
-    (inputs decided, disagreements, what was not replayed and why). ``errored``: the test as
-    written raised (then so may the copy: what it recorded before counts)."""
+    (inputs decided, disagreements, malformed decisions, what was not replayed and why).
+    ``errored``: the test as written raised (then so may the copy: what it recorded before counts)."""
     not_replayed: list[str] = []
     if path in instrumented.failed:
         not_replayed.append(instrumented.failed[path])
@@ -710,12 +725,31 @@ def _replay(
             line = f"{where}: {exc}"
             if line not in not_replayed:
                 not_replayed.append(line)
-    disagreements = [
-        disagreement
-        for (input_json, data_json), where in feeds.items()
-        if (disagreement := replayer.compare(where, input_json, data_json)) is not None
-    ]
-    return len(feeds), disagreements, not_replayed
+    disagreements: list[RvmDisagreement] = []
+    malformed: list[str] = []
+    for (input_json, data_json), where in feeds.items():
+        disagreement, agreed = replayer.compare(where, input_json, data_json)
+        if disagreement is not None:
+            disagreements.append(disagreement)
+        elif agreed is not _BOTH_FAILED and (why := _malformed(agreed)) is not None:
+            malformed.append(f"{where}: {why}")
+    return len(feeds), disagreements, malformed, not_replayed
+
+
+_BOTH_FAILED = object()  # `_Replayer.compare`'s agreed value when both engines raised
+
+
+def _malformed(value: Any) -> str | None:
+    """Why production would deny a decision both engines agree on with ``policy.error``
+    (`policy.base.to_decision`), or None when it would take it as it is."""
+    decision = to_decision(value, "")
+    if decision.reason_codes != [POLICY_ERROR]:
+        return None
+    if isinstance(value, dict) and value.get("outcome") == "deny":
+        said = [r.get("code") for r in value.get("reasons") or [] if isinstance(r, dict)]
+        if said and all(code == POLICY_ERROR for code in said):
+            return None  # the policy itself denies with policy.error: well-formed
+    return f"the decision is malformed: {decision.reasons[0].message}"
 
 
 def _groups(records: list[_Record], instrumented: _Instrumented) -> Iterator[tuple[int, dict[int, _Record]]]:
@@ -793,15 +827,17 @@ class _Replayer:
         self._interpreter: Any = None
         self._interpreter_data: str | None = None
 
-    def compare(self, where: str, input_json: str, data_json: str | None) -> RvmDisagreement | None:
+    def compare(self, where: str, input_json: str, data_json: str | None) -> tuple[RvmDisagreement | None, Any]:
+        """Decide the input on both engines: (how they disagree, None if they do not; the decision
+        they agree on: None for undefined, `_BOTH_FAILED` when both raised)."""
         data = data_json or self.bundle.data_json
         rvm, rvm_error = self._on_rvm(input_json, data)
         interpreter, interpreter_error = self._on_interpreter(input_json, data)
         if rvm_error is not None and interpreter_error is not None:
-            return None  # both fail: production denies with policy.error either way
+            return None, _BOTH_FAILED  # production denies with policy.error either way
         if rvm_error is None and interpreter_error is None and rvm == interpreter:
-            return None
-        return RvmDisagreement(where, json.loads(input_json), rvm, interpreter, rvm_error, interpreter_error)
+            return None, rvm
+        return RvmDisagreement(where, json.loads(input_json), rvm, interpreter, rvm_error, interpreter_error), None
 
     def _on_rvm(self, input_json: str, data_json: str) -> tuple[Any, str | None]:
         if self._program is None and self._compile_error is None:

@@ -1491,12 +1491,37 @@ def _injection(lease: Lease) -> runner_pkg.Injection:
 
 
 def _limits(spec: ToolSpec, decision: Decision) -> runner_pkg.ResourceLimits:
+    """The limits the call runs with: each one policy's obligation grants.
+
+    A limit the obligation leaves out is the tool's own only while that is within the router's
+    default (`runner.ResourceLimits`); above it, the call is refused with ``policy.error``. The
+    tool's value is what its registrant asked for, not what policy allowed: taken as it is, a
+    policy that lost a limit (a catalog without its default, a rule that errs) would run the tool
+    uncapped. A policy that manages no limits at all still runs tools that ask for no more than
+    the default.
+
+    Raises:
+        _Refused: the obligation lacks a limit the tool needs above the default (``policy.error``).
+    """
     tool = spec.sandbox.limits
     granted = decision.obligations.limits
+    ceiling = runner_pkg.ResourceLimits()
+    chosen: dict[str, float] = {}
+    uncapped: list[str] = []
+    for name in ("timeout_s", "memory_mb", "cpus", "pids", "output_bytes"):
+        value = getattr(granted, name)
+        if value is None:
+            value = getattr(tool, name)
+            if value > getattr(ceiling, name):
+                uncapped.append(name)
+        chosen[name] = value
+    if uncapped:
+        log.warning("limits_obligation_incomplete", missing=uncapped, policy_revision=decision.policy_revision)
+        raise _Refused([POLICY_ERROR])
     return runner_pkg.ResourceLimits(
-        timeout_s=granted.timeout_s or tool.timeout_s,
-        memory_mb=granted.memory_mb or tool.memory_mb,
-        cpus=granted.cpus or tool.cpus,
-        pids=granted.pids or tool.pids,
-        output_bytes=granted.output_bytes or tool.output_bytes,
+        timeout_s=chosen["timeout_s"],
+        memory_mb=int(chosen["memory_mb"]),
+        cpus=chosen["cpus"],
+        pids=int(chosen["pids"]),
+        output_bytes=int(chosen["output_bytes"]),
     )

@@ -97,13 +97,21 @@ Executor = Annotated[CommandExecutor | PythonExecutor | ExternalExecutor, Field(
 
 
 class ToolLimits(_Frozen):
-    """The tool's default limits; policy may lower them (it caps them by its maxima)."""
+    """The tool's default limits; policy may lower them (it caps them by its maxima).
+
+    Finite and bounded: JSON's ``Infinity`` reaches Rego as null (``min([null, 2])`` is null, so
+    the cap is lost), and no sandbox can honour more than these bounds anyway.
+    """
+
+    # allow_inf_nan=False: pydantic accepts inf and NaN for a float by default (NaN > 0 is False,
+    # but inf passes gt=0).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     timeout_s: float = Field(default=10.0, gt=0, le=3600)
-    memory_mb: int = Field(default=256, gt=0)
-    cpus: float = Field(default=1.0, gt=0)
-    pids: int = Field(default=64, gt=0)
-    output_bytes: int = Field(default=1 << 20, gt=0)
+    memory_mb: int = Field(default=256, gt=0, le=1 << 20)  # 1 TiB
+    cpus: float = Field(default=1.0, gt=0, le=1024)
+    pids: int = Field(default=64, gt=0, le=1 << 22)  # Linux's pid_max ceiling
+    output_bytes: int = Field(default=1 << 20, gt=0, le=1 << 40)
 
 
 class EgressSpec(_Frozen):

@@ -23,3 +23,18 @@ test_other_tools_get_no_minimum_tier if {
 	d := data.stockade.decision with input as _input(_tool([], "low"), [])
 	d.obligations.sandbox == {}
 }
+
+test_limit_without_a_catalog_default_defaults_to_its_maximum if {
+	d := data.stockade.decision with input as _input(_tool([], "low"), [])
+		with data.stockade.catalog.limits.default as {"timeout_s": 10}
+	d.obligations.limits.timeout_s == 10
+	d.obligations.limits.cpus == 2
+	d.obligations.limits.memory_mb == 1024
+}
+
+test_limit_without_a_catalog_default_still_caps_the_tool if {
+	tool := object.union(_tool([], "low"), {"limits": {"cpus": 64, "memory_mb": 65536}})
+	d := data.stockade.decision with input as _input(tool, []) with data.stockade.catalog.limits.default as {}
+	d.obligations.limits.cpus == 2
+	d.obligations.limits.memory_mb == 1024
+}

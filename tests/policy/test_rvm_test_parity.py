@@ -266,13 +266,15 @@ def test_a_bug_only_the_rvm_has_fails_the_rego_test_that_passes_on_the_interpret
 
 
 def test_the_same_policy_written_portably_passes(tmp_path: Path) -> None:
+    # A well-formed decision this time (a passing test must feed one): what was checked, as labels.
     decision = (
         "package stockade\n\n"
-        'decision := {"outcome": "allow", "reasons": [], "checked": checked}\n\n'
+        'decision := {"outcome": "allow", "reasons": [], "obligations": {"session_labels": checked}}\n\n'
         "checked := [arg | some arg in input.tool.destination_args;\n"
         '\targ in object.keys(object.get(input, "args", {}))]\n'
     )
-    [result] = run_rego_tests(write(tmp_path, decision, DIVERGENT_TEST))
+    tests = DIVERGENT_TEST.replace("d.checked", "d.obligations.session_labels")
+    [result] = run_rego_tests(write(tmp_path, decision, tests))
     assert (result.passed, result.replayed, result.disagreements) == (True, 1, ())
 
 
@@ -308,7 +310,10 @@ import data.stockade.catalog
 
 default decision := {"outcome": "deny", "reasons": []}
 
-decision := {"outcome": "allow", "reasons": [], "seen": object.get(input, "args", {})} if {
+# What the decision saw goes out in a reason's message: a well-formed decision, as production needs.
+decision := {"outcome": "allow", "reasons": [
+	{"code": "seen", "message": json.marshal(object.get(input, "args", {}))},
+]} if {
 \tinput.tool.risk in catalog.auto_allow
 }
 
@@ -320,6 +325,8 @@ REPLAY_TESTS = """package stockade_test
 import data.stockade
 
 _input(risk) := {"tool": {"risk": risk}, "args": {}}
+
+_seen(d) := json.unmarshal(d.reasons[0].message)
 
 _decide(i) := d if {
 \td := stockade.decision with input as i
@@ -336,7 +343,7 @@ test_a_helper_function_feeds_the_decision if {
 test_a_variable_bound_earlier if {
 \ti := object.union(_input("low"), {"args": {"n": 1}})
 \td := stockade.decision with input as i
-\td.seen == {"n": 1}
+\t_seen(d) == {"n": 1}
 }
 
 test_every_iteration if {
@@ -362,7 +369,7 @@ test_data_the_test_replaces_is_replaced_on_the_rvm_too if {
 
 test_a_partial_input_patches_the_enclosing_one if {
 \td := _with_args({"x": 1}) with input as _input("low")
-\td.seen == {"x": 1}
+\t_seen(d) == {"x": 1}
 }
 
 test_a_mocked_function_is_not_replayed if {
@@ -386,7 +393,7 @@ test_no_input if {
 
 test_a_number_beyond_64_bits if {
 \td := stockade.decision with input as {"tool": {"risk": "low"}, "args": {"n": 100000000000000000000000000000}}
-\td.seen.n > 1
+\t_seen(d).n > 1
 }
 """
 
