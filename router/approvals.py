@@ -102,10 +102,16 @@ class ApprovalBook:
     async def decide(self, approval_id: str, *, approver: str, approve: bool, note: str = "") -> Approval:
         """Record a human's decision.
 
+        The decision is on record before it takes effect: a grant the log does not hold never
+        releases a call, whatever fails after (a lost reply from Redis, another approver first).
+
         Raises:
             ApprovalError: unknown, not pending (decided, used, expired), or the approver is the
-                agent that asked.
-            AuditError: the decision could not be audited; it is taken back (still pending).
+                agent that asked, or another decision came first (this one is then on record as
+                ``not_applied`` too).
+            AuditError: the decision could not be audited; it was not made (still pending).
+            StoreError: the store failed while the decision was being made: it is on record, and
+                may or may not be in force (`get` says).
         """
         approval = await self.get(approval_id)
         if approval.status is not ApprovalStatus.PENDING:
@@ -117,11 +123,12 @@ class ApprovalBook:
             "status": ApprovalStatus.APPROVED if approve else ApprovalStatus.DENIED,
             "approver": approver, "note": note[:2000], "decided_at": time.time(),
         })  # fmt: skip
-        if not await self._store.swap_approval(decided, ApprovalStatus.PENDING):
-            raise ApprovalError(f"approval {approval.id} was decided by someone else meanwhile")
         if not await self.record(decided, decided.status.value):
-            await self._store.swap_approval(approval, decided.status)  # unaudited, it must not count
             raise AuditError(f"the decision on approval {approval.id} could not be audited; it is still pending")
+        if not await self._store.swap_approval(decided, ApprovalStatus.PENDING):
+            # On record, but another decision (itself on record) came first: say this one is not in force.
+            await self.record(decided, "not_applied")
+            raise ApprovalError(f"approval {approval.id} was decided by someone else meanwhile")
         log.info("approval_decided", approval_id=approval.id, status=decided.status.value, approver=approver)
         return decided
 

@@ -4,6 +4,8 @@ in this process and after a restart."""
 
 from __future__ import annotations
 
+import asyncio
+from asyncio import Event
 from pathlib import Path
 
 import httpx
@@ -12,7 +14,7 @@ import pytest
 from router import AuditError, ControlPlane, Settings
 from router.audit import AuditEvent, AuditFilter, JsonlAuditLog, timestamp
 from router.interfaces.api import create_app
-from router.settings import AuditSettings
+from router.settings import AuditSettings, StoreSettings
 from runner import RunnerSettings
 from tests.conftest import external_tool, python_tool
 from tests.faults.conftest import fill, small_tmpfs
@@ -133,4 +135,65 @@ async def test_no_endorsement_is_in_force_without_a_record_of_it(tmp_path: Path)
             assert (await plane.call(session, "pay", bill)).status == "awaiting_report"
             outcomes = [e.outcome for e in await plane.audit.query(AuditFilter(kind="endorsement"))]
             assert outcomes[-2:] == ["requested", "endorsed"]
+            assert (await plane.audit.verify()).ok
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+async def test_no_approval_is_in_force_before_its_record(
+    tmp_path: Path, store: str, request: pytest.FixtureRequest
+) -> None:
+    """An approver's grant was made redeemable before it was written, and taken back only when
+    the write failed: meanwhile a retry of the held call (on any router sharing the store) could
+    redeem it, and the call ran with no approval on record. Watched from the store while the
+    audit disk is full, a grant that could not be recorded is never seen approved; with space
+    back, approving works as ever."""
+    url = request.getfixturevalue("redis_url") if store == "redis" else None
+    settings = Settings(audit=AuditSettings(path=tmp_path / "disk" / "audit.jsonl"), store=StoreSettings(url=url))
+    with small_tmpfs(tmp_path / "disk", 512):
+        async with ControlPlane.from_settings(settings) as plane:
+            await plane.register(external_tool("drop_table", risk="critical", capabilities=["mutates_state"]))
+            session = await plane.open_session("agent-1", "alice@example.com")
+            held = [await plane.call(session, "drop_table", {"table": f"t{n}"}) for n in range(6)]
+            assert {h.status for h in held} == {"pending_approval"}
+
+            filler = fill(tmp_path / "disk")
+            unrecorded_but_seen_approved = []
+            told = 0
+            for call in held:  # room the readiness probe reserved may take a few appends first
+                approval_id = call.approval_id
+                assert approval_id is not None
+                seen: set[str] = set()
+                done = Event()
+
+                async def watch(approval_id: str = approval_id, seen: set[str] = seen, done: Event = done) -> None:
+                    while not done.is_set():
+                        stored = await plane.store.get_approval(approval_id)
+                        seen.add(stored.status.value if stored is not None else "gone")
+                        await asyncio.sleep(0)
+
+                watcher = asyncio.create_task(watch())
+                try:
+                    await plane.approve(approval_id, "oncall")
+                except AuditError:
+                    told += 1
+                    if "approved" in seen:
+                        unrecorded_but_seen_approved.append(approval_id)
+                done.set()
+                await watcher
+            filler.unlink()
+            assert told > 0
+            assert unrecorded_but_seen_approved == []
+            records = await plane.audit.query(AuditFilter(kind="approval"))
+            recorded = {e.result["id"] for e in records if e.outcome == "approved"}
+            for call in held:  # in force only with a record
+                assert call.approval_id is not None
+                stored = await plane.store.get_approval(call.approval_id)
+                assert stored is not None
+                assert stored.status.value == "pending" or call.approval_id in recorded
+            last = held[-1]
+            assert last.approval_id is not None
+            if last.approval_id not in recorded:
+                await plane.approve(last.approval_id, "oncall")
+            ran = await plane.call(session, "drop_table", {"table": "t5"})
+            assert ran.status == "awaiting_report"
             assert (await plane.audit.verify()).ok
