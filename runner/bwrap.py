@@ -63,7 +63,16 @@ _PREPARE = (
     'while [ "$1" != -- ]; do { echo 0 >"$1"; } 2>/dev/null || '
     '{ echo "stockade: could not enter the sandbox cgroup $1" >&2; exit 125; }; shift; done; shift; exec "$@"'
 )
-_ENTER_FAILED = 125
+# Whether the sandbox was set up is told out of band, never from the exit code or stderr a tool
+# controls. Before anything else the first process (on the host, as the router's user or root)
+# opens the write end of a status pipe the router holds, by its /proc path, as fd 3 (4 if the
+# seccomp program's pipe came as 3: dash names only single-digit fds, and Popen passes an fd under
+# its own number). The fd passes through setpriv and bwrap; inside the sandbox, once every
+# namespace, mount and limit is in place, the last wrapper writes one byte to it and execs the
+# command with the fd closed. No byte: the sandbox failed to start and the tool never ran. A byte:
+# the tool ran, and no later write of its own (it never holds the fd) could take the byte back.
+_OPEN_STATUS = 'exec {fd}>"$1" || exit 125; shift; '
+_STARTED = "printf . >&{fd} || exit 125; exec {fd}>&-; "
 # Inodes of a staging tmpfs besides the inputs and the tool's files in /tmp: its root, tmp/, in/,
 # run/, out/ and the egress socket, with room to spare.
 _STAGING_INODES = 16
@@ -75,6 +84,7 @@ _BRIDGE = (
     'n=0; until grep -q ":0C38 00000000:0000 0A" /proc/net/tcp; do n=$((n+1)); [ $n -gt 2000 ] && break; '
     'sleep 0.002; done; exec "$@"'
 )
+_EXEC = 'exec "$@"'
 
 
 class UidPool:
@@ -177,8 +187,11 @@ class BwrapSandbox:
         seccomp_fd: int,
         staging: Path | None = None,
         cgroup: SandboxCgroup | None = None,
+        status: str = "/dev/null",
     ) -> list[str]:
-        argv = ["/bin/sh", "-c", _PREPARE, "sh", *_limit_args(spec.limits, self._settings, cgroup=cgroup is not None)]
+        status_fd = 4 if seccomp_fd == 3 else 3
+        argv = ["/bin/sh", "-c", _OPEN_STATUS.format(fd=status_fd) + _PREPARE, "sh", status]
+        argv += _limit_args(spec.limits, self._settings, cgroup=cgroup is not None)
         argv += [*(cgroup.join if cgroup is not None else ()), "--"]
         if self._is_root and self._setpriv:
             # As root, bwrap runs as the leased uid: as root RLIMIT_NPROC is not enforced and the
@@ -215,10 +228,8 @@ class BwrapSandbox:
         # Last, after every mount: bwrap's own root tmpfs (/, /etc) is owned by the sandbox user and
         # has no size cap; read-only, only /tmp and /out stay writable.
         argv += ["--remount-ro", "/"]
-        command = list(spec.argv)
-        if spec.egress:
-            command = ["/bin/sh", "-c", _BRIDGE, "sh", *command]
-        return [*argv, "--", *command]
+        wrapper = _STARTED.format(fd=status_fd) + (_BRIDGE if spec.egress else _EXEC)
+        return [*argv, "--", "/bin/sh", "-c", wrapper, "sh", *spec.argv]
 
     async def run(self, spec: SandboxSpec) -> RunResult:
         problem = self.check()
@@ -267,7 +278,14 @@ class BwrapSandbox:
             if spec.outputs is None:
                 return dataclasses.replace(result, inputs=inputs)
             quarantine = Quarantine(self._settings.state_dir / "quarantine", spec.call_id, spec.outputs)
-            quarantine.collect_tree(staging / "out")
+            fresh = not quarantine.directory.exists()
+            try:
+                quarantine.collect_tree(staging / "out")
+            except Exception as exc:
+                # No record will point at what was copied so far: it goes (unless another call made it).
+                if fresh:
+                    remove_tree(quarantine.directory)
+                raise SandboxError(f"could not collect the sandbox's /out: {type(exc).__name__}: {exc}"[:300]) from exc
             return dataclasses.replace(
                 result, inputs=inputs, artifacts=tuple(quarantine.records), refused=tuple(quarantine.refused),
                 quarantine=str(quarantine.directory) if quarantine.records else None,
@@ -312,17 +330,19 @@ class BwrapSandbox:
         seccomp_r, seccomp_w = os.pipe2(os.O_CLOEXEC)
         os.write(seccomp_w, self._seccomp)
         os.close(seccomp_w)
+        # Not passed to the child: its first process opens the write end by path (see _OPEN_STATUS).
+        status_r, status_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         started = time.monotonic()
         try:
             # Popen, not asyncio's subprocess: the loop watches our pipes and a pidfd, and we reap
             # with wait4 for the kernel's usage figures. The fork+exec itself is ~1 ms.
             proc = subprocess.Popen(  # noqa: ASYNC220
-                self._argv(spec, bwrap, uid, seccomp_r, staging, cgroup),
+                self._argv(spec, bwrap, uid, seccomp_r, staging, cgroup, f"/proc/{os.getpid()}/fd/{status_w}"),
                 stdin=stdin_r, stdout=stdout_w, stderr=stderr_w,
                 env={}, close_fds=True, pass_fds=(seccomp_r,), start_new_session=True,
             )  # fmt: skip
         except OSError as exc:
-            for fd in (stdin_r, stdin_w, stdout_r, stdout_w, stderr_r, stderr_w, seccomp_r):
+            for fd in (stdin_r, stdin_w, stdout_r, stdout_w, stderr_r, stderr_w, seccomp_r, status_r, status_w):
                 os.close(fd)
             raise SandboxError(f"could not start bwrap: {exc}") from exc
         finally:
@@ -341,12 +361,23 @@ class BwrapSandbox:
             status, rusage = await child.exited
             await child.drain(_DRAIN_AFTER_EXIT_S)
             outcome = cgroup.outcome() if cgroup is not None else None
+            # Every process that could write it has exited: the byte is there or never will be.
+            try:
+                ran = os.read(status_r, 1) != b""
+            except BlockingIOError:
+                ran = False
         finally:
             # Cancellation or any error: the whole tree goes, and the child is reaped.
             child.close()
             self._children.discard(proc.pid)
+            os.close(status_r)
+            os.close(status_w)
         wall = time.monotonic() - started
         usage = Usage(wall_s=wall, cpu_s=rusage.ru_utime + rusage.ru_stime, max_rss_kb=rusage.ru_maxrss)
+        if not (ran or timed_out or child.over_cap):
+            # The sandbox itself failed to set up (the tool never ran): not a verdict about the tool.
+            # What the setup wrote to stderr says why; the tool wrote none of it.
+            raise SandboxError(f"could not start bwrap: {bytes(child.stderr).decode(errors='replace').strip()[:300]}")
         return _result(status, child, timed_out, usage, spec.limits, outcome)
 
     async def close_session(self, session: str) -> None:
@@ -413,18 +444,6 @@ def _result(
         return verdict(Verdict.TIMEOUT, f"CPU time exceeded {limits.cpu_seconds}s")
     if code == 0:
         return verdict(Verdict.OK)
-    if (
-        (code == 1 and stderr.startswith(b"bwrap: "))
-        or (code in (126, 127) and stderr.startswith(b"setpriv: "))
-        or (
-            code == _ENTER_FAILED
-            and stderr.startswith(
-                (b"stockade: could not enter the sandbox cgroup", b"stockade: could not set the sandbox rlimits")
-            )
-        )
-    ):
-        # The sandbox itself failed to set up (before the tool ran): not a verdict about the tool.
-        raise SandboxError(f"could not start bwrap: {stderr.decode(errors='replace').strip()[:300]}")
     if any(marker in stderr for marker in _MEMORY_MARKERS):
         return verdict(Verdict.MEMORY_LIMIT, f"allocation failed under the {limits.memory_mb} MiB limit")
     return verdict(Verdict.NONZERO_EXIT, f"exit code {code}")

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import secrets
 import socket
 import stat
@@ -124,6 +125,8 @@ class ContainerSandbox:
         self._image = settings.image or default_image()
         self._runtime = "runsc" if tier == "gvisor" else None
         self._owner = secrets.token_hex(6)
+        self._maker = _maker()
+        self._swept = False
         self._client: docker.DockerClient | None = None
         self._pools: dict[_Class, asyncio.Queue[_Box]] = {}
         self._wanted: set[_Class] = set()  # pools below pool_size, to refill when idle
@@ -221,6 +224,32 @@ class ContainerSandbox:
                 with contextlib.suppress(Exception):
                     client.close()
             log.info("sandbox_tier_available", tier=self.tier)
+        if problem is None and not self._swept:
+            self._swept = True
+            self._sweep_orphans()
+
+    def _sweep_orphans(self) -> None:
+        """Remove the containers and staging directories that routers of this pid namespace left
+        when they died without `aclose` (killed, crashed): each is labelled (or named) for the
+        process that made it, and removed only once that process is gone. Runs once, in the probe
+        thread, when the engine first answers. Containers of a live router, or of a process in
+        another pid namespace (which this one cannot see), are left alone."""
+        removed = 0
+        with contextlib.suppress(Exception):
+            client = self._docker()
+            for found in client.api.containers(all=True, filters={"label": _MAKER_LABEL}):
+                if _maker_gone((found.get("Labels") or {}).get(_MAKER_LABEL, "")):
+                    with contextlib.suppress(docker.errors.NotFound):
+                        client.api.remove_container(found["Id"], force=True)
+                    removed += 1
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(self._staging_root):
+                made = _STAGING_NAME.fullmatch(entry.name)
+                if made and _maker_gone(made[1]):
+                    remove_tree(Path(entry.path))
+                    removed += 1
+        if removed:
+            log.info("sandbox_orphans_removed", tier=self.tier, count=removed)
 
     def _probe(self) -> str | None:
         """Why this tier cannot run (no engine, no runtime, no image, no staging directory), or
@@ -261,7 +290,7 @@ class ContainerSandbox:
     def _create(self, cls: _Class, session: bool) -> _Box:
         """Create, attach and start one container (blocking: run in a thread)."""
         client = self._docker()
-        staging = Path(tempfile.mkdtemp(dir=_staging_root(self._staging_root)))
+        staging = Path(tempfile.mkdtemp(prefix=f"c-{self._maker}-", dir=_staging_root(self._staging_root)))
         try:
             for sub in ("in", "run"):
                 (staging / sub).mkdir(mode=0o755)
@@ -289,7 +318,7 @@ class ContainerSandbox:
                 volumes={str(staging / "in"): {"bind": "/in", "mode": "ro"},
                          str(staging / "run"): {"bind": "/run/stockade", "mode": "ro"},
                          **{str(staging / name): {"bind": f"/etc/{name}", "mode": "ro"} for name in _ETC}},
-                labels={"stockade.tier": self.tier, "stockade.owner": self._owner},
+                labels={"stockade.tier": self.tier, "stockade.owner": self._owner, _MAKER_LABEL: self._maker},
             )  # fmt: skip
             handle = container.attach_socket(params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
             container.start()
@@ -586,6 +615,44 @@ class ContainerSandbox:
                 for found in client.api.containers(all=True, filters={"label": f"stockade.owner={self._owner}"}):
                     client.api.remove_container(found["Id"], force=True)
         client.close()
+
+
+# The process that made a container (a label) or staging directory (in its name, "c-<maker>-..."):
+# "<pid namespace inode>-<pid>-<start time>" in hex, the start time in clock ticks since boot, so a
+# reused pid is not taken for the maker. What a process that is gone left is nobody's.
+_MAKER_LABEL = "stockade.maker"
+_STAGING_NAME = re.compile(r"c-([0-9a-f]+-[0-9a-f]+-[0-9a-f]+)-.*")
+
+
+def _maker() -> str:
+    """This process, as `_MAKER_LABEL` names it."""
+    return f"{_pid_namespace():x}-{os.getpid():x}-{_start_time(os.getpid()) or 0:x}"
+
+
+def _pid_namespace() -> int:
+    return os.stat("/proc/self/ns/pid").st_ino
+
+
+def _start_time(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot (field 22 of its ``stat``), or None if it is gone."""
+    try:
+        stat_line = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: count from the last ")".
+    return int(stat_line.rsplit(b")", 1)[1].split()[19])
+
+
+def _maker_gone(maker: str) -> bool:
+    """Whether the process ``maker`` names no longer exists; False where this process cannot tell
+    (another pid namespace, a malformed label)."""
+    parts = maker.split("-")
+    if len(parts) != 3 or not all(re.fullmatch(r"[0-9a-f]+", part) for part in parts):
+        return False
+    namespace, pid, start = (int(part, 16) for part in parts)
+    if namespace != _pid_namespace():
+        return False
+    return _start_time(pid) != start
 
 
 def _staging_root(root: Path) -> Path:

@@ -20,6 +20,11 @@ from runner.base import FileRecord, InputFile, OutputCaps
 
 _SAFE_PART = re.compile(r"[A-Za-z0-9._+@=-][A-Za-z0-9._+@= -]{0,254}")  # fullmatch: "$" would admit a final newline
 _MAX_DEPTH = 16
+# A refused output is shown by at most this many characters of its path (and of why).
+_SHOWN_CHARS = 200
+# Refused outputs listed for one call; past it they are only counted. The same as the entries a
+# sandbox's /out can hold (its inode count), so an honest tool never reaches it.
+MAX_REFUSED = 1024
 
 
 def check_input_name(name: str) -> str:
@@ -62,23 +67,37 @@ class Quarantine:
         self.directory = root / safe_id
         self._caps = caps
         self._bytes = 0
+        self._unlisted = 0
         self.records: list[FileRecord] = []
         self.refused: list[tuple[str, str]] = []
+
+    def refuse(self, path: str, why: str) -> None:
+        """Record an output not taken: its name shown and shortened, and past `MAX_REFUSED` entries
+        only counted, so a tool cannot make a record (or the audit log) as large as it likes."""
+        if len(self.refused) < MAX_REFUSED:
+            self.refused.append((shown(path)[:_SHOWN_CHARS], why[:_SHOWN_CHARS]))
+            return
+        self._unlisted += 1
+        more = ("...", f"{self._unlisted} more refused entries not listed")
+        if self._unlisted == 1:
+            self.refused.append(more)
+        else:
+            self.refused[-1] = more
 
     def add(self, path: str, data: bytes) -> None:
         if shown(path) != path:
             # Not UTF-8 (an undecodable name): no record, log or agent could name it faithfully.
-            self.refused.append((shown(path)[:200], "name is not valid UTF-8"))
+            self.refuse(path, "name is not valid UTF-8")
             return
         rel = safe_relative(path)
         if rel is None:
-            self.refused.append((path[:200], "unsafe path"))
+            self.refuse(path, "unsafe path")
             return
         if len(self.records) >= self._caps.max_files:
-            self.refused.append((path[:200], "over the file count cap"))
+            self.refuse(path, "over the file count cap")
             return
         if self._bytes + len(data) > self._caps.max_bytes:
-            self.refused.append((path[:200], "over the total size cap"))
+            self.refuse(path, "over the total size cap")
             return
         target = self.directory / rel
         target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -89,30 +108,77 @@ class Quarantine:
         self.records.append(FileRecord(rel.as_posix(), len(data), hashlib.sha256(data).hexdigest()))
 
     def collect_tree(self, out_dir: Path) -> None:
-        """Copy the regular files under ``out_dir`` (a sandbox's ``/out`` seen from the host)."""
-        for current, dirs, files in os.walk(out_dir, followlinks=False):
-            for name in sorted(dirs):
-                if (Path(current) / name).is_symlink():
-                    self.refused.append((shown(_rel(out_dir, Path(current) / name)), "symlink"))
-            for name in sorted(files):
-                full = Path(current) / name
-                rel = _rel(out_dir, full)
-                info = full.lstat()
-                if not stat.S_ISREG(info.st_mode):
-                    why = "symlink" if stat.S_ISLNK(info.st_mode) else "not a regular file"
-                    self.refused.append((shown(rel), why))
-                    continue
-                if self._bytes + info.st_size > self._caps.max_bytes:
-                    self.refused.append((shown(rel), "over the total size cap"))
-                    continue
+        """Copy the regular files under ``out_dir`` (a sandbox's ``/out`` seen from the host).
+
+        The walk keeps its own stack (no recursion a deep tree could exhaust) and opens each
+        directory component by component from ``out_dir`` without following links (no path grows
+        past ``PATH_MAX``). A directory `_MAX_DEPTH` levels down is not entered: it is refused once
+        for everything under it. What cannot be read is refused, never raised.
+        """
+        pending: list[tuple[str, ...]] = [()]
+        while pending:
+            parts = pending.pop()
+            try:
+                entries = self._collect_directory(out_dir, parts)
+            except OSError:
+                self.refuse("/".join(parts) or ".", "unreadable")
+                continue
+            # Reversed onto the stack: subdirectories are visited in name order, depth first.
+            pending.extend(reversed(entries))
+
+    def _collect_directory(self, out_dir: Path, parts: tuple[str, ...]) -> list[tuple[str, ...]]:
+        """Take the files of one directory of ``out_dir``; return its subdirectories to visit."""
+        fd = _open_directory(out_dir, parts)
+        try:
+            with os.scandir(fd) as listing:
+                entries = sorted(listing, key=lambda e: e.name)
+            subdirectories: list[tuple[str, ...]] = []
+            for entry in entries:
+                rel = "/".join((*parts, entry.name))
                 try:
-                    fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+                    info = entry.stat(follow_symlinks=False)
                 except OSError:
-                    self.refused.append((shown(rel), "unreadable"))
+                    self.refuse(rel, "unreadable")
                     continue
-                with os.fdopen(fd, "rb") as handle:
-                    data = handle.read(self._caps.max_bytes - self._bytes + 1)
-                self.add(rel, data)
+                if stat.S_ISDIR(info.st_mode):
+                    if len(parts) + 1 < _MAX_DEPTH:
+                        subdirectories.append((*parts, entry.name))
+                    else:
+                        self.refuse(rel, f"directory deeper than {_MAX_DEPTH} levels: nothing under it taken")
+                elif not stat.S_ISREG(info.st_mode):
+                    self.refuse(rel, "symlink" if stat.S_ISLNK(info.st_mode) else "not a regular file")
+                elif self._bytes + info.st_size > self._caps.max_bytes:
+                    self.refuse(rel, "over the total size cap")
+                else:
+                    self._collect_file(fd, entry.name, rel)
+            return subdirectories
+        finally:
+            os.close(fd)
+
+    def _collect_file(self, directory_fd: int, name: str, rel: str) -> None:
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory_fd)
+        except OSError:
+            self.refuse(rel, "unreadable")
+            return
+        with os.fdopen(fd, "rb") as handle:
+            data = handle.read(self._caps.max_bytes - self._bytes + 1)
+        self.add(rel, data)
+
+
+def _open_directory(root: Path, parts: tuple[str, ...]) -> int:
+    """A descriptor of ``root/parts``, each component opened from the last without following a link."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(root, flags)
+    try:
+        for part in parts:
+            child = os.open(part, flags, dir_fd=fd)
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def shown(name: str) -> str:
@@ -128,10 +194,6 @@ def shown(name: str) -> str:
         return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
     except UnicodeEncodeError:
         return name.encode("utf-8", "backslashreplace").decode()
-
-
-def _rel(root: Path, path: Path) -> str:
-    return path.relative_to(root).as_posix()
 
 
 def remove_tree(path: Path) -> None:

@@ -345,39 +345,100 @@ def run_child(job, payload, tool):
             "cpu_s": usage.ru_utime + usage.ru_stime, "max_rss_kb": usage.ru_maxrss}
 
 def send_outputs(limits):
+    # An explicit stack, never deeper than max_depth (the host's depth cap): a tool's deep /out must
+    # not exhaust the worker's recursion (os.walk recurses) or end it mid-reply. Each directory is
+    # opened from the last without following a link, so no path grows past PATH_MAX. Errors become
+    # refused entries.
     import stat
     count, total, entries = 0, 0, 0
-    for root, dirs, files in os.walk("/out", followlinks=False):
-        for name in sorted(dirs + files):
-            path = os.path.join(root, name)
-            rel = os.path.relpath(path, "/out")
-            st = os.lstat(path)
-            if stat.S_ISDIR(st.st_mode):
-                continue
-            why = None
-            entries += 1
-            if entries == limits["max_entries"]:
-                # The host takes no more entries than this (gVisor's /out is not held to its inode count).
-                why = "over the entry count cap; later entries not listed"
-                frame(b"r", json.dumps({"path": rel, "why": why}).encode())
+    max_depth = 16
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+    def room(rel):
+        # One more entry, unless it is the last the host takes: then it says so and the walk ends.
+        nonlocal entries
+        entries += 1
+        if entries < limits["max_entries"]:
+            return True
+        # The host takes no more entries than this (gVisor's /out is not held to its inode count).
+        refused(rel, "over the entry count cap; later entries not listed")
+        return False
+
+    def refused(rel, why):
+        frame(b"r", json.dumps({"path": rel[:200], "why": why}).encode())
+
+    def open_dir(parts):
+        fd = os.open("/out", flags)
+        try:
+            for part in parts:
+                child = os.open(part, flags, dir_fd=fd)
+                os.close(fd)
+                fd = child
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    pending = [()]
+    while pending:
+        parts = pending.pop()
+        where = "/".join(parts) or "."
+        try:
+            fd = open_dir(parts)
+        except OSError:
+            if not room(where):
                 return
-            if not stat.S_ISREG(st.st_mode):
-                why = "not a regular file"
-            elif count + 1 > limits["max_files"]:
-                why = "over the file count cap"
-            elif total + st.st_size > limits["max_bytes"]:
-                why = "over the total size cap"
-            if why:
-                frame(b"r", json.dumps({"path": rel, "why": why}).encode())
-                continue
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-            data = b""
-            with os.fdopen(fd, "rb") as handle:
-                data = handle.read(limits["max_bytes"] - total + 1)
-            head = json.dumps({"path": rel, "size": len(data)}).encode()
-            frame(b"f", struct.pack(">I", len(head)) + head + data)
-            count += 1
-            total += len(data)
+            refused(where, "unreadable")
+            continue
+        subdirs = []
+        try:
+            try:
+                with os.scandir(fd) as listing:
+                    names = sorted(entry.name for entry in listing)
+            except OSError:
+                names = []
+                if not room(where):
+                    return
+                refused(where, "unreadable")
+            for name in names:
+                rel = "/".join(parts + (name,))
+                try:
+                    st = os.lstat(name, dir_fd=fd)
+                except OSError:
+                    st = None
+                if st is not None and stat.S_ISDIR(st.st_mode) and len(parts) + 1 < max_depth:
+                    subdirs.append(parts + (name,))
+                    continue
+                if not room(rel):
+                    return
+                why, data = None, b""
+                if st is None:
+                    why = "unreadable"
+                elif stat.S_ISDIR(st.st_mode):
+                    why = "directory deeper than %d levels: nothing under it taken" % max_depth
+                elif not stat.S_ISREG(st.st_mode):
+                    why = "not a regular file"
+                elif count + 1 > limits["max_files"]:
+                    why = "over the file count cap"
+                elif total + st.st_size > limits["max_bytes"]:
+                    why = "over the total size cap"
+                else:
+                    try:
+                        file_fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
+                        with os.fdopen(file_fd, "rb") as handle:
+                            data = handle.read(limits["max_bytes"] - total + 1)
+                    except OSError:
+                        why = "unreadable"
+                if why:
+                    refused(rel, why)
+                    continue
+                head = json.dumps({"path": rel, "size": len(data)}).encode()
+                frame(b"f", struct.pack(">I", len(head)) + head + data)
+                count += 1
+                total += len(data)
+        finally:
+            os.close(fd)
+        pending.extend(reversed(subdirs))
 
 def main():
     session = sys.argv[1:] == ["session"]
