@@ -12,10 +12,10 @@ the tool sees bind sources in ``/proc/self/mountinfo``. ``gvisor`` is the same w
 
 Warm pools keep ``pool_size`` started, never-used containers per (image, limits) class, each
 with the resident worker (`runner.worker`) blocked on stdin. A call takes one, runs one job and
-hangs up, which stops the container; it is removed in the background while a replacement
-starts. An empty pool means a cold start, reported as ``start="cold"``. Session sandboxes keep
-one container per session, its worker looping over jobs, until `close_session`; nothing is
-shared across sessions.
+the container is destroyed in the background while a replacement starts (its worker has killed
+whatever the tool left running). An empty pool means a cold start, reported as ``start="cold"``.
+Session sandboxes keep one container per session, its worker looping over jobs, until
+`close_session`; nothing is shared across sessions.
 
 Availability (`ContainerSandbox.check`) is probed in a thread, started when the sandbox is made,
 and cached: ``check()`` never calls Docker. An unavailable tier (no engine, no runtime, no image,
@@ -497,10 +497,6 @@ class ContainerSandbox:
             if proxy is not None:
                 await proxy.aclose()
             if not keep:
-                # Hang up at once: the worker sees the end of its stdin and exits, so the container
-                # stops now with whatever is left in it; its removal waits for the housekeeper.
-                with contextlib.suppress(OSError):
-                    box.sock.shutdown(socket.SHUT_WR)
                 self._destroy(box)
             elif spec.session is not None and (box.sock.fileno() < 0):
                 self._sessions.pop(spec.session, None)
@@ -559,8 +555,8 @@ class ContainerSandbox:
             with contextlib.suppress(OSError):
                 box.sock.shutdown(socket.SHUT_RDWR)
             await asyncio.to_thread(self._kill, box)
-        # Otherwise the worker has killed what the tool left running and waits for us to hang up
-        # (a pool container's caller does at once); the housekeeper removes the container later.
+        # Otherwise the worker has killed what the tool left running and waits for us to hang up;
+        # the housekeeper does that (and the container's teardown) when no call is running.
         return reader, bytes(worker_err), timed_out
 
     def _kill(self, box: _Box) -> None:

@@ -4,7 +4,6 @@ host's reading of the reply. Each runs on ``docker`` and ``gvisor``."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 from collections.abc import AsyncIterator
@@ -14,7 +13,6 @@ import pytest
 from runner import ContainerSandbox, OutputCaps, ResourceLimits, RunnerSettings, SandboxSpec, Verdict
 from runner.python import parse_result, python_job
 from runner.worker import OUT_ENTRIES
-from tests.conftest import sandbox_containers
 
 
 @pytest.fixture(params=["docker", "gvisor"])
@@ -114,23 +112,6 @@ async def test_a_python_tool_that_disables_reaping_leaves_nothing_running(contai
     others = json.loads(listing.stdout)
     assert list(others) == ["1"], others  # the worker, PID 1
     assert others["1"].split()[-1] == "session"
-
-
-async def test_a_used_pool_container_stops_as_soon_as_its_call_returns(container: ContainerSandbox) -> None:
-    """Removing used containers waits until no call is running; stopping one does not: while
-    another call is in flight, the container of a finished call is no longer running."""
-    busy = asyncio.create_task(container.run(SandboxSpec(argv=("sleep", "10"), limits=ResourceLimits(timeout_s=20))))
-    await asyncio.sleep(0.2)
-    finished = await container.run(python_tool("def main():\n    return 1"))
-    assert finished.verdict is Verdict.OK
-    for _ in range(30):
-        running = [found for found in sandbox_containers(container.owner) if found["State"] == "running"]
-        if len(running) <= 1:
-            break
-        await asyncio.sleep(0.1)
-    assert not busy.done()
-    assert len(running) == 1  # the busy call's
-    await busy
 
 
 # Writes raw refused-entry frames to its descriptor 1, as the worker would after a job.
