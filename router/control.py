@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import secrets
@@ -898,7 +899,7 @@ class ControlPlane:
     async def _load_session(self, session_id: object, agent: str | None = None) -> SessionRecord:
         """The open session ``session_id`` (renewed), if ``agent`` (when given) is its agent.
         Raises as `_from_store`."""
-        session = await self._from_store(session_id, self.store.load_session)
+        session = await self._from_store(session_id, functools.partial(self.store.load_session, agent=agent))
         await self._check_owner(session, agent)
         return session
 

@@ -76,8 +76,9 @@ class Store(Protocol):
         """Store a new session, its trusted context already indexed as ``user`` content."""
         ...
 
-    async def load_session(self, session_id: str) -> SessionRecord | None:
-        """The open session (renewing its idle TTL), or None if unknown, closed or expired."""
+    async def load_session(self, session_id: str, *, agent: str | None = None) -> SessionRecord | None:
+        """The open session, or None if unknown, closed or expired. Its idle TTL is renewed unless
+        ``agent`` is given and is not its agent (another agent's request keeps no session alive)."""
         ...
 
     async def delete_session(self, session_id: str) -> bool:

@@ -55,12 +55,13 @@ class MemoryStore:
         entry.index.add_keys("user", provenance_keys)
         self._sessions[session.id] = entry
 
-    async def load_session(self, session_id: str) -> SessionRecord | None:
+    async def load_session(self, session_id: str, *, agent: str | None = None) -> SessionRecord | None:
         now = time.monotonic()
         session = self._live(session_id, now)
         if session is None:
             return None
-        session.last_used = now
+        if agent is None or session.record.agent == agent:
+            session.last_used = now
         return session.record
 
     async def delete_session(self, session_id: str) -> bool:

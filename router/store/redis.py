@@ -29,9 +29,13 @@ T = TypeVar("T")
 
 # KEYS: session, provenance, pending. ARGV: ttl_ms.
 # Renews the session; returns its hash as a flat list, or nil if it is not open.
+# KEYS: session, provenance, pending. ARGV: ttl_ms, the caller's agent ("" for the router itself).
+# Renewed only for its own agent: another's request must not keep a session alive.
 _LOAD_SESSION = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
-for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], ARGV[1]) end
+if ARGV[2] == '' or redis.call('HGET', KEYS[1], 'agent') == ARGV[2] then
+  for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], ARGV[1]) end
+end
 return redis.call('HGETALL', KEYS[1])
 """
 
@@ -271,9 +275,9 @@ class RedisStore:
 
         await self._do("open a session", run())
 
-    async def load_session(self, session_id: str) -> SessionRecord | None:
+    async def load_session(self, session_id: str, *, agent: str | None = None) -> SessionRecord | None:
         session_keys = [keys.session(session_id), keys.provenance(session_id), keys.pending(session_id)]
-        flat = await self._do("load a session", self._load(session_keys, [self._session_ttl_ms]))
+        flat = await self._do("load a session", self._load(session_keys, [self._session_ttl_ms, agent or ""]))
         return None if flat is None else self._session(session_id, flat)
 
     def _session(self, session_id: str, flat: list[str]) -> SessionRecord:

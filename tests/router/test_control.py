@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 from collections.abc import AsyncIterator
@@ -485,3 +486,21 @@ async def test_bad_reports_are_refused_and_the_call_stays_reportable(plane: Cont
     with pytest.raises(InvalidCall, match="STOCKADE_MAX_REPORT_BYTES"):
         await plane.report(session, pending.call_id, "x" * (2 << 20))
     assert (await plane.report(session, pending.call_id, "ok")).output == "ok"
+
+
+async def test_another_agents_refused_requests_keep_no_session_alive(tmp_path: Path) -> None:
+    """Reports and closes an agent sends for another agent's session are refused as for an
+    unknown one, and they no longer renew it: the session expires on time."""
+    settings = Settings(audit=AuditSettings(path=tmp_path / "audit.jsonl"), session_idle_ttl_s=0.5)
+    async with ControlPlane.from_settings(settings) as plane:
+        await plane.register(external_tool("lookup"))
+        session = await plane.open_session("agent-1", "alice@example.com")
+        held = await plane.call(session, "lookup", {}, agent="agent-1")
+        for _ in range(6):
+            await asyncio.sleep(0.15)
+            with pytest.raises(SessionNotFound):
+                await plane.report(session, held.call_id, {"x": 1}, agent="agent-2")
+            with pytest.raises(SessionNotFound):
+                await plane.close_session(session, agent="agent-2")
+        with pytest.raises(SessionNotFound):
+            await plane.call(session, "lookup", {}, agent="agent-1")

@@ -96,6 +96,21 @@ async def test_an_idle_session_expires_and_use_renews_it(make: MakeStore) -> Non
     assert await store.load_session("s-idle") is None
 
 
+async def test_another_agents_loads_keep_no_session_alive(make: MakeStore) -> None:
+    """A refused request for another agent's session (a report, a close) loads it to find its
+    owner: that load must not renew it, or a stranger keeps a victim's sandboxes alive for ever."""
+    store = await make(session_ttl_s=0.4)
+    await store.create_session(record("s-victim"), set())
+    for _ in range(4):
+        await asyncio.sleep(0.15)
+        await store.load_session("s-victim", agent="intruder")
+    assert await store.load_session("s-victim", agent="agent-1") is None  # expired on time
+    await store.create_session(record("s-own"), set())
+    for _ in range(4):
+        await asyncio.sleep(0.15)
+        assert await store.load_session("s-own", agent="agent-1") is not None  # its own agent renews it
+
+
 async def test_deleting_a_session_forgets_its_index_and_pending_reports(make: MakeStore) -> None:
     store = await make()
     await store.create_session(record(), {"s:alice"})
