@@ -87,10 +87,15 @@ if value then redis.call('HDEL', KEYS[1], ARGV[1]) end
 return value
 """
 
-# KEYS: approval, approvals index, session. ARGV: id, created_at (score), JSON, keep_ms, binding.
-# The index lives as long as the longest-kept approval in it; an open session remembers the
-# approval as the latest for its binding ('approval:<binding>' in its hash).
+# KEYS: approval, approvals index, session. ARGV: id, created_at (score), JSON, keep_ms, binding,
+# the approval keys' prefix. The index lives as long as the longest-kept approval in it, and each
+# put drops up to 8 of its oldest ids whose approvals are gone (else, with approvals flowing and no
+# one listing them, it would grow for ever); an open session remembers the approval as the latest
+# for its binding ('approval:<binding>' in its hash).
 _PUT_APPROVAL = """
+for _, old in ipairs(redis.call('ZRANGE', KEYS[2], 0, 7)) do
+  if redis.call('EXISTS', ARGV[6] .. old) == 0 then redis.call('ZREM', KEYS[2], old) end
+end
 redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[4])
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
 if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[4]) then redis.call('PEXPIRE', KEYS[2], ARGV[4]) end
@@ -400,7 +405,7 @@ class RedisStore:
     async def put_approval(self, approval: Approval, keep_s: float) -> None:
         keep_ms = max(1, int(keep_s * 1000))
         args: list[str | float] = [approval.id, approval.created_at, _approval_json(approval), keep_ms,
-                                   approval.binding]  # fmt: skip
+                                   approval.binding, keys.approval("")]  # fmt: skip
         script_keys = [keys.approval(approval.id), keys.APPROVALS, keys.session(approval.session_id)]
         await self._do("store an approval", self._put(script_keys, args))
 

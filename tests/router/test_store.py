@@ -14,7 +14,7 @@ from policy.base import RATE_SCOPES, RateCounts
 from router.approvals import Approval, ApprovalStatus, binding
 from router.errors import StoreError
 from router.rates import PERIODS
-from router.store import MemoryStore, PendingExternal, RedisStore, SessionRecord, Store
+from router.store import MemoryStore, PendingExternal, RedisStore, SessionRecord, Store, keys
 from router.store.redis import _approval_json, redacted
 from tests.conftest import free_port
 
@@ -182,6 +182,24 @@ async def test_approvals_are_listed_oldest_first_and_dropped_after_their_keep_ti
     await asyncio.sleep(0.4)
     assert [a.id for a in await store.list_approvals()] == ["a-new"]
     assert await store.get_approval("a-old") is None
+
+
+async def test_the_approvals_index_sheds_dead_ids_without_anyone_listing(redis_url: str) -> None:
+    """Approvals flow in and expire while no one lists them: the index of ids stays the size of
+    what is alive, not of everything ever held (each put drops the oldest dead ones)."""
+    store = RedisStore(redis_url)
+    for n in range(40):
+        await store.put_approval(approval(f"a-{n}"), keep_s=0.05)
+    await asyncio.sleep(0.1)
+    for n in range(40, 50):
+        await store.put_approval(approval(f"a-{n}"), keep_s=60)
+    index = redis.Redis.from_url(redis_url)
+    try:
+        assert index.zcard(keys.APPROVALS) == 10
+    finally:
+        index.close()
+    assert [a.id for a in await store.list_approvals()] == [f"a-{n}" for n in range(40, 50)]
+    await store.aclose()
 
 
 def windows(period: str, session: int, agent: int, principal: int, tool: int, agent_tool: int) -> dict[str, int]:
