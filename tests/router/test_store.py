@@ -188,6 +188,7 @@ async def test_the_approvals_index_sheds_dead_ids_without_anyone_listing(redis_u
     """Approvals flow in and expire while no one lists them: the index of ids stays the size of
     what is alive, not of everything ever held (each put drops the oldest dead ones)."""
     store = RedisStore(redis_url)
+    await store.put_approval(approval("a-kept"), keep_s=60)  # keeps the index itself alive
     for n in range(40):
         await store.put_approval(approval(f"a-{n}"), keep_s=0.05)
     await asyncio.sleep(0.1)
@@ -195,10 +196,10 @@ async def test_the_approvals_index_sheds_dead_ids_without_anyone_listing(redis_u
         await store.put_approval(approval(f"a-{n}"), keep_s=60)
     index = redis.Redis.from_url(redis_url)
     try:
-        assert index.zcard(keys.APPROVALS) == 10
+        assert index.zcard(keys.APPROVALS) == 11
     finally:
         index.close()
-    assert [a.id for a in await store.list_approvals()] == [f"a-{n}" for n in range(40, 50)]
+    assert [a.id for a in await store.list_approvals()] == ["a-kept", *(f"a-{n}" for n in range(40, 50))]
     await store.aclose()
 
 
