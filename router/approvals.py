@@ -85,8 +85,9 @@ class ApprovalBook:
             binding=binding(tool, canonical_args, session_id, inputs), reasons=reasons, created_at=now,
             expires_at=now + self._ttl_s,
         )  # fmt: skip
-        await self._store.put_approval(approval, self._ttl_s + self._keep_s)
-        return approval
+        in_force = await self._store.put_approval(approval, self._ttl_s + self._keep_s)
+        # An identical call held a moment before (on any router) opened one already: it stands for both.
+        return approval if in_force == approval.id else await self.get(in_force)
 
     async def get(self, approval_id: object) -> Approval:
         """The approval, shown as expired once its time is up (if it was not decided or used)."""

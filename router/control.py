@@ -1099,7 +1099,9 @@ class ControlPlane:
             canonical_args=call.canonical_args, reasons=[r.model_dump() for r in decision.reasons],
             inputs=call.input_infos,
         ))  # fmt: skip
-        await self._audit(self.approvals.event(approval, "requested"))
+        # Another call, identical and held at the same moment, may have opened it: this one asks again.
+        await self._audit(self.approvals.event(approval, "requested" if approval.decision_id == call.decision_id
+                                               else "asked_again"))  # fmt: skip
         log.info("tool_call_held_for_approval", reasons=decision.reason_codes, approval_id=approval.id)
         return self._result(call, "pending_approval", reasons=decision.reason_codes).model_copy(
             update={"approval_id": approval.id}

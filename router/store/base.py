@@ -126,9 +126,12 @@ class Store(Protocol):
         """Remove and return the pending external call, or None: each one is reported once."""
         ...
 
-    async def put_approval(self, approval: Approval, keep_s: float) -> None:
+    async def put_approval(self, approval: Approval, keep_s: float) -> str:
         """Store a new approval, kept (whatever its status) for ``keep_s`` seconds, and remember it
-        in its session (if open) as the latest for its binding (`SessionRecord.approvals`)."""
+        in its session (if open) as the latest for its binding (`SessionRecord.approvals`); unless
+        the session already remembers a pending, unexpired approval for that binding (an identical
+        call held a moment before, perhaps on another router): then nothing is stored, and that
+        one stands for both. Returns the id of the approval in force for the call."""
         ...
 
     async def get_approval(self, approval_id: str) -> Approval | None: ...

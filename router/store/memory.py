@@ -130,14 +130,19 @@ class MemoryStore:
         for approval_id in [k for k, (_, drop_at) in self._approvals.items() if drop_at <= now]:
             del self._approvals[approval_id]
 
-    async def put_approval(self, approval: Approval, keep_s: float) -> None:
+    async def put_approval(self, approval: Approval, keep_s: float) -> str:
         now = time.time()
         self._drop_old_approvals(now)
-        self._approvals[approval.id] = (approval, now + keep_s)
         session = self._sessions.get(approval.session_id)
+        if session is not None and (earlier := session.record.approvals.get(approval.binding)) is not None:
+            entry = self._approvals.get(earlier)
+            if entry is not None and entry[0].status is ApprovalStatus.PENDING and entry[0].expires_at > now:
+                return earlier
+        self._approvals[approval.id] = (approval, now + keep_s)
         if session is not None:
             remembered = {**session.record.approvals, approval.binding: approval.id}
             session.record = dataclasses.replace(session.record, approvals=remembered)
+        return approval.id
 
     async def get_approval(self, approval_id: str) -> Approval | None:
         entry = self._approvals.get(approval_id)

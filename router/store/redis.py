@@ -91,16 +91,26 @@ return value
 # the approval keys' prefix. The index lives as long as the longest-kept approval in it, and each
 # put drops up to 8 of its oldest ids whose approvals are gone (else, with approvals flowing and no
 # one listing them, it would grow for ever); an open session remembers the approval as the latest
-# for its binding ('approval:<binding>' in its hash).
+# for its binding ('approval:<binding>' in its hash). If it remembers one still pending and
+# unexpired, nothing is stored and that one's id is returned (identical calls held at once share
+# one approval); else the new id.
 _PUT_APPROVAL = """
 for _, old in ipairs(redis.call('ZRANGE', KEYS[2], 0, 7)) do
   if redis.call('EXISTS', ARGV[6] .. old) == 0 then redis.call('ZREM', KEYS[2], old) end
+end
+local earlier = redis.call('EXISTS', KEYS[3]) == 1 and redis.call('HGET', KEYS[3], 'approval:' .. ARGV[5])
+if earlier then
+  local stored = redis.call('GET', ARGV[6] .. earlier)
+  if stored then
+    local found = cjson.decode(stored)
+    if found['status'] == 'pending' and tonumber(found['expires_at']) > tonumber(ARGV[2]) then return earlier end
+  end
 end
 redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[4])
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
 if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[4]) then redis.call('PEXPIRE', KEYS[2], ARGV[4]) end
 if redis.call('EXISTS', KEYS[3]) == 1 then redis.call('HSET', KEYS[3], 'approval:' .. ARGV[5], ARGV[1]) end
-return 1
+return ARGV[1]
 """
 
 # KEYS: tools hash, registry version. ARGV: name, spec JSON. Adds the tool unless the name is
@@ -402,12 +412,12 @@ class RedisStore:
             steered=bool(document.get("steered", False)),
         )
 
-    async def put_approval(self, approval: Approval, keep_s: float) -> None:
+    async def put_approval(self, approval: Approval, keep_s: float) -> str:
         keep_ms = max(1, int(keep_s * 1000))
         args: list[str | float] = [approval.id, approval.created_at, _approval_json(approval), keep_ms,
                                    approval.binding, keys.approval("")]  # fmt: skip
         script_keys = [keys.approval(approval.id), keys.APPROVALS, keys.session(approval.session_id)]
-        await self._do("store an approval", self._put(script_keys, args))
+        return str(await self._do("store an approval", self._put(script_keys, args)))
 
     async def get_approval(self, approval_id: str) -> Approval | None:
         value = await self._do("read an approval", self._redis.get(keys.approval(approval_id)))

@@ -255,3 +255,33 @@ async def test_concurrent_retries_of_an_approved_call_run_it_once(plane: Control
     ran = [e for e in executions if e.outcome != "refused"]
     assert len(ran) == 1
     assert all(e.result is not None and e.result["code"] == "approval.invalid" for e in executions if e not in ran)
+
+
+async def test_identical_calls_held_at_once_share_one_approval_and_one_refusal(
+    tmp_path: Path, store_url: str | None
+) -> None:
+    """Five identical calls held at the same moment (on two routers sharing a Redis store) opened
+    as many approvals: a human's refusal of one left the others to be approved, and a retry held
+    again instead of staying refused. They share one approval now, the others asking again."""
+    settings = Settings(audit=AuditSettings(path=tmp_path / "a.jsonl"), store=StoreSettings(url=store_url))
+    async with ControlPlane.from_settings(settings) as one, ControlPlane.from_settings(settings) as two:
+        await one.register(DROP)
+        if store_url is not None:
+            await two.register(DROP)
+        session = await one.open_session("db-agent", "alice@example.com")
+        routers = [one, two] if store_url is not None else [one]
+        held = await asyncio.gather(*(routers[n % len(routers)].call(session, "drop_table", {"table": "users"})
+                                      for n in range(5)))  # fmt: skip
+        assert {h.status for h in held} == {"pending_approval"}
+        assert len({h.approval_id for h in held}) == 1
+        approval_id = held[0].approval_id
+        assert approval_id is not None
+        assert [a.id for a in await one.list_approvals()] == [approval_id]
+        await one.deny_approval(approval_id, "oncall@example.com", note="no")
+        retry = await two.call(session, "drop_table", {"table": "users"}) if store_url else None
+        again = await one.call(session, "drop_table", {"table": "users"})
+        for result in (again, retry):
+            assert result is None or (result.status, result.reasons) == ("denied", ["approval.denied"])
+        asked = await one.audit.query(AuditFilter(kind="approval"))
+        assert sorted(e.outcome for e in asked if e.outcome in ("requested", "asked_again")) == [
+            "asked_again"] * 4 + ["requested"]  # fmt: skip
