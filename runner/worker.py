@@ -15,13 +15,15 @@ stdout with frames ``kind (1 byte) | length (4 bytes) | data``:
 
 Every tool runs in a child of the worker, its stdin, stdout and stderr on pipes the worker
 frames: ``exec`` jobs are forked and exec'd; ``python`` jobs are forked only (the interpreter is
-already up: that is what makes a warm call fast). Nothing a tool does reaches the worker's own
-process, so a session's worker serves each later job as it served the first; when the tool's
-process ends the worker kills whatever it left running. The worker shares the tool's uid, so
-the host still treats every frame as untrusted output of the tool: it is capped, parsed
-defensively, and file paths are rebuilt by the host, never trusted as given. The worker makes
-itself not dumpable, so a tool cannot read its ``/proc`` entries (environment, memory), and as
-PID 1 of the container it takes no signal from the tool.
+already up: that is what makes a warm call fast). The child is forked ahead of its job: a spare,
+waiting on a pipe for it, forked at the worker's start and, in a session, after each job's reply
+once that job's leftovers are killed; forking, costly under gVisor, is off the call path. Nothing
+a tool does reaches the worker's own process, so a session's worker serves each later job as it
+served the first; when the tool's process ends the worker kills whatever it left running. The
+worker shares the tool's uid, so the host still treats every frame as untrusted output of the
+tool: it is capped, parsed defensively, and file paths are rebuilt by the host, never trusted as
+given. The worker makes itself not dumpable, so a tool cannot read its ``/proc`` entries
+(environment, memory), and as PID 1 of the container it takes no signal from the tool.
 
 A job with egress gets a bridge from ``127.0.0.1:3128`` to the proxy's socket: one process forked
 from the worker for the job's length, serving every connection with a selector loop.
@@ -44,10 +46,10 @@ def write_all(data, fd=1):
 def frame(kind, data):
     write_all(kind + struct.pack(">I", len(data)) + data)
 
-def read_exact(n):
+def read_exact(n, fd=0):
     chunks, got = [], 0
     while got < n:
-        chunk = os.read(0, min(n - got, 1 << 20))
+        chunk = os.read(fd, min(n - got, 1 << 20))
         if not chunk:
             os._exit(0)
         chunks.append(chunk)
@@ -83,7 +85,7 @@ BRIDGE_BACKLOG = 1024
 BRIDGE_BUFFER = 1 << 16  # bytes held per direction before the sender is no longer read
 BRIDGE_LINGER = 0.5  # seconds a connection the proxy has ended stays open for the tool's last bytes
 
-def start_bridge():
+def start_bridge(held):
     # The egress proxy's socket is mounted at /run/stockade/egress.sock; tools reach it as an
     # ordinary HTTP proxy on 127.0.0.1:3128. One forked process serves every connection: a
     # process per connection (socat's fork) costs about five host threads each under gVisor,
@@ -100,9 +102,13 @@ def start_bridge():
         return
     if os.fork() == 0:
         # Never on the worker's stdin/stdout (the host's frames); reap_leftovers ends it with the job.
+        # Nor on the spare's pipes (``held``): holding their write ends, it would keep the tool
+        # from ever seeing the end of its job or of its stdin.
         null = os.open("/dev/null", os.O_RDWR)
         os.dup2(null, 0)
         os.dup2(null, 1)
+        for fd in held:
+            os.close(fd)
         try:
             bridge(listener)
         finally:
@@ -233,11 +239,6 @@ def set_dumpable(value):
         os.write(2, b"stockade worker: prctl(PR_SET_DUMPABLE) failed\n")
         os._exit(3)
 
-def run_python(job, payload):
-    # Forked, not exec'd: the tool's process starts with this interpreter already up. It gets no
-    # stdin (a harness's stdin is at its end once it has read its job).
-    return run_child(job, b"", lambda: python_tool(job, payload))
-
 def python_tool(job, payload):
     """The body of a python tool's process: runs the tool's entrypoint and writes
     ``{"result": ...}`` as JSON on stdout; whatever the tool prints goes to stderr. Never returns."""
@@ -275,28 +276,84 @@ def exec_tool(job):
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # the worker ignores it; an ignored signal stays so across exec
     os.execvpe(job["argv"][0], job["argv"], job["env"])
 
-def run_exec(job, payload):
-    return run_child(job, payload, lambda: exec_tool(job))
-
-def run_child(job, payload, tool):
-    """Run ``tool`` in a child process with ``payload`` on its stdin and its stdout and stderr sent
-    as frames; when the child ends, kill what it left. Returns its exit, CPU time and peak memory."""
+def fork_spare():
+    """Fork the process that will run the next job's tool, ahead of the job: forking is the
+    costly part of a call (most of all under gVisor). It waits, stdin, stdout and stderr already
+    on pipes the worker holds, for ``hand_job`` to send it the job on a pipe of its own.
+    Returns ``(pid, job_w, w_in, r_out, r_err)``, the worker's ends."""
+    r_job, w_job = os.pipe()
     r_in, w_in = os.pipe()
     r_out, w_out = os.pipe()
     r_err, w_err = os.pipe()
     pid = os.fork()
     if pid == 0:
+        job = {"argv": ["?"]}
         try:
             os.dup2(r_in, 0); os.dup2(w_out, 1); os.dup2(w_err, 2)
-            for fd in (r_in, w_in, r_out, w_out, r_err, w_err):
+            for fd in (r_in, w_in, r_out, w_out, r_err, w_err, w_job):
                 os.close(fd)
+            # The worker's end closed (the worker gone) ends the spare in read_exact.
+            job = json.loads(read_exact(struct.unpack(">I", read_exact(4, r_job))[0], r_job))
+            payload = read_exact(struct.unpack(">I", read_exact(4, r_job))[0], r_job)
+            os.close(r_job)
             os.chdir(job.get("cwd", "/tmp"))
-            tool()
+            if job["kind"] == "python":
+                python_tool(job, payload)
+            exec_tool(job)
         except BaseException as exc:
-            os.write(2, ("stockade: cannot run %r: %s\n" % (job["argv"][0], exc)).encode())
-        os._exit(127)
-    for fd in (r_in, w_out, w_err):
+            os.write(2, ("stockade: cannot run %r: %s\n" % (job.get("argv", ["?"])[0], exc)).encode())
+        finally:
+            os._exit(127)  # never back into the worker's code
+    for fd in (r_job, r_in, w_out, w_err):
         os.close(fd)
+    return pid, w_job, w_in, r_out, r_err
+
+spare = None  # the worker's ends of the spare (fork_spare), when one is waiting
+
+def hand_job(job, payload):
+    """Give the job and ``payload`` (a python tool's spec; nothing for an exec tool, whose payload is
+    its stdin) to the spare. Returns the spare's ends, or those of a process forked now if the spare
+    is gone."""
+    global spare
+    (pid, w_job, *pipes), spare = spare, None
+    header = json.dumps(job).encode()
+    message = struct.pack(">I", len(header)) + header + struct.pack(">I", len(payload)) + payload
+    alive = os.waitpid(pid, os.WNOHANG)[0] == 0
+    if alive:
+        try:
+            write_all(message, w_job)
+            os.close(w_job)
+            return (pid, w_job, *pipes)
+        except OSError:
+            pass
+    # Gone before its job (it cannot have been killed by a tool: the leftovers were reaped before
+    # it was forked). The job goes to a process forked now, which is what a spare saves.
+    for fd in (w_job, *pipes):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    if alive:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    fresh = fork_spare()
+    write_all(message, fresh[1])
+    os.close(fresh[1])
+    return fresh
+
+def run_python(job, payload):
+    # Forked, not exec'd: the tool's process starts with this interpreter already up. It gets no
+    # stdin (a harness's stdin is at its end once it has read its job).
+    return run_child(b"", hand_job(job, payload))
+
+def run_exec(job, payload):
+    return run_child(payload, hand_job(job, b""))
+
+def run_child(payload, child):
+    """Run the job's tool in ``child`` (the spare given the job) with ``payload`` on its stdin and
+    its stdout and stderr sent as frames; when the child ends, kill what it left. Returns its exit,
+    CPU time and peak memory."""
+    pid, _, w_in, r_out, r_err = child
     sel = selectors.DefaultSelector()
     sel.register(r_out, selectors.EVENT_READ, b"o")
     sel.register(r_err, selectors.EVENT_READ, b"e")
@@ -441,6 +498,7 @@ def send_outputs(limits):
         pending.extend(reversed(subdirs))
 
 def main():
+    global spare
     session = sys.argv[1:] == ["session"]
     # Not dumpable: /proc/<this pid>/{environ,mem,...} become root's, so a tool (the same uid) cannot
     # read the worker's memory, which holds each job's header (its environment, placeholders).
@@ -450,12 +508,13 @@ def main():
     # As PID 1 the worker receives only the signals it handles, and Python handles SIGINT: a tool
     # (the same uid) could otherwise interrupt the worker and end its session.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    spare = fork_spare()
     frame(b"R", b"")  # up and waiting: the host pools this container only after seeing it
     while True:
         header = json.loads(read_exact(struct.unpack(">I", read_exact(4))[0]))
         payload = read_exact(header["stdin_len"])
         if header.get("egress"):
-            start_bridge()
+            start_bridge(spare[1:])
         result = run_python(header, payload) if header["kind"] == "python" else run_exec(header, payload)
         result["oom_kills"] = oom_kills()
         frame(b"x", json.dumps(result).encode())
@@ -467,6 +526,8 @@ def main():
             while os.read(0, 65536):
                 pass
             return
+        # Only now, with the job's leftovers reaped: forked earlier, the spare would be one of them.
+        spare = fork_spare()
 
 main()
 '''
