@@ -11,9 +11,10 @@ import data.stockade.catalog
 
 limits := {name: capped_limit(name, maximum) | some name, maximum in catalog.limits.max}
 
-capped_limit(name, maximum) := min([object.get(input.tool.limits, name, default_limit(name, maximum)), maximum])
-
-default_limit(name, maximum) := object.get(catalog.limits.default, name, maximum)
+capped_limit(name, maximum) := min([
+	object.get(input.tool.limits, name, object.get(catalog.limits.default, name, maximum)),
+	maximum,
+])
 
 required_tiers contains tier if {
 	some c in tool_capabilities
