@@ -12,6 +12,7 @@ its signature, expiry, lease record (not revoked) and binding all check out.
 from __future__ import annotations
 
 import json
+import math
 import secrets
 import time
 from typing import Any
@@ -56,10 +57,13 @@ class TokenIssuer:
         claims = {
             "iss": ISSUER, "sub": binding.agent, "aud": grant.config.audience or grant.config.hosts[0],
             "scope": " ".join(grant.scopes), "iat": int(now), "nbf": int(now) - _CLOCK_SKEW_S,
-            "exp": int(now + grant.ttl_s), "jti": lease_id,
+            "exp": math.ceil(now + grant.ttl_s), "jti": lease_id,
             "stockade": {"decision_id": binding.decision_id, "call_id": binding.call_id,
                          "session_id": binding.session_id, "args_sha256": binding.args_sha256},
         }  # fmt: skip
+        # ``exp`` rounds up: verifiers compare whole seconds, and rounding down made a token live
+        # anywhere from ttl-1 s to ttl s (dead on arrival at a 1 s TTL). The lease record still
+        # ends it at exactly ttl for introspection; an offline verifier may accept it < 1 s longer.
         token = jwt.encode(claims, key, algorithm="EdDSA", headers={"kid": kid})
         lease = Lease(lease_id, grant, binding, SecretStr(token), "stockade-placeholder-" + secrets.token_hex(16),
                       now, now + grant.ttl_s)  # fmt: skip

@@ -9,6 +9,7 @@ import hashlib
 import http.server
 import io
 import json
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -215,8 +216,11 @@ async def test_a_token_is_bound_to_its_call_and_dies_with_its_ttl_even_if_never_
     config = CredentialConfig(name="api-token", kind="token", hosts=[HOST], scopes=["read"])
     binding = Binding("d-1", "c-1", "s-1", "agent-1", "ab" * 32)
     # The router dies between mint and run: nothing revokes this lease.
+    minted_at = time.time()
     [lease] = await plane.credentials.mint([Grant(config, ("read",), 1)], binding)
     token = lease.value.get_secret_value()
+    # Verifiers compare whole seconds: an ``exp`` rounded down would end it up to 1 s early.
+    assert jwt.decode(token, options={"verify_signature": False})["exp"] >= minted_at + 1
     assert (await introspect(plane.store, token, call_id="c-1", args_sha256="ab" * 32))["active"] is True
     assert (await introspect(plane.store, token, call_id="c-2"))["active"] is False  # replayed by another call
     assert (await introspect(plane.store, token, args_sha256="cd" * 32))["active"] is False  # with other args
