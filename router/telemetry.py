@@ -9,7 +9,8 @@ carries ``stockade.decision_id`` (the key of its audit trail), ``stockade.sessio
 ``stockade.agent``, ``stockade.outcome`` (the result's status: ``completed``, ``denied``,
 ``pending_approval``, ``awaiting_report``, ``error``; ``rejected`` or ``cancelled`` when it raised;
 for `decide`, the decision), ``stockade.reasons``, ``stockade.policy_revision`` and ``stockade.tier``.
-Arguments, output and credential values never go into a span (exception messages are redacted).
+Arguments, output and credential values never go into a span (exception messages are redacted, and
+a malformed call's error names only its fields, not the values refused).
 
 A span's status is ERROR, with ``error.type``, when its work failed: a refusal caused by a failure
 (`FAILURES`: the policy engine, the store, the audit log or the sandbox), a tool run that did not end
@@ -42,7 +43,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
-from router.errors import StockadeError
+from router.errors import InvalidCall, StockadeError
 from router.redact import redact
 
 if TYPE_CHECKING:
@@ -64,6 +65,7 @@ FAILURES = frozenset({
     "sandbox.error", "router.error",
 })  # fmt: skip
 _MAX_TEXT = 2000  # of an exception's message or stack in a span event
+_MAX_FIELD = 200  # of a field's path named in a span
 _LOOK_AGAIN_S = 1.0  # see tracer()
 _NOT_SET = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)  # what the global provider is until an SDK's is set
 
@@ -282,10 +284,24 @@ def failed(span: Span, code: str, exc: BaseException | None = None) -> None:
     # The code, low in cardinality, as the description; the message is in the exception's event.
     span.set_status(Status(StatusCode.ERROR, code))
     if exc is not None:
-        stack = "".join(traceback.format_exception(exc))
+        message, stack = _told(exc)
         span.record_exception(exc, {
-            "exception.message": redact(str(exc))[:_MAX_TEXT], "exception.stacktrace": redact(stack)[-_MAX_TEXT:],
+            "exception.message": redact(message)[:_MAX_TEXT], "exception.stacktrace": redact(stack)[-_MAX_TEXT:],
         })  # fmt: skip
+
+
+def _told(exc: BaseException) -> tuple[str, str]:
+    """What a span may say of ``exc``: its message and stack, redacted by the caller.
+
+    A malformed call's message quotes the arguments (jsonschema shows the value it refused), and
+    so may the exceptions chained to it: a span says only which fields were wrong, and shows the
+    frames of the refusal alone. Any other error is told whole."""
+    if isinstance(exc, InvalidCall):
+        fields = sorted({problem.field[:_MAX_FIELD] for problem in exc.problems})
+        message = f"invalid arguments at {', '.join(fields)}" if fields else "invalid arguments"
+        frames = "".join(traceback.TracebackException.from_exception(exc).stack.format())
+        return message, f"Traceback (most recent call last):\n{frames}{type(exc).__qualname__}: {message}\n"
+    return str(exc), "".join(traceback.format_exception(exc))
 
 
 # -- what the pipeline records on them ---------------------------------------------------------

@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from policy import PolicySettings
-from router import VERSION, ControlPlane, Settings, ToolNotFound, telemetry
+from router import VERSION, ControlPlane, InvalidCall, Settings, ToolNotFound, telemetry
 from router.audit import AuditFilter
 from router.credentials import CredentialConfig
 from router.redact import REDACTOR
@@ -329,6 +329,30 @@ async def test_a_rejected_call_fails_its_span_under_no_name_the_caller_made_up(
     assert attrs(call)["stockade.outcome"] == "rejected"
     assert [event.name for event in call.events] == ["exception"]
     assert names(children(exporter, call)) == ["stockade.audit.append"]  # the rejection, put on record
+
+
+async def test_a_malformed_calls_span_names_the_bad_fields_never_the_values(
+    plane: ControlPlane, exporter: InMemorySpanExporter
+) -> None:
+    # jsonschema's message quotes the value it refused: a card number must not reach the collector.
+    await plane.register({
+        "name": "pay", "description": "Pay.", "risk": "low", "executor": {"kind": "external"},
+        "input_schema": {"type": "object", "required": ["card"],
+                         "properties": {"card": {"type": "string", "pattern": "^[0-9]{4}$"}}},
+    })  # fmt: skip
+    session = await plane.open_session("agent-1", "alice@example.com")
+    card = "4111-1111-1111-1111 cvv 123"
+    with pytest.raises(InvalidCall):
+        await plane.call(session, "pay", {"card": card})
+    [call] = calls(exporter)
+    assert failure(call) == (StatusCode.ERROR, "call.invalid")
+    [event] = call.events
+    told = event.attributes or {}
+    assert told["exception.message"] == "invalid arguments at args.card"
+    assert str(told["exception.stacktrace"]).endswith("InvalidCall: invalid arguments at args.card\n")
+    spans = exporter.get_finished_spans()
+    everything = json.dumps([[dict(s.attributes or {}), [dict(e.attributes or {}) for e in s.events]] for s in spans])
+    assert "4111" not in everything
 
 
 def test_exception_messages_in_spans_are_redacted() -> None:
