@@ -20,7 +20,18 @@ enforces nothing), its obligations differ. Each `Difference` has a direction:
 A `Change`'s direction sums its differences': widened, narrowed, mixed when it has both, changed
 when it has neither. `AcceptRule`s (an accept file) let a team accept changes one by one
 (``decision_id``) or as a class (``tool``, ``agent``, ``principal``, ``direction``, ``field``);
-`gated` names the changes a CI gate (``--fail-on``) stops on.
+`gated` names the changes a CI gate (``--fail-on``) stops on; `gate_failures` says why a gate fails
+whatever the changes: nothing replayed, events skipped, or decisions the baseline's own revision
+no longer reproduces.
+
+A replay is only as faithful as the inputs it decides. An event whose input the log masked
+(``labels.masked`` names a path under ``/input``: the value was erased or hashed, so the policy
+would compare ``"sha256:..."`` where it read a number) or escaped is skipped as ``masked_input``
+or ``escaped_input``, never decided as if recorded. A decision recorded under the baseline's own
+revision must come out the same when the baseline decides it again; one that does not is counted
+``unfaithful`` (its input was altered on the way to the log, say by redaction). `chained_documents`
+reads the log checking every line's link in the hash chain, so an edited log is refused, not
+replayed.
 """
 
 from __future__ import annotations
@@ -29,7 +40,7 @@ import dataclasses
 import fnmatch
 import json
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -37,8 +48,12 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from policy import Decision, EmbeddedEngine, Outcome, PolicyInput
+from policy.base import POLICY_ERROR
 from router.audit import AuditEvent, AuditFilter
 from router.audit.base import matches
+from router.audit.chain import GENESIS_HASH, check_link, document_of, line_hash
+from router.audit.layout import LogLayout, lines
+from router.errors import AuditError
 from runner import TIERS
 
 Direction = Literal["widened", "narrowed", "mixed", "changed"]
@@ -106,8 +121,11 @@ class Change:
 class Skipped:
     """A recorded event that could not be replayed, and why: ``unreadable_line`` (not a JSON
     object), ``malformed_event`` (not an audit event, or a decision without its input or result),
-    ``invalid_input`` (the input no longer validates as a `PolicyInput`), ``malformed_result``
-    (``against_recorded``: the recorded decision does not parse)."""
+    ``masked_input`` / ``escaped_input`` (the log masked or escaped values of the input, so a
+    policy would decide on a hash or ``[masked]`` instead of what it saw), ``invalid_input`` (the
+    input no longer validates as a `PolicyInput`), ``malformed_result`` (``against_recorded``: the
+    recorded decision does not parse). An ``unfaithful`` decision is recorded alike, in
+    ``ReplayReport.unfaithful_samples``."""
 
     why: str
     decision_id: str | None
@@ -117,7 +135,9 @@ class Skipped:
 @dataclass(slots=True)
 class ReplayReport:
     """What a replay found. ``revisions``: how many replayed decisions each policy revision
-    recorded; ``skipped_samples``: the first few skipped events, all counted in ``skipped``."""
+    recorded; ``skipped_samples``: the first few skipped events, all counted in ``skipped``;
+    ``unfaithful``: replayed decisions recorded under the baseline's revision that the baseline
+    now decides otherwise (the first few in ``unfaithful_samples``)."""
 
     mode: Literal["baseline", "recorded"]
     baseline_revision: str
@@ -127,6 +147,8 @@ class ReplayReport:
     skipped: Counter[str] = field(default_factory=Counter)
     skipped_samples: list[Skipped] = field(default_factory=list)
     revisions: Counter[str] = field(default_factory=Counter)
+    unfaithful: int = 0
+    unfaithful_samples: list[Skipped] = field(default_factory=list)
 
     @property
     def other_revisions(self) -> int:
@@ -137,6 +159,11 @@ class ReplayReport:
         self.skipped[why] += 1
         if len(self.skipped_samples) < _SKIP_SAMPLES:
             self.skipped_samples.append(Skipped(why, decision_id, detail[:300]))
+
+    def distrust(self, decision_id: str, detail: str) -> None:
+        self.unfaithful += 1
+        if len(self.unfaithful_samples) < _SKIP_SAMPLES:
+            self.unfaithful_samples.append(Skipped("unfaithful", decision_id, detail[:300]))
 
     def by_direction(self) -> dict[str, int]:
         """How many changes go each way (every direction present, 0 when none)."""
@@ -387,8 +414,10 @@ def replay(
     ``against_recorded``: compare the candidate with the recorded decision instead of deciding
     on the baseline (whose revision then only tells drift apart). ``where``: which events
     (``kind`` is always ``decision``). ``progress``: called with the count replayed so far,
-    every 1,000 decisions. Nothing in the log makes this raise: what cannot be replayed is
-    counted in ``skipped``.
+    every 1,000 decisions. Nothing in an event makes this raise: what cannot be replayed is
+    counted in ``skipped``, what the baseline's own revision does not reproduce in ``unfaithful``
+    (`gate_failures` turns both into reasons a gate fails). What ``documents`` raises (a
+    `BrokenChain` from `chained_documents`) passes through.
     """
     where = dataclasses.replace(where or AuditFilter(), kind="decision", limit=None)
     report = ReplayReport(
@@ -403,29 +432,24 @@ def replay(
             continue
         if not matches(document, where):
             continue
-        decision_id = str(document.get("decision_id"))[:100]
-        try:
-            event = AuditEvent.model_validate(document)
-        except ValidationError as exc:
-            report.skip("malformed_event", decision_id, _first_error(exc))
+        readable = _replayable(document, report)
+        if readable is None:
             continue
-        if event.input is None or event.result is None:
-            report.skip("malformed_event", decision_id, "a decision event without its input or result")
-            continue
-        try:
-            policy_input = PolicyInput.model_validate(event.input)
-        except ValidationError as exc:
-            report.skip("invalid_input", decision_id, _first_error(exc))
-            continue
+        event, policy_input = readable
         revision = str(event.bundles.get("policies", {}).get("revision", ""))
-        if against_recorded:
-            try:
-                was = recorded_decision(event.result, revision)
-            except ValidationError as exc:
-                report.skip("malformed_result", decision_id, _first_error(exc))
+        recorded: Decision | None = None
+        try:
+            recorded = recorded_decision(event.result or {}, revision)
+        except ValidationError as exc:
+            if against_recorded:
+                report.skip("malformed_result", event.decision_id[:100], _first_error(exc))
                 continue
-        else:
-            was = baseline.evaluate(policy_input)
+        was = recorded if recorded is not None and against_recorded else baseline.evaluate(policy_input)
+        if revision == baseline.revision:
+            reproduced = baseline.evaluate(policy_input) if against_recorded else was
+            drift = _unreproduced(recorded, reproduced, policy_input, tiers)
+            if drift is not None:
+                report.distrust(event.decision_id, drift)
         now = candidate.evaluate(policy_input)
         report.replayed += 1
         report.revisions[revision] += 1
@@ -441,6 +465,137 @@ def replay(
     return report
 
 
+def _replayable(document: dict[str, Any], report: ReplayReport) -> tuple[AuditEvent, PolicyInput] | None:
+    """A decision event and its input, as recorded and as the policy saw it; None (counted in
+    ``report.skipped``) when it cannot be replayed faithfully."""
+    decision_id = str(document.get("decision_id"))[:100]
+    try:
+        event = AuditEvent.model_validate(document)
+    except ValidationError as exc:
+        report.skip("malformed_event", decision_id, _first_error(exc))
+        return None
+    if event.input is None or event.result is None:
+        report.skip("malformed_event", decision_id, "a decision event without its input or result")
+        return None
+    altered = _altered_input(event)
+    if altered is not None:
+        why, detail = altered
+        report.skip(why, decision_id, detail)
+        return None
+    try:
+        return event, PolicyInput.model_validate(event.input)
+    except ValidationError as exc:
+        report.skip("invalid_input", decision_id, _first_error(exc))
+        return None
+
+
+class BrokenChain(AuditError):
+    """The log's hash chain does not hold at ``seq`` of the segment at ``path``: an event was
+    edited, removed, inserted or reordered, or the file is not a stockade audit log. A replay of
+    it would decide on whatever the lines now say, so it is refused."""
+
+    def __init__(self, path: Path, seq: int, problem: str) -> None:
+        super().__init__(f"{path}: the hash chain is broken at seq {seq}: {problem}")
+        self.path, self.seq, self.problem = path, seq, problem
+
+
+def chained_documents(layout: LogLayout) -> Iterator[dict[str, Any] | None]:
+    """The events of the log at ``layout`` oldest first, as `JsonlAuditLog.documents` gives them
+    (None for a line that is chained but not JSON), each line's link to the one before checked
+    as it is read (`router.audit.chain.check_link`; across a retired segment, from its tombstone).
+
+    The links prove every event but the last unaltered since it was written; the last, and the
+    signatures, only `stockade audit verify` can check against the signed checkpoints.
+
+    Raises:
+        BrokenChain: a link does not hold (raised when the reader gets there).
+        OSError: a segment cannot be read.
+    """
+    expected, prev = 1, GENESIS_HASH
+    for part in layout.parts():
+        if part.kind == "tombstone":
+            try:
+                tombstone = part.tombstone()
+            except (OSError, ValueError) as exc:
+                raise BrokenChain(part.path, part.first_seq, f"{part.path.name} is unreadable ({exc})") from exc
+            if tombstone.first_seq != expected:
+                raise BrokenChain(part.path, expected, f"events {expected}..{tombstone.first_seq - 1} are missing "
+                                                       "before a retired segment")  # fmt: skip
+            expected, prev = tombstone.last_seq + 1, tombstone.last_hash
+            continue
+        for _, line in lines(part.path):
+            problem, seq = check_link(line, expected, prev)
+            if problem:
+                raise BrokenChain(part.path, seq, problem)
+            document = document_of(line)
+            prev = str(document["hash"]) if document is not None else line_hash(line).hex()
+            expected += 1
+            yield document
+
+
+def gate_failures(report: ReplayReport, allow_skipped: int = 0) -> list[tuple[str, str]]:
+    """Why a gate fails whatever the changes, as (code, message): ``nothing_replayed`` (a gate
+    that checked nothing proves nothing), ``skipped`` (more events skipped than ``allow_skipped``:
+    what they would do is unknown), ``unfaithful`` (the replay does not reproduce what the
+    baseline's own revision recorded, so its inputs are not what the policy saw)."""
+    failures: list[tuple[str, str]] = []
+    if report.replayed == 0:
+        failures.append(("nothing_replayed", "no decision was replayed (the log holds none in the window, or "
+                                             "none could be): a gate that checked nothing cannot pass"))  # fmt: skip
+    skipped = sum(report.skipped.values())
+    if skipped > allow_skipped:
+        reasons = ", ".join(f"{n} {why}" for why, n in report.skipped.most_common())
+        failures.append(("skipped", f"{skipped} events could not be replayed ({reasons}), over the {allow_skipped} "
+                                    "allowed: what the candidate would do with them is unknown"))  # fmt: skip
+    if report.unfaithful:
+        failures.append(
+            (
+                "unfaithful",
+                f"{report.unfaithful} decisions recorded under the baseline's revision "
+                "are decided otherwise by it now: their inputs differ from what it saw",
+            )
+        )
+    return failures
+
+
+def _altered_input(event: AuditEvent) -> tuple[str, str] | None:
+    """Why ``event``'s input is not what the policy saw (its skip reason and detail), or None.
+
+    The log records where it masked (``labels.masked``, ``/input/args/card,...``) and where it
+    escaped text (``escaped``, ``input.args.name``); any such path under the input may be one the
+    policy reads, and which ones it reads is not knowable from here."""
+    masked = [
+        path for path in event.labels.get("masked", "").split(",") if path == "/input" or path.startswith("/input/")
+    ]
+    if masked:
+        return "masked_input", f"the log masked {', '.join(masked)}: replaying it would decide on the mask"
+    escaped = [path for path in event.escaped or () if path == "input" or path.startswith(("input.", "input["))]
+    if escaped:
+        return "escaped_input", f"the log escaped text at {', '.join(escaped)}: replaying it would decide on the escape"
+    return None
+
+
+_ROUTER_CODES = frozenset({POLICY_ERROR, "sandbox.unavailable"})
+"""Reason codes of a deny the router may record in place of the policy's decision (an engine
+that raised, an obligation it cannot meet, a tier it lacks): replaying the policy need not give it."""
+
+
+def _unreproduced(
+    recorded: Decision | None, replayed: Decision, policy_input: PolicyInput, tiers: Sequence[str]
+) -> str | None:
+    """How the baseline's replay of a decision recorded under its own revision differs from the
+    record (None: it reproduces it, or the record is the router's own deny)."""
+    if recorded is None:
+        return "the recorded decision does not parse, so the replay cannot be checked against it"
+    if recorded.outcome is Outcome.DENY and recorded.reason_codes and set(recorded.reason_codes) <= _ROUTER_CODES:
+        return None
+    differences = compare(recorded, replayed, policy_input, tiers)
+    if not differences:
+        return None
+    shown = "; ".join(d.text for d in differences)
+    return f"recorded under the baseline's revision, decided otherwise by it now: {shown}"
+
+
 def _first_error(exc: ValidationError) -> str:
     first = exc.errors()[0]
     where = ".".join(str(part) for part in first["loc"]) or "(top)"
@@ -454,6 +609,8 @@ class AcceptFileError(ValueError):
     """An accept file that cannot be read or holds something that is not an accept entry."""
 
 
+ACCEPT_MAX_BYTES = 16 << 20
+"""The largest accept file read (a file of accept entries, even one per decision, is far smaller)."""
 _MATCH_KEYS = ("decision_id", "tool", "agent", "principal", "direction", "field")
 _NOTE_KEYS = ("note", "seen", "example")  # written by `accept_entries` for the reviewer; not matched
 
@@ -495,19 +652,25 @@ def load_accept(path: Path) -> list[AcceptRule]:
         AcceptFileError: unreadable, not JSON, or an entry that is not an accept entry.
     """
     try:
-        text = path.read_text()
+        with path.open("rb") as handle:
+            raw = handle.read(ACCEPT_MAX_BYTES + 1)  # /dev/zero, or a log passed by mistake, is not read whole
+        text = raw.decode()
     except (OSError, UnicodeDecodeError) as exc:
         raise AcceptFileError(f"cannot be read ({getattr(exc, 'strerror', None) or exc})") from exc
+    if len(raw) > ACCEPT_MAX_BYTES:
+        raise AcceptFileError(f"is over {ACCEPT_MAX_BYTES >> 20} MiB, more than any accept file needs")
     entries: list[Any]
     try:
         whole = json.loads(text) if text.strip() else []
+    except RecursionError as exc:
+        raise AcceptFileError("nests JSON too deeply to read") from exc
     except ValueError:
         entries = []
         for number, line in enumerate(text.splitlines(), 1):
             if line.strip():
                 try:
                     entries.append(json.loads(line))
-                except ValueError as exc:
+                except (ValueError, RecursionError) as exc:
                     raise AcceptFileError(f"line {number} is not JSON ({exc})") from exc
     else:
         if isinstance(whole, dict) and "accept" in whole:

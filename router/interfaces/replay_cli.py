@@ -1,15 +1,20 @@
 """`stockade policy replay`: the impact of a policy change on the decisions recorded in the
 audit log, and a gate for CI.
 
-Exit codes: 0 no change the gate stops on (or no gate); 1 a change in a ``--fail-on`` direction
-that the ``--accept`` file does not accept; 2 bad input (a policy that does not load, a log or
-accept file that cannot be read, a bad option), with a message naming the option and the fix.
+Exit codes: 0 no change the gate stops on (or no gate); 1 the gate failed: a change in a
+``--fail-on`` direction that the ``--accept`` file does not accept, no decision replayed, more
+events skipped than ``--allow-skipped`` (masked inputs among them), or a decision the baseline's
+own revision no longer reproduces (``unfaithful``); 2 bad input (a policy that does not load, a
+log or accept file that cannot be read, a bad option), with a message naming the option and the
+fix; 3 the log's hash chain is broken (an edited, removed or inserted line, or a file that is not
+a stockade audit log): nothing is replayed from it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import traceback
 from collections.abc import Callable, Iterator
@@ -30,6 +35,9 @@ if TYPE_CHECKING:
 _ACCEPT_FORMAT = ('a JSON array of entries such as {"decision_id": "..."} or '
                   '{"tool": "send_email", "direction": "narrowed", "field": "limits"}')  # fmt: skip
 _TOP = 10  # rows shown per table in the human output; --json has them all
+BROKEN_CHAIN = 3
+"""The exit code when the log's hash chain does not hold: distinct from a failed gate (1), which
+a CI job may accept, and from bad usage (2)."""
 
 
 @contextlib.contextmanager
@@ -93,6 +101,15 @@ def policy_replay(
     write_accept: Annotated[
         Path | None, typer.Option("--write-accept", help="Write this run's changes as an accept file to review.")
     ] = None,
+    allow_skipped: Annotated[
+        int,
+        typer.Option(
+            "--allow-skipped",
+            min=0,
+            help="With --fail-on, let the gate pass with up to this many events that could not be replayed "
+            "(masked or invalid inputs, unreadable lines); by default any fails it.",
+        ),
+    ] = 0,
     samples: Annotated[int, typer.Option("--samples", min=0, help="Sample decisions shown per group.")] = 3,
     path: AuditPath = None,
     as_json: JsonFlag = False,
@@ -100,9 +117,21 @@ def policy_replay(
     """Decide every input recorded in the audit log on the baseline and the candidate policy,
     and show what would change: outcome, reason codes and obligations, counted by direction
     (widened, narrowed, mixed, changed), tool, agent, principal and reason, with samples.
-    With --fail-on, exit 1 when a change in that direction is not in the --accept file."""
+    Events whose input the log masked are skipped, never decided on the mask. With --fail-on,
+    exit 1 when a change in that direction is not in the --accept file, when no decision was
+    replayed, when events were skipped (beyond --allow-skipped), or when the baseline's own
+    revision no longer decides a decision as recorded. Exit 3 if the log's hash chain is broken."""
     from router.audit import AuditFilter  # noqa: PLC0415
-    from router.replay import AcceptFileError, accept_entries, gated, load_accept, replay  # noqa: PLC0415
+    from router.replay import (  # noqa: PLC0415
+        AcceptFileError,
+        BrokenChain,
+        accept_entries,
+        chained_documents,
+        gate_failures,
+        gated,
+        load_accept,
+        replay,
+    )
 
     gates = _gates(fail_on)
     rules: list[AcceptRule] = []
@@ -117,12 +146,17 @@ def policy_replay(
     with _engine(ctx, candidate, "--policy") as candidate_engine, _engine(ctx, baseline_dir, "--baseline") as base:
         try:
             with _progress() as progress:
-                report = replay(log.documents(), candidate_engine, base, against_recorded=against_recorded,
-                                where=where, progress=progress)  # fmt: skip
+                report = replay(chained_documents(log.layout), candidate_engine, base,
+                                against_recorded=against_recorded, where=where, progress=progress)  # fmt: skip
+        except BrokenChain as exc:
+            raise fail(f"--path {log.path}: the hash chain is broken at seq {exc.seq} (in {exc.path.name}): "
+                       f"{exc.problem}; nothing was replayed from a log that was altered. `stockade audit verify "
+                       f"--path {log.path}` checks it in full", BROKEN_CHAIN) from exc  # fmt: skip
         except OSError as exc:
             raise fail(f"--path {log.path}: the audit log cannot be read ({exc.strerror or exc}); "
                        "pass --path with a readable log") from exc  # fmt: skip
     stopped = gated(report, gates, rules)
+    failures = gate_failures(report, allow_skipped) if gates else []
     if write_accept is not None:
         try:
             write_accept.write_text(json.dumps(accept_entries(report), indent=2, ensure_ascii=False) + "\n")
@@ -130,13 +164,26 @@ def policy_replay(
             raise fail(
                 f"--write-accept {write_accept}: cannot be written ({exc.strerror}); pick a writable path"
             ) from exc
+    gate = _Gate(gates, rules, stopped, failures, allow_skipped)
     if as_json:
-        emit_json(_document(report, candidate, baseline_dir, gates, rules, stopped, samples))
+        emit_json(_document(report, candidate, baseline_dir, gate, samples))
     else:
-        _show(report, candidate, baseline_dir, gates, rules, stopped, samples)
+        _show(report, candidate, baseline_dir, gate, samples)
         if write_accept is not None:
             out.print(Text(f"accept file written to {write_accept}: review it, commit it, pass it with --accept"))
-    raise typer.Exit(1 if stopped else 0)
+    raise typer.Exit(1 if stopped or failures else 0)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Gate:
+    """What the ``--fail-on`` gate was asked and found: the changes it stops on and the reasons it
+    fails whatever the changes (`router.replay.gate_failures`)."""
+
+    gates: set[str]
+    rules: list[AcceptRule]
+    stopped: list[Change]
+    failures: list[tuple[str, str]]
+    allow_skipped: int
 
 
 @contextlib.contextmanager
@@ -149,22 +196,14 @@ def _progress() -> Iterator[Callable[[int], None] | None]:
         yield lambda done: status.update(Text(f"replaying… {done:,} decisions"))
 
 
-def _document(
-    report: ReplayReport,
-    candidate: Path,
-    baseline: Path,
-    gates: set[str],
-    rules: list[AcceptRule],
-    stopped: list[Change],
-    samples: int,
-) -> dict[str, Any]:
+def _document(report: ReplayReport, candidate: Path, baseline: Path, gate: _Gate, samples: int) -> dict[str, Any]:
     from router.replay import unaccepted  # noqa: PLC0415
 
-    stopped_ids = {change.decision_id for change in stopped}
+    stopped_ids = {change.decision_id for change in gate.stopped}
     changed = []
     for change in report.changes:
         entry = change.summary()
-        entry["accepted"] = bool(rules) and not unaccepted(change, rules)
+        entry["accepted"] = bool(gate.rules) and not unaccepted(change, gate.rules)
         entry["gated"] = change.decision_id in stopped_ids
         changed.append(entry)
     return {
@@ -177,6 +216,8 @@ def _document(
         "skipped_samples": [
             {"why": s.why, "decision_id": s.decision_id, "detail": s.detail} for s in report.skipped_samples
         ],
+        "unfaithful": report.unfaithful,
+        "unfaithful_samples": [{"decision_id": s.decision_id, "detail": s.detail} for s in report.unfaithful_samples],
         "revisions": dict(report.revisions),
         "other_revisions": report.other_revisions,
         "by_direction": report.by_direction(),
@@ -184,23 +225,18 @@ def _document(
         "groups": report.groups(samples),
         "changed": changed,
         "gate": {
-            "fail_on": sorted(gates),
-            "accept_rules": len(rules),
-            "gated": len(stopped),
-            "gated_ids": [change.decision_id for change in stopped],
+            "fail_on": sorted(gate.gates),
+            "passed": not (gate.stopped or gate.failures),
+            "accept_rules": len(gate.rules),
+            "allow_skipped": gate.allow_skipped,
+            "gated": len(gate.stopped),
+            "gated_ids": [change.decision_id for change in gate.stopped],
+            "failures": [{"code": code, "message": message} for code, message in gate.failures],
         },
     }
 
 
-def _show(
-    report: ReplayReport,
-    candidate: Path,
-    baseline: Path,
-    gates: set[str],
-    rules: list[AcceptRule],
-    stopped: list[Change],
-    samples: int,
-) -> None:
+def _show(report: ReplayReport, candidate: Path, baseline: Path, gate: _Gate, samples: int) -> None:
     """The human report. Every value from the log or the policy goes through `Text`, so rich
     never reads ``[...]`` in it as markup."""
     from router.replay import DIRECTIONS  # noqa: PLC0415
@@ -217,6 +253,11 @@ def _show(
         out.print(Text("skipped: " + ", ".join(f"{n} {why}" for why, n in report.skipped.most_common())))
         for sample in report.skipped_samples:
             out.print(Text(f"  {sample.why} {sample.decision_id or '-'}: {sample.detail}"))
+    if report.unfaithful:
+        out.print(Text(f"unfaithful: {report.unfaithful} decisions recorded under the baseline's revision are "
+                       "decided otherwise by it now (their recorded inputs are not what it saw)"))  # fmt: skip
+        for sample in report.unfaithful_samples:
+            out.print(Text(f"  {sample.decision_id}: {sample.detail}"))
     if report.changes:
         groups = report.groups(samples)
         for dimension in ("tool", "agent", "principal"):
@@ -234,8 +275,8 @@ def _show(
                 for sample in group["samples"]:
                     out.print(Text(f"    {sample['timestamp'][:19]} {sample['tool']} {sample['was']}→{sample['now']}: "
                                    f"{'; '.join(sample['differs'])}  {sample['decision_id']}"))  # fmt: skip
-    if gates:
-        _gate(report, gates, rules, stopped)
+    if gate.gates:
+        _gate(report, gate)
 
 
 def _drift(report: ReplayReport) -> None:
@@ -265,16 +306,22 @@ def _table(title: str, group: dict[str, dict[str, Any]]) -> Table:
     return table
 
 
-def _gate(report: ReplayReport, gates: set[str], rules: list[AcceptRule], stopped: list[Change]) -> None:
+def _gate(report: ReplayReport, gate: _Gate) -> None:
     from router.replay import unaccepted  # noqa: PLC0415
 
-    named = ",".join(sorted(gates))
-    if not stopped:
-        accepted = sum(1 for change in report.changes if rules and not unaccepted(change, rules))
+    named = ",".join(sorted(gate.gates))
+    if not gate.stopped and not gate.failures:
+        accepted = sum(1 for change in report.changes if gate.rules and not unaccepted(change, gate.rules))
         out.print(Text(f"gate --fail-on {named}: passed ({accepted} changes accepted)"))
         return
-    err.print(Text(f"gate --fail-on {named}: {len(stopped)} changes not accepted, e.g.:"))
-    for change in stopped[:5]:
-        differs = "; ".join(d.text for d in unaccepted(change, rules, gates))
+    for code, message in gate.failures:
+        err.print(Text(f"gate --fail-on {named}: failed ({code}): {message}"))
+    if "skipped" in dict(gate.failures):
+        err.print(Text("look at the skipped samples above; to gate anyway, pass --allow-skipped N"))
+    if not gate.stopped:
+        return
+    err.print(Text(f"gate --fail-on {named}: {len(gate.stopped)} changes not accepted, e.g.:"))
+    for change in gate.stopped[:5]:
+        differs = "; ".join(d.text for d in unaccepted(change, gate.rules, gate.gates))
         err.print(Text(f"  {change.decision_id} {change.tool} ({change.direction}): {differs}"))
     err.print(Text("write them with --write-accept FILE, review and commit it, and pass it with --accept FILE"))

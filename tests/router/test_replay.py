@@ -14,12 +14,13 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner, Result
 
-from policy import Decision, PolicyInput, PolicySettings
+from policy import Decision, EmbeddedEngine, PolicyInput, PolicySettings
 from router import ControlPlane, Settings
 from router.audit import AuditEvent, JsonlAuditLog, timestamp
+from router.audit.chain import Unsealed, head_of, line_hash
 from router.interfaces.cli import app
 from router.replay import compare
-from router.settings import AuditSettings
+from router.settings import AuditSettings, MaskRule
 from tests.conftest import REPO, copy_policies, edit_catalog, external_tool
 
 STOCKADE = str(Path(sys.executable).parent / "stockade")
@@ -266,7 +267,27 @@ def test_a_log_spanning_revisions_shows_only_the_candidates_change(tmp_path: Pat
     assert f"{len(CALLS)} of {2 * len(CALLS)} decisions were recorded under other revisions" in said.stdout
 
 
+def append_chained(audit: Path, items: list[dict[str, Any] | bytes]) -> None:
+    """Append to ``audit`` what a writer with the file could, keeping its hash chain whole: each
+    dict sealed as the log seals an event, each bytes value behind a chain head of its own."""
+    last = audit.read_bytes().splitlines()[-1]
+    head = head_of(last)
+    assert head is not None
+    seq, prev = head[0], line_hash(last).hex()
+    with audit.open("ab") as log:
+        for item in items:
+            seq += 1
+            if isinstance(item, dict):
+                _, line = Unsealed(item).seal(seq, prev)
+            else:
+                line = b'{"seq":%d,"prev_hash":"%s",' % (seq, prev.encode()) + item
+            log.write(line + b"\n")
+            prev = line_hash(line).hex()
+
+
 def test_hostile_log_content_is_counted_as_skipped(recorded: tuple[Path, Path], tmp_path: Path) -> None:
+    """Lines a writer chained but that are no decision to replay are skipped and named; a gate
+    passes over them only when told how many it may."""
     audit, baseline = recorded
     event = json.loads(next(line for line in audit.read_text().splitlines() if '"kind":"decision"' in line))
     no_subject = {**event, "decision_id": "d-no-subject", "input": {k: v for k, v in event["input"].items()
@@ -275,18 +296,20 @@ def test_hostile_log_content_is_counted_as_skipped(recorded: tuple[Path, Path], 
     no_input = {**event, "decision_id": "d-no-input", "input": None}
     not_an_event = {"kind": "decision", "decision_id": "d-partial"}
     unknown_field = {**event, "decision_id": "d-extra", "surprise": True}
-    with audit.open("a") as log:
-        for line in ("not json at all", "[1, 2]", json.dumps(no_subject), json.dumps(wrong_type),
-                     json.dumps(no_input), json.dumps(not_an_event), json.dumps(unknown_field), "\udc80".encode(
-                         "utf-8", "surrogateescape").decode("latin-1")):  # fmt: skip
-            log.write(line + "\n")
-    code, report = replay_json(audit, baseline, baseline, "--fail-on", "any")
+    append_chained(audit, [b"not json at all", b'"kind":"decision","x":"\xff"}', no_subject, wrong_type, no_input,
+                           not_an_event, unknown_field, b'"kind":"decision"'])  # fmt: skip
+    code, report = replay_json(audit, baseline, baseline, "--fail-on", "any", "--allow-skipped", "8")
     assert (code, report["replayed"], report["changed"]) == (0, len(CALLS), [])
     assert report["skipped_by"] == {"unreadable_line": 3, "invalid_input": 2, "malformed_event": 3}
     assert report["skipped"] == 8
     invalid = [s for s in report["skipped_samples"] if s["why"] == "invalid_input"]
     assert [s["decision_id"] for s in invalid] == ["d-no-subject", "d-wrong-type"]
     assert "subject" in invalid[0]["detail"]
+
+    code, report = replay_json(audit, baseline, baseline, "--fail-on", "any", "--allow-skipped", "7")
+    assert code == 1
+    assert [f["code"] for f in report["gate"]["failures"]] == ["skipped"]
+    assert "8 events could not be replayed" in report["gate"]["failures"][0]["message"]
 
 
 def test_the_human_report_shows_tables_and_samples_and_never_reads_markup(tmp_path: Path) -> None:
@@ -414,3 +437,107 @@ def test_a_log_written_directly_replays_like_the_control_planes(tmp_path: Path) 
     looser = candidate(tmp_path, "looser", auto_allow_risks=["low", "medium", "high"], approval_risks=["critical"])
     _, report = replay_json(tmp_path / "audit.jsonl", shipped, looser)
     assert [(c["decision_id"], c["was"], c["now"]) for c in report["changed"]] == [("d-1", "require_approval", "allow")]
+
+
+# -- what a gate may trust ------------------------------------------------------------------
+
+PAY = external_tool("pay", input_schema={"type": "object", "properties": {"amount": {"type": "number"}}})
+
+
+def pay_policy(tmp_path: Path, name: str, over: int) -> Path:
+    """The shipped policy plus a rule that reads an argument: a payment over ``over`` is denied."""
+    root = copy_policies(tmp_path / name)
+    (root / "stockade" / "pay.rego").write_text(
+        'package stockade\n\ndeny_reasons contains {"code": "risk.high", "message": "a large payment"} if {\n'
+        f'\tinput.tool.name == "pay"\n\tinput.args.amount > {over}\n}}\n'
+    )
+    return root
+
+
+async def record_payments(audit: Path, policies: Path, mask: list[MaskRule]) -> None:
+    settings = Settings(audit=AuditSettings(path=audit, mask=mask),
+                        policy=PolicySettings(dir=policies, watch_interval_s=0))  # fmt: skip
+    async with ControlPlane.from_settings(settings) as plane:
+        await plane.register(PAY)
+        session = await plane.open_session("billing-bot", "alice@example.com")
+        for amount in (50, 500):
+            await plane.decide(session, "pay", {"amount": amount})
+
+
+def test_a_masked_input_is_skipped_never_decided_on_its_hash(tmp_path: Path) -> None:
+    """A hashed amount is a string to the policy: both sides would deny it alike and a widening
+    (500 let through) would pass the gate. The masked decisions are skipped and the gate fails."""
+    baseline, looser = pay_policy(tmp_path, "baseline", 100), pay_policy(tmp_path, "looser", 1000)
+    plain, masked = tmp_path / "plain.jsonl", tmp_path / "masked.jsonl"
+    asyncio.run(record_payments(plain, baseline, []))
+    asyncio.run(record_payments(masked, baseline, [MaskRule(path="/input/args/amount", hash=True)]))
+    assert '"amount":"sha256:' in masked.read_text()
+
+    code, report = replay_json(plain, baseline, looser, "--fail-on", "widened")
+    assert (code, report["by_direction"]["widened"]) == (1, 1)
+
+    code, report = replay_json(masked, baseline, looser, "--fail-on", "widened")
+    assert (code, report["replayed"], report["skipped_by"]) == (1, 0, {"masked_input": 2})
+    assert [f["code"] for f in report["gate"]["failures"]] == ["nothing_replayed", "skipped"]
+    assert "/input/args/amount" in report["skipped_samples"][0]["detail"]
+    said = stockade("policy", "replay", "--policy", str(looser), "--baseline", str(baseline), "--path", str(masked),
+                    "--fail-on", "widened")  # fmt: skip
+    assert said.exit_code == 1
+    assert "failed (nothing_replayed)" in said.stderr
+    assert "2 masked_input" in said.stdout
+
+
+def test_a_decision_the_baseline_no_longer_reproduces_is_unfaithful_and_fails_the_gate(tmp_path: Path) -> None:
+    """Recorded under the baseline's own revision, a decision must come out the same on it: one
+    that does not (its input was altered on the way to the log) is counted, and a gate fails."""
+    shipped = copy_policies(tmp_path / "shipped")
+    engine = EmbeddedEngine(PolicySettings(dir=shipped, watch_interval_s=0))
+    revision = engine.revision
+    asyncio.run(engine.aclose())
+    policy_input = TOOL_INPUT.model_copy(update={"tool": TOOL_INPUT.tool.model_copy(update={"risk": "high"})})
+    log = JsonlAuditLog(tmp_path / "audit.jsonl")
+
+    async def write() -> None:  # the shipped policy holds a high-risk call for approval; this says allow
+        await log.append(AuditEvent(kind="decision", decision_id="d-1", timestamp=timestamp(), tool="t",
+                                    outcome="allow", input=policy_input.model_dump(mode="json"),
+                                    result={"outcome": "allow", "reasons": []},
+                                    bundles={"policies": {"revision": revision}}))  # fmt: skip
+        await log.aclose()
+
+    asyncio.run(write())
+    code, report = replay_json(tmp_path / "audit.jsonl", shipped, shipped, "--fail-on", "widened")
+    assert (code, report["replayed"], report["unfaithful"]) == (1, 1, 1)
+    assert [f["code"] for f in report["gate"]["failures"]] == ["unfaithful"]
+    assert report["unfaithful_samples"][0]["decision_id"] == "d-1"
+    assert "outcome allow→require_approval" in report["unfaithful_samples"][0]["detail"]
+
+
+def test_a_gate_that_replayed_nothing_fails(recorded: tuple[Path, Path], tmp_path: Path) -> None:
+    audit, baseline = recorded
+    code, report = replay_json(audit, baseline, baseline, "--fail-on", "widened", "--since", "2999-01-01T00:00:00Z")
+    assert (code, report["replayed"]) == (1, 0)
+    assert [f["code"] for f in report["gate"]["failures"]] == ["nothing_replayed"]
+    code, report = replay_json(audit, baseline, baseline, "--since", "2999-01-01T00:00:00Z")
+    assert code == 0  # no gate asked for: a report of nothing
+
+
+def test_an_edited_log_is_refused_with_its_own_exit_code(recorded: tuple[Path, Path], tmp_path: Path) -> None:
+    """A line changed in place (a deny made an allow) is not replayed as if recorded; neither is
+    a file that is no audit log at all."""
+    audit, baseline = recorded
+    lines = audit.read_bytes().splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if b'"tool":"transfer"' in line and b'"kind":"decision"' in line)
+    lines[at] = lines[at].replace(b'"outcome":"require_approval"', b'"outcome":"allow"', 1)
+    audit.write_bytes(b"".join(lines))
+    result = stockade("policy", "replay", "--policy", str(baseline), "--baseline", str(baseline), "--path",
+                      str(audit), "--fail-on", "widened")  # fmt: skip
+    assert result.exit_code == 3, result.output
+    said = " ".join(result.stderr.split())
+    assert f"the hash chain is broken at seq {at + 1}" in said
+    assert "was modified or replaced" in said
+
+    other = tmp_path / "notes.txt"
+    other.write_text("not an audit log\n")
+    result = stockade("policy", "replay", "--policy", str(baseline), "--baseline", str(baseline), "--path", str(other))
+    assert result.exit_code == 3
+    assert "not a chained event" in " ".join(result.stderr.split())
