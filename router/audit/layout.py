@@ -111,11 +111,21 @@ class LogLayout:
 
 
 def read_checkpoint_source(source: Path) -> Iterator[Checkpoint | None]:
-    """Checkpoints from a JSON-lines file or a directory of JSON files; None for an unreadable one."""
+    """Checkpoints from a JSON-lines file or a directory of JSON files; None for an unreadable one
+    (in a directory, also an entry that cannot be read as a file: a subdirectory, a denied file).
+
+    Raises:
+        OSError: ``source`` itself exists but cannot be read.
+    """
     if source.is_dir():
         for name in sorted(os.listdir(source)):
             if name.endswith(".json"):
-                yield _checkpoint(source.joinpath(name).read_bytes())
+                try:
+                    raw = source.joinpath(name).read_bytes()
+                except OSError:  # one entry of a publish directory: counted as unreadable, the rest still read
+                    yield None
+                    continue
+                yield _checkpoint(raw)
         return
     try:
         raw = source.read_bytes()

@@ -83,7 +83,7 @@ def _arg_pairs(values: Sequence[str] | None) -> tuple[tuple[str, str], ...]:
 def register(audit_app: typer.Typer) -> None:  # noqa: PLR0915  (one closure per command, read top to bottom)
     """Add the auditor's read commands to ``audit_app`` (the CLI's ``audit`` group)."""
     # The CLI's shared helpers; imported here, once cli.py has defined them.
-    from router.interfaces.cli_common import AuditPath, JsonFlag, err, out  # noqa: PLC0415
+    from router.interfaces.cli_common import AuditPath, JsonFlag, err, finite, out, visible  # noqa: PLC0415
     from router.interfaces.cli_common import emit_json as _emit_json  # noqa: PLC0415
     from router.interfaces.cli_common import fail as _fail  # noqa: PLC0415
     from router.interfaces.cli_common import settings_of as _settings  # noqa: PLC0415
@@ -217,7 +217,9 @@ def register(audit_app: typer.Typer) -> None:  # noqa: PLR0915  (one closure per
         as_json: Annotated[bool, typer.Option("--json", help="One row per line, as a JSON object.")] = False,
         as_csv: Annotated[bool, typer.Option("--csv", help="CSV with a header row.")] = False,
     ) -> None:
-        """Run a read-only SQL query over the audit log (view `events`; columns in docs/audit.md)."""
+        """Run a read-only SQL query over the audit log (view `events`; columns in docs/audit.md).
+        With --json, NaN and infinities are null; --csv on a terminal shows control characters
+        as symbols (piped, the values are written as they are)."""
         if as_json and as_csv:
             raise _fail("pass --json or --csv, not both")
         with engine(ctx, path) as query:
@@ -227,12 +229,17 @@ def register(audit_app: typer.Typer) -> None:  # noqa: PLR0915  (one closure per
                 raise _fail(f"{exc}\n(one SELECT over `events` only; see docs/audit.md)") from exc
             if as_json:
                 for row in run(rows):
-                    _write(json.dumps(dict(zip(names, map(_plain, row), strict=True)), ensure_ascii=False) + "\n")
+                    document = finite(dict(zip(names, map(_plain, row), strict=True)))
+                    _write(json.dumps(document, ensure_ascii=False, allow_nan=False) + "\n")
             elif as_csv:
+                # On a terminal, what the log holds (an agent's, an attacker's text) must not drive it:
+                # control characters are shown as SafeConsole shows them. Piped, the data goes as it is.
+                shown = visible if sys.stdout.isatty() else str
                 writer = csv.writer(sys.stdout, lineterminator="\n")
-                writer.writerow(names)
+                writer.writerow([shown(name) for name in names])
                 for row in run(rows):
-                    writer.writerow([_csv_value(v) for v in row])
+                    values = [_csv_value(v) for v in row]
+                    writer.writerow([shown(value) if isinstance(value, str) else value for value in values])
             else:
                 stream_table(names, run(rows))
 

@@ -7,7 +7,8 @@ ed25519 -out signing.pem``), RSA of at least 2048 bits (RS256) or EC P-256/384/5
 ``openssl pkey -in signing.pem -pubout -out signing.pub`` makes the public key.
 
 Exit codes: 0 built, or verified; 1 the bundle is refused (not signed as required, altered, unsafe,
-or its policy does not compile); 2 bad input (a directory that does not load, an unreadable key).
+or its policy does not compile); 2 bad input (a directory that does not load, an unreadable key,
+a BUNDLE path with nothing there).
 """
 
 from __future__ import annotations
@@ -86,6 +87,8 @@ def policy_verify_bundle(
     from policy.bundle import load_public_key  # noqa: PLC0415
 
     settings = _policy_settings(ctx)
+    if not bundle_file.exists():  # nothing to verify: bad usage (2), not a bundle refused (1)
+        raise fail(f"BUNDLE {bundle_file}: no such file; pass the bundle's path (the .tar.gz `policy build` wrote)")
     try:
         if public_key is not None:
             load_public_key(public_key)  # an unreadable key is bad input (2), not a refused bundle

@@ -2,22 +2,28 @@
 
 Exit codes: 0 success; 1 the thing checked failed (a Rego test, a broken audit chain) or the
 request was refused (an approval that is not pending, or one's own); 2 bad usage or input that
-could not be read (a policy that does not load, an unreadable log, an unreachable store).
+could not be read (a policy that does not load, an unreadable log, an unreachable store); 3
+`policy replay` refused a log whose hash chain is broken; 70 an internal error (a bug: an
+exception no command expected), shown as one line on stderr, with its traceback under --debug.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import getpass
 import hashlib
 import secrets
+import traceback
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.markup import escape
+from rich.text import Text
+from typer.core import TyperGroup
 
 from router.audit.chain import head_of
 from router.audit.layout import line_blocks, read_checkpoint_source
@@ -41,11 +47,44 @@ if TYPE_CHECKING:
     from router.interfaces.local import LocalRouters
     from router.settings import Settings
 
+INTERNAL_ERROR = 70  # sysexits' EX_SOFTWARE: not 1, which scripts read as "the check failed"
+
+
+class _Commands(TyperGroup):
+    """The root command group: an exception no command turned into an exit code (a bug, or input
+    no check foresaw) ends the process with one line on stderr and `INTERNAL_ERROR`, never a
+    traceback a script would take for output and an exit 1 it would take for a failed check."""
+
+    def invoke(self, ctx: typer.Context) -> Any:  # type: ignore[override]  # typer's vendored click context
+        try:
+            return super().invoke(ctx)
+        except (typer.Exit, typer.Abort, typer.TyperException, EOFError):
+            raise  # exit codes, usage errors and ^D: typer reports them as it does
+        except OSError as exc:
+            if exc.errno == errno.EPIPE:  # stdout closed by `| head`: typer quiets it
+                raise
+            _internal_error(ctx, exc)
+        except Exception as exc:  # the last line of defence: every other exception is reported
+            _internal_error(ctx, exc)
+
+
+def _internal_error(ctx: typer.Context, exc: Exception) -> NoReturn:
+    if ctx.params.get("debug"):
+        err.print(Text("".join(traceback.format_exception(exc)).rstrip()))
+    said = " ".join(str(exc).split())[:300]
+    err.print(Text(f"error: internal error: {type(exc).__name__}{f': {said}' if said else ''} "
+                   "(run with --debug for the traceback; please report it)"))  # fmt: skip
+    raise typer.Exit(INTERNAL_ERROR) from exc
+
+
 app = typer.Typer(
     name="stockade",
     help="Agent control plane: validate, decide (Rego), sandbox and audit every tool call.",
     no_args_is_help=True,
     add_completion=False,
+    cls=_Commands,
+    epilog="Exit codes: 0 success; 1 the thing checked failed (or a request was refused); 2 bad usage or "
+    "unreadable input; 3 `policy replay` refused a log whose hash chain is broken; 70 an internal error.",
 )
 audit_app = typer.Typer(help="Verify and query the audit log.", no_args_is_help=True)
 app.add_typer(policy_app, name="policy")  # the security team's commands: router/interfaces/policy_cli.py
@@ -61,9 +100,23 @@ app.add_typer(approvals_app, name="approvals")
 
 
 @app.callback()
-def main() -> None:
+def main(
+    debug: Annotated[
+        bool,
+        typer.Option(
+            "--debug",
+            envvar="STOCKADE_DEBUG",
+            help="On an internal error (exit 70), print its traceback too (or set STOCKADE_DEBUG=1).",
+        ),
+    ] = False,
+) -> None:
     """Configure logging (STOCKADE_LOG_LEVEL, STOCKADE_LOG_FORMAT) before any command runs; the
-    rest of the settings are read by the commands that use them (`settings_of`)."""
+    rest of the settings are read by the commands that use them (`settings_of`).
+
+    Exit codes: 0 success; 1 the thing checked failed or the request was refused; 2 bad usage or
+    unreadable input; 3 `policy replay` refused a log whose hash chain is broken; 70 an internal
+    error (one line on stderr; the traceback with --debug)."""
+    del debug  # read from the context by `_Commands` when a command fails
     configure_from_environment()
 
 
@@ -261,14 +314,23 @@ def _verify_keys(settings: Settings, public_key: Path | None) -> list[VerifyKey]
 
 
 def _trusted(paths: list[Path] | None) -> list[Checkpoint]:
+    """The checkpoints an auditor kept; exit 2 naming a source that cannot be read, holds
+    something else, or holds none (an empty one would let "OK" vouch for nothing of theirs)."""
     found: list[Checkpoint] = []
     for path in paths or []:
         if not path.exists():
             raise _fail(f"--checkpoint {path}: no such file or directory")
-        for checkpoint in read_checkpoint_source(path):
-            if checkpoint is None:
-                raise _fail(f"--checkpoint {path}: not a stockade checkpoint (JSON with log, size, root, signature)")
-            found.append(checkpoint)
+        before = len(found)
+        try:
+            for checkpoint in read_checkpoint_source(path):
+                if checkpoint is None:
+                    raise _fail(f"--checkpoint {path}: holds something that is not a readable stockade checkpoint "
+                                "(JSON with log, size, root, signature)")  # fmt: skip
+                found.append(checkpoint)
+        except OSError as exc:
+            raise _fail(f"--checkpoint {path}: cannot be read ({exc.strerror or exc})") from exc
+        if len(found) == before:
+            raise _fail(f"--checkpoint {path}: holds no checkpoint; pass the file or directory your kept ones are in")
     return found
 
 
@@ -296,7 +358,7 @@ def audit_verify(
 
     settings = _settings(ctx)
     keys, trusted = _verify_keys(settings, public_key), _trusted(checkpoint)
-    where: str
+    where = str(path or settings.audit.path)
     try:
         if settings.audit.backend == "redis" and path is None:
             where = f"the Redis stream at {settings.store.url}"
@@ -317,6 +379,9 @@ def audit_verify(
                                 from_seq=from_seq, workers=2)  # fmt: skip
     except AuditError as exc:
         raise _fail(str(exc)) from exc
+    except OSError as exc:  # a part of the log that cannot be read: not a verdict on the chain
+        raise _fail(f"cannot read {exc.filename or where}: {exc.strerror or exc}; pass --path with a readable log "
+                    "(and its .segments, .checkpoints beside it)") from exc  # fmt: skip
     if as_json:
         _emit_json({"ok": report.ok, "events": report.events, "head_seq": report.head_seq,
                     "head_hash": report.head_hash, "broken_seq": report.broken_seq, "line": report.line,

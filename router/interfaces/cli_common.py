@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
+import re
 import sys
 from collections.abc import Iterable
 from datetime import datetime
@@ -75,8 +77,31 @@ def _read_settings() -> Settings:
         problems = "; ".join(f"{_variable(e['loc'])}: {e['msg']}" for e in exc.errors())
         raise fail(f"invalid settings: {problems[:1500]}") from None
     except SettingsError as exc:  # a variable that should hold JSON does not
+        if isinstance(exc.__cause__, json.JSONDecodeError):
+            raise fail(
+                f"invalid settings: {_unparsed_variable(exc)} is not valid JSON: {exc.__cause__}"[:1500]
+            ) from None
         cause = f" ({exc.__cause__})" if exc.__cause__ else ""
         raise fail(f"invalid settings: {exc}{cause}"[:1500]) from None
+
+
+def _unparsed_variable(exc: Exception) -> str:
+    """The STOCKADE_* variable whose JSON value pydantic-settings could not parse: its error names
+    only the top-level field (``"audit"``), so the variables under it are read as the settings
+    read them, and the one holding the text the parser choked on is named."""
+    from pydantic_settings import EnvSettingsSource  # noqa: PLC0415
+
+    from router.settings import Settings  # noqa: PLC0415
+
+    found = re.search(r'field "([^"]+)"', str(exc))
+    field = found[1] if found else ""
+    text = exc.__cause__.doc if isinstance(exc.__cause__, json.JSONDecodeError) else None
+    prefix = f"stockade_{field.lower()}"
+    names = [name.upper() for name, value in EnvSettingsSource(Settings).env_vars.items()
+             if value is not None and (name == prefix or name.startswith(prefix + "__")) and value == text]  # fmt: skip
+    if names:
+        return names[0]
+    return f"a STOCKADE_{field.upper()}__* variable" if field else "a STOCKADE_* variable"
 
 
 def _variable(loc: tuple[int | str, ...]) -> str:
@@ -94,9 +119,21 @@ def fail(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
+def finite(value: Any) -> Any:
+    """``value`` with every NaN and infinity (a DuckDB double, a metric) as None: JSON has no
+    such numbers, and ``NaN`` in output breaks every strict parser a script uses."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(item) for item in value]
+    return value
+
+
 def emit_json(value: Any) -> None:
-    """Write ``value`` to stdout as indented JSON, for scripts."""
-    sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
+    """Write ``value`` to stdout as indented JSON, for scripts (NaN and infinities as null)."""
+    sys.stdout.write(json.dumps(finite(value), indent=2, default=str, allow_nan=False) + "\n")
 
 
 def when(value: str | None, option: str) -> datetime | None:
@@ -112,12 +149,45 @@ def when(value: str | None, option: str) -> datetime | None:
     return parsed
 
 
+INPUT_MAX_BYTES = 16 << 20
+"""The largest JSON input file a command reads (a PolicyInput, tool specs): far over any real one,
+and a stream such as /dev/zero fails with this named instead of exhausting memory."""
+
+
+def read_capped(path: Path, what: str, limit: int = INPUT_MAX_BYTES) -> bytes:
+    """The bytes of ``path`` (``-``: stdin), at most ``limit``; exits 2 naming ``what`` (the
+    option, say) if it cannot be read or is larger."""
+    try:
+        if str(path) == "-":
+            raw = sys.stdin.buffer.read(limit + 1)
+        else:
+            with path.open("rb") as handle:
+                raw = handle.read(limit + 1)
+    except OSError as exc:
+        raise fail(f"{what} {path}: cannot be read ({exc.strerror or exc})") from exc
+    if len(raw) > limit:
+        raise fail(f"{what} {path}: larger than {limit >> 20} MiB, more than any input it takes; pass the right file")
+    return raw
+
+
+def parse_json(raw: bytes, what: str) -> Any:
+    """``raw`` parsed as JSON; exits 2 naming ``what`` if it is not JSON or nests too deeply to read."""
+    try:
+        return json.loads(raw)
+    except RecursionError as exc:  # the parser's recursion: a file built to nest thousands deep
+        raise fail(f"{what}: JSON nested too deeply to read") from exc
+    except ValueError as exc:
+        raise fail(f"{what}: not JSON ({exc})") from exc
+
+
 def audit_log(ctx: typer.Context, path: Path | None) -> JsonlAuditLog:
     """The JSONL audit log at ``path`` (default: the configured one); exits 2 if there is none."""
     settings = settings_of(ctx).audit
     target = path or settings.path
     if not target.exists():
         raise fail(f"no audit log at {target}; pass --path or set STOCKADE_AUDIT__PATH")
+    if target.is_dir():
+        raise fail(f"{target} is a directory, not an audit log; pass --path with the log file (audit.jsonl)")
     from router.audit import JsonlAuditLog  # noqa: PLC0415
 
     return JsonlAuditLog(target, durability=settings.durability)
@@ -125,17 +195,19 @@ def audit_log(ctx: typer.Context, path: Path | None) -> JsonlAuditLog:
 
 def tool_specs(path: Path) -> list[dict[str, Any]]:
     """The tool specs in a JSON file (a list), or in each ``*.json`` file of a directory (a list
-    or one spec; by name), each checked as a ToolSpec: exit 2 naming the file, tool and field."""
+    or one spec; by name), each checked as a ToolSpec: exit 2 naming the file, tool and field, or
+    the directory if it holds no ``*.json`` file (a check of no tools would pass saying nothing)."""
     from pydantic import ValidationError  # noqa: PLC0415
 
     from router.tools import ToolSpec  # noqa: PLC0415
 
     if path.is_dir():
-        return [spec for file in sorted(path.glob("*.json")) for spec in tool_specs(file)]
-    try:
-        specs = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise fail(f"cannot read the tool specs in {path}: {exc}") from exc
+        files = sorted(file for file in path.glob("*.json") if not file.is_dir())
+        if not files:
+            raise fail(f"--tools {path}: the directory holds no *.json tool specs; pass the file or directory "
+                       "that has them")  # fmt: skip
+        return [spec for file in files for spec in tool_specs(file)]
+    specs = parse_json(read_capped(path, "--tools"), f"cannot read the tool specs in {path}")
     if isinstance(specs, dict):
         specs = [specs]
     if not isinstance(specs, list) or not all(isinstance(s, dict) for s in specs):

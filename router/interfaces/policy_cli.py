@@ -21,7 +21,17 @@ import typer
 from rich.text import Text
 
 from router.interfaces.bundle_cli import policy_build, policy_verify_bundle
-from router.interfaces.cli_common import JsonFlag, PolicyDir, emit_json, err, fail, out, settings_of, tool_specs
+from router.interfaces.cli_common import (
+    JsonFlag,
+    PolicyDir,
+    emit_json,
+    err,
+    fail,
+    out,
+    read_capped,
+    settings_of,
+    tool_specs,
+)
 from router.interfaces.replay_cli import policy_replay
 
 # The engines, the checker and the tooling are imported by the commands that use them: every
@@ -47,10 +57,7 @@ InputFile = Annotated[Path, typer.Option("--input", "-i", help="JSON file holdin
 def _read_input(path: Path) -> PolicyInput:
     from policy import PolicyInput  # noqa: PLC0415
 
-    try:
-        raw = sys.stdin.buffer.read() if str(path) == "-" else path.read_bytes()
-    except OSError as exc:
-        raise fail(f"cannot read {path}: {exc.strerror}") from exc
+    raw = read_capped(path, "--input")
     try:
         return PolicyInput.model_validate_json(raw)
     except ValueError as exc:
@@ -388,10 +395,13 @@ def policy_check(
     lacks or stockade refuses (http.send), resolve every input.* and data.* reference against the
     input contract (`stockade policy schema`) and data.json's schema, find type mismatches and
     reason codes missing from the catalog. Each problem with file:line:col. Exit 1 on any error
-    (or warning, with --strict), 2 if the tool specs cannot be read."""
+    (or warning, with --strict; a file of the policy that does not parse or load is an error), 2
+    if there is no policy at --dir or the tool specs cannot be read."""
     from policy.check import check_policy  # noqa: PLC0415
 
     settings = policy_settings(ctx, directory)
+    if not settings.dir.exists():  # nothing to check: bad usage, not a finding about a policy
+        raise fail(f"--dir {settings.dir}: no policy directory there; pass --dir or set STOCKADE_POLICY__DIR")
     specs = tool_specs(tools) if tools else None
     problems = check_policy(settings.dir, tools=specs, max_bytes=settings.max_policy_bytes)
     errors = [p for p in problems if p.severity == "error"]
@@ -523,13 +533,25 @@ def policy_new(
     ctx: typer.Context,
     area: Annotated[str, typer.Argument(help="The rule area's name, e.g. deploy_guard.")],
     directory: PolicyDir = None,
+    create: Annotated[
+        bool,
+        typer.Option(
+            "--create", help="Scaffold into --dir even if it is not a policy directory yet (made if missing)."
+        ),
+    ] = False,
 ) -> None:
     """Scaffold a rule area: stockade/AREA.rego (a rule adding to deny_reasons, with METADATA) and
     AREA_test.rego (tests that pass as written), and the reason code's catalog entry (added to
-    stockade/reasons/data.json if it exists, else printed). Never overwrites: exit 2 if a file exists."""
+    stockade/reasons/data.json if it exists, else printed). The directory must be a policy
+    directory (one with stockade/decision.rego) unless --create is given. Never overwrites: exit 2
+    if a file exists or the directory is not a policy directory."""
     from policy.tooling import new_area  # noqa: PLC0415
 
     root = policy_settings(ctx, directory).dir
+    if not create and not (root / "stockade" / "decision.rego").is_file():
+        # A mistyped --dir would otherwise grow a policy tree wherever it points.
+        raise fail(f"--dir {root} is not a policy directory (no stockade/decision.rego); pass the one to add the "
+                   "area to, or --create to start one there")  # fmt: skip
     try:
         made = new_area(root, area)
     except (ValueError, FileExistsError) as exc:

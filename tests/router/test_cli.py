@@ -158,7 +158,7 @@ def test_a_setting_that_does_not_validate_is_a_usage_error_naming_the_variable(t
     for broken in ({"STOCKADE_API_PRINCIPALS": "notjson"}, {"STOCKADE_AUDIT": "{bad"}):
         result = run("approvals", "list", env=broken)
         assert (result.returncode, "Traceback" in result.stderr) == (2, False), result.stderr
-        assert f'"{next(iter(broken)).removeprefix("STOCKADE_").lower()}"' in result.stderr
+        assert f"invalid settings: {next(iter(broken))} is not valid JSON" in result.stderr
 
 
 # What a command loaded, printed by the process itself at exit.
