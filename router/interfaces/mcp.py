@@ -2,19 +2,22 @@
 
 Each MCP connection is one agent task: it gets its own stockade session, opened (under a lock)
 on its first request, for the agent and principal the server was started with, or, over HTTP
-with bearer tokens, for the agent the token names. Over HTTP a connection is an MCP session
-(``Mcp-Session-Id``, handshake-era clients; its stockade session is closed when the SDK ends it
-after 30 idle minutes) or, for stateless 2026-07-28 clients, the bearer token (one session per
-agent token for the server's life). The session is renewed in the background while its
-connection lasts, however long it idles, and is never silently replaced: if the store loses it,
-every call says so, because a fresh session would have forgotten the untrusted content the model
-still holds in its context.
+with bearer tokens, for the agent the token authenticated (`require_bearer`). Over HTTP a
+connection is an MCP session (``Mcp-Session-Id``, handshake-era clients: its stockade session is
+closed when the SDK ends the MCP session, on the client's DELETE, after the SDK's idle timeout
+with no request in flight and no stream open, or at shutdown) or, for stateless 2026-07-28
+clients, the bearer token (one session per agent token for the server's life). The session is
+renewed in the background while its connection lasts, however long it idles, and is never
+silently replaced: if the store loses it, every call says so, because a fresh session would have
+forgotten the untrusted content the model still holds in its context.
 
 ``tools/list`` shows the registered tools policy could allow now, with annotations taken from
 their capabilities and risk; ``external`` tools are not served (no MCP client can report their
 output). Each ``tools/call`` goes through the full pipeline. Denials, held calls and errors come
 back as tool results with ``is_error`` set, naming the reason codes and the ``decision_id``,
-never as protocol errors: the model can read them.
+never as protocol errors: the model can read them. Every refusal is audited: a call the pipeline
+refuses by the pipeline, one refused before it (an external tool, a lost session) by
+`ControlPlane.record_refusal`.
 
 A held call is completed without anyone carrying an approval id: when the client supports
 elicitation the server asks the human in the client ("allow send_email to bob@…?"); the answer
@@ -28,7 +31,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
+import re
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +41,7 @@ import mcp_types as types
 import structlog
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
+from mcp.server.connection import Connection
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.transport_security import TransportSecuritySettings
@@ -45,20 +50,24 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from router.approvals import Approval, ApprovalStatus
 from router.control import VERSION, ControlPlane
-from router.errors import SessionNotFound, StockadeError
+from router.errors import InvalidCall, SessionNotFound, StockadeError, ToolNotFound
 from router.interfaces import bearer
 from router.results import ToolResult
 from router.tools import ExternalExecutor, ToolSpec
 
 log = structlog.get_logger(__name__)
 
-# The ``mcp`` SDK ends an idle streamable-HTTP session after 30 minutes; its stockade session
-# is kept that long after the last request, then closed.
-HTTP_IDLE_S = 30 * 60.0
 _STDIO = "stdio"
 _MAX_CLOSED = 100_000
 _SHOWN_VALUE = 300  # characters of an argument value the human is shown (the arguments that matter: all)
+_SHOWN_NAME = 64  # characters of an argument name the human is shown
 _MAX_QUESTION = 8000
+# Characters the human is never shown as themselves: they break a line (a forged "Why:" line),
+# hide or reorder text (zero-width, bidi overrides), or render as nothing anyone can check
+# (private use, surrogates, unassigned). With every whitespace but the ASCII space, they are shown
+# as JSON escapes.
+_UNSHOWN = frozenset({"Cc", "Cf", "Zl", "Zp", "Co", "Cs", "Cn"})
+_PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 _LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
 _ELICIT_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -100,6 +109,20 @@ def _refusal(code: str, message: str) -> types.CallToolResult:
     return _text(json.dumps(said), error=True, structured=said)
 
 
+async def _refuse(plane: ControlPlane, session: _Session, name: str, code: str, message: str) -> types.CallToolResult:
+    """A call refused before the pipeline, audited (as the pipeline audits its own refusals)."""
+    await plane.record_refusal(session.agent, f"tools/call {name!r} in session {session.id}", message, code=code)
+    return _refusal(code, message)
+
+
+async def _refuse_lost(plane: ControlPlane, session: _Session, name: str) -> types.CallToolResult:
+    return await _refuse(plane, session, name, "session.lost", (
+        f"stockade session {session.id} is gone (the store lost it, or the connection ended): what this "
+        "conversation read is no longer tracked, so no call can be decided safely. Start a new conversation "
+        "(reconnect, or restart the MCP server)."
+    ))  # fmt: skip
+
+
 def _answer(result: ToolResult) -> types.CallToolResult:
     if result.ok:
         body = result.output if result.output is not None else result.stdout
@@ -134,7 +157,6 @@ def token_names(principals: Any) -> dict[bytes, str]:
 class _Session:
     id: str
     agent: str
-    last_seen: float
     lost: bool = False
     # Approvals this connection's human was asked about and whose answer is awaited (only an
     # answer to one of these is taken), and all it was ever asked about (each is asked once).
@@ -150,46 +172,53 @@ class _Sessions:
         self._principal = principal
         self._trusted = trusted_context
         self._open: dict[str, _Session] = {}
-        # Connections whose session was closed (HTTP, idle): asked again, they get session.lost,
-        # never a fresh session that forgot what the model read. Oldest forgotten past a bound.
+        # Connections whose session was closed (their MCP session ended): asked again, they get
+        # session.lost, never a fresh session that forgot what the model read. Oldest forgotten
+        # past a bound.
         self._closed: dict[str, str] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._keeper: asyncio.Task[None] | None = None
 
-    async def get(self, key: str, agent: str) -> _Session:
-        """The connection's session, opened on first use (once: concurrent first requests wait)."""
+    async def get(self, key: str, agent: str, ends: contextlib.AsyncExitStack | None = None) -> _Session:
+        """The connection's session, opened on first use (once: concurrent first requests wait).
+        ``ends``: the teardown the SDK unwinds when the connection's MCP session ends; the
+        stockade session is closed then, and renewed until then."""
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
             session = self._open.get(key)
             if session is None and key in self._closed:
-                return _Session(self._closed[key], agent, time.monotonic(), lost=True)
+                return _Session(self._closed[key], agent, lost=True)
             if session is None:
                 sid = await self._plane.open_session(agent, self._principal, self._trusted)
-                session = self._open[key] = _Session(sid, agent, time.monotonic())
+                session = self._open[key] = _Session(sid, agent)
+                if ends is not None:
+                    ends.push_async_callback(self._end, key)
                 log.info("mcp_session_opened", connection=key if key == _STDIO else "http", session_id=sid)
-            session.last_seen = time.monotonic()
         if self._keeper is None or self._keeper.done():
             self._keeper = asyncio.get_running_loop().create_task(self._keep())
         return session
 
+    async def _end(self, key: str) -> None:
+        """The connection's MCP session ended: close its stockade session."""
+        session = self._open.pop(key, None)
+        self._locks.pop(key, None)
+        if session is None:
+            return
+        self._closed[key] = session.id
+        while len(self._closed) > _MAX_CLOSED:
+            del self._closed[next(iter(self._closed))]
+        with contextlib.suppress(StockadeError):  # already expired, or lost
+            await self._plane.close_session(session.id)
+        log.info("mcp_session_closed", session_id=session.id)
+
     async def _keep(self) -> None:
-        """Renew every connected session well within the idle TTL; close those whose HTTP
-        connection is gone (the SDK ended it after its idle timeout)."""
+        """Renew every connected session well within the idle TTL, however long its connection
+        idles: it is closed when its connection ends, not on a clock of its own."""
         interval = min(max(self._plane.settings.session_idle_ttl_s / 3, 0.05), 300.0)
         while self._open:
             await asyncio.sleep(interval)
-            now = time.monotonic()
-            for key, session in list(self._open.items()):
+            for session in list(self._open.values()):
                 if session.lost:
-                    continue
-                if not key.endswith("\0") and key != _STDIO and now - session.last_seen > HTTP_IDLE_S:
-                    del self._open[key]
-                    self._locks.pop(key, None)
-                    self._closed[key] = session.id
-                    while len(self._closed) > _MAX_CLOSED:
-                        del self._closed[next(iter(self._closed))]
-                    with contextlib.suppress(StockadeError):  # already expired or closed
-                        await self._plane.close_session(session.id)
                     continue
                 try:
                     await self._plane.renew_session(session.id, agent=session.agent)
@@ -217,27 +246,12 @@ def build_server(
     """
     sessions = _Sessions(plane, principal, trusted_context or [])
 
-    def who(ctx: ServerRequestContext[Any, Any]) -> tuple[str, str]:
-        """The connection key and the agent, for this request."""
-        request = ctx.request
-        headers = getattr(request, "headers", None)
-        if headers is None:
-            return _STDIO, agent
-        name = agent
-        if tokens is not None:
-            name = _token_agent(headers.get("authorization"), tokens) or ""
-            if not name:  # require_bearer turns these away first; never serve one unauthenticated
-                raise PermissionError("no valid bearer token")
-        # Handshake-era clients name their MCP session; a 2026-07-28 client over HTTP is stateless,
-        # so its task is its bearer token's (one session per agent token, for the server's life).
-        # (A stateless request's Mcp-Session-Id means nothing to the SDK: never a key, or a client
-        # could fork fresh, untainted sessions at will.)
-        mcp_session = None if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS else headers.get("mcp-session-id")
-        return (f"{name}\0{mcp_session}" if mcp_session else f"{name}\0"), name
-
     async def session_for(ctx: ServerRequestContext[Any, Any]) -> _Session:
-        key, name = who(ctx)
-        return await sessions.get(key, name)
+        key, name = _who(ctx, agent, tokens)
+        # Only an HTTP MCP session ends before the server does: its stockade session ends with it.
+        # (stdio's is the process's; a stateless client's is its token's, for the server's life.)
+        ends = _session_end(ctx) if key != _STDIO and not key.endswith("\0") else None
+        return await sessions.get(key, name, ends)
 
     async def list_tools(
         ctx: ServerRequestContext[Any, Any], __: types.PaginatedRequestParams | None
@@ -254,17 +268,17 @@ def build_server(
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult | types.InputRequiredResult:
         session = await session_for(ctx)
-        if session.lost:
-            return _refusal("session.lost", (
-                f"stockade session {session.id} is gone (the store lost it, or the connection idled out): what "
-                "this conversation read is no longer tracked, so no call can be decided safely. Start a new "
-                "conversation (reconnect, or restart the MCP server)."
-            ))  # fmt: skip
         name, args = params.name, dict(params.arguments or {})
+        if session.lost:
+            return await _refuse_lost(plane, session, name)
         try:
-            spec = (await plane.tool(name)).spec
+            try:
+                spec = (await plane.tool(name)).spec
+            except (ToolNotFound, InvalidCall):  # no such tool: the pipeline refuses it, audited, as for any client
+                return _answer(await plane.call(session.id, name, args, agent=session.agent))
             if isinstance(spec.executor, ExternalExecutor):
-                return _refusal("tool.not_served", f"{name} is an external tool: it is not served over MCP")
+                message = f"{name} is an external tool: it is not served over MCP"
+                return await _refuse(plane, session, name, "tool.not_served", message)
             if params.request_state is not None or params.input_responses:  # an answer (2026-07-28 flow)
                 await _take_answer(ctx, plane, session, principal, params, elicitation=elicitation)
             result = await plane.call(session.id, name, args, agent=session.agent)
@@ -292,6 +306,9 @@ def build_server(
                     if await _decide(ctx, plane, approval, principal, answer):
                         # Approved: the retry redeems it. Refused: it is refused (approval.denied), audited.
                         result = await plane.call(session.id, name, args, agent=session.agent)
+        except SessionNotFound:  # the store lost it between two renewals: never a fresh one
+            session.lost = True
+            return await _refuse_lost(plane, session, name)
         except StockadeError as exc:  # bad arguments, unknown tool, a refused approval: the model can fix these
             return _refusal(exc.code, str(exc))
         return _answer(result)
@@ -308,28 +325,94 @@ def build_server(
                   get_tool_input_schema=input_schema)  # fmt: skip
 
 
+def _who(ctx: ServerRequestContext[Any, Any], agent: str, tokens: Mapping[bytes, str] | None) -> tuple[str, str]:
+    """The connection key and the agent, for this request (see `build_server`)."""
+    request = ctx.request
+    headers = getattr(request, "headers", None)
+    if headers is None:
+        return _STDIO, agent
+    name = agent
+    if tokens is not None:
+        # The agent require_bearer authenticated, never a header read again here: a request with
+        # several Authorization headers must not be authenticated by one and served as another.
+        name = _authenticated(request) or ""
+        if not name:  # require_bearer turns these away first; never serve one unauthenticated
+            raise PermissionError("no authenticated agent: wrap the HTTP app with require_bearer")
+    # Handshake-era clients name their MCP session; a 2026-07-28 client over HTTP is stateless,
+    # so its task is its bearer token's (one session per agent token, for the server's life).
+    # (A stateless request's Mcp-Session-Id means nothing to the SDK: never a key, or a client
+    # could fork fresh, untainted sessions at will.)
+    mcp_session = None if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS else headers.get("mcp-session-id")
+    return (f"{name}\0{mcp_session}" if mcp_session else f"{name}\0"), name
+
+
 def _can_elicit(ctx: ServerRequestContext[Any, Any]) -> bool:
     return ctx.session.check_client_capability(types.ClientCapabilities(elicitation=types.ElicitationCapability()))
 
 
+def _session_end(ctx: ServerRequestContext[Any, Any]) -> contextlib.AsyncExitStack | None:
+    """The teardown the SDK unwinds when this request's connection (over HTTP: its MCP session)
+    ends, however it ends: the client's DELETE, the SDK's idle timeout, the server's shutdown."""
+    # The SDK documents Connection.exit_stack as the place for per-connection cleanup, but hands
+    # low-level handlers no public path to the Connection: the request's ServerSession holds it.
+    connection = getattr(ctx.session, "_connection", None)
+    if isinstance(connection, Connection):
+        return connection.exit_stack
+    log.error("mcp_session_end_unavailable", reason="this mcp SDK exposes no connection teardown")
+    return None
+
+
+def _authenticated(request: object) -> str | None:
+    """The agent `require_bearer` authenticated this HTTP request as (the ASGI scope's user)."""
+    scope = getattr(request, "scope", None)
+    user = scope.get("user") if isinstance(scope, Mapping) else None
+    return user.access_token.client_id if isinstance(user, AuthenticatedUser) else None
+
+
+def _escaped(char: str) -> str:
+    """``char`` as a JSON escape (a surrogate pair beyond the BMP, as JSON writes it)."""
+    code = ord(char)
+    if code > 0xFFFF:
+        code -= 0x10000
+        return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+    return f"\\u{code:04x}"
+
+
+def _visible(text: str) -> str:
+    """``text`` with every character that could break, hide or reorder a line of the question
+    written as a JSON escape (see `_UNSHOWN`; any whitespace but the ASCII space too)."""
+    return "".join(
+        _escaped(c) if c != " " and (c.isspace() or unicodedata.category(c) in _UNSHOWN) else c for c in text
+    )
+
+
+def _shown_name(name: str) -> str:
+    """An argument name as the human sees it: as it is if it is a plain identifier, else quoted
+    and escaped (so no name can pose as ``x = "..."`` or as another line), cut past a bound."""
+    if len(name) <= _SHOWN_NAME and _PLAIN_NAME.fullmatch(name):
+        return name
+    shown = json.dumps(name[:_SHOWN_NAME], ensure_ascii=False)  # escaped with its line (`_visible`)
+    return shown + f"… ({len(name)} characters)" if len(name) > _SHOWN_NAME else shown
+
+
 def _question(approval: Approval, session: _Session, principal: str, spec: ToolSpec) -> str | None:
-    """What the human is asked: who, which tool, every argument (the ones that decide where things
-    go, how much, or what is set in full and first; others cut per value, so no argument can be
-    pushed out of view), and why it was held. None if it cannot be shown whole."""
+    """What the human is asked: who, which tool, why it was held, then every argument (the ones
+    that decide where things go, how much, or what is set in full and first; others cut per
+    value, so no argument can be pushed out of view), one line each. Nothing the caller chose can
+    add a line or hide text: names and values are escaped (`_visible`). None if it cannot be
+    shown whole."""
     args = json.loads(approval.args)
     key = {*spec.destination_args, *spec.amount_args, *spec.sensitive_args}
-    lines = []
+    why = "; ".join(r.get("message") or r["code"] for r in approval.reasons)
+    lines = [f"stockade holds a call by {session.agent} for {principal}: {approval.tool}", f"Why: {why}"]
     for name in sorted(args, key=lambda n: (n not in key, n)):
         value = json.dumps(args[name], ensure_ascii=False)
         if name not in key and len(value) > _SHOWN_VALUE:
             value = value[:_SHOWN_VALUE] + f"… ({len(value)} characters)"
-        lines.append(f"  {name} = {value}")
-    lines += [f"  file /in/{i['name']}: {i['size']} bytes, sha256 {i['sha256']}" for i in approval.inputs]
-    why = "; ".join(r.get("message") or r["code"] for r in approval.reasons)
-    question = (
-        f"stockade holds a call by {session.agent} for {principal}: {approval.tool}\n" + "\n".join(lines)
-        + f"\nWhy: {why}\nAllow it, once?"
-    )  # fmt: skip
+        lines.append(f"  {_shown_name(name)} = {value}")
+    lines += [f"  file /in/{_shown_name(i['name'])}: {i['size']} bytes, sha256 {i['sha256']}" for i in approval.inputs]
+    lines.append("Allow it, once?")
+    question = "\n".join(_visible(line) for line in lines)
     return question if len(question) <= _MAX_QUESTION else None
 
 
@@ -393,23 +476,29 @@ def require_bearer(
     app: ASGIApp, tokens: Mapping[bytes, str], plane: ControlPlane | None = None,
     refused: Mapping[str, str] | None = None,
 ) -> ASGIApp:  # fmt: skip
-    """Wrap the streamable-HTTP app: a request without a known agent's bearer token gets 401, one
-    whose agent may not act for the server's principal (``refused``: agent -> why, from its
-    ``acts_for``) 403, both audited on ``plane``. A known one is the request's user, so the SDK
-    binds each MCP session to the credential that opened it: another agent's token cannot use or
-    end it."""
+    """Wrap the streamable-HTTP app: a request without exactly one ``Authorization`` header with a
+    known agent's bearer token gets 401, one whose agent may not act for the server's principal
+    (``refused``: agent -> why, from its ``acts_for``) 403, both audited on ``plane``. A known one
+    is the request's user (the ASGI scope's ``user``): the agent `build_server` serves it as, and
+    the credential the SDK binds each MCP session to (another agent's token cannot use or end it)."""
 
     async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
-            name = _token_agent(header, tokens)
+            # Read once, here: the identity this finds is the one the request is served as (`who`
+            # reads it from the scope), so several Authorization headers are refused, never one
+            # checked and another used.
+            headers = [v for k, v in scope.get("headers") or [] if k.lower() == b"authorization"]
+            header = headers[0].decode("latin-1") if len(headers) == 1 else ""
+            name = _token_agent(header, tokens) if len(headers) == 1 else None
             why = (refused or {}).get(name) if name is not None else None
             if name is None or why is not None:
                 what = f"{scope.get('method', '?')} {scope.get('path', '?')}"
                 if name is None:
-                    reason = "missing bearer token" if not header else "unknown bearer token"
+                    reason = ("more than one Authorization header" if len(headers) > 1 else
+                              "unknown bearer token" if header else "missing bearer token")  # fmt: skip
                     status, code, title = 401, "auth.unauthenticated", "Unauthorized"
-                    detail = "send Authorization: Bearer <token> of an agent principal (STOCKADE_API_PRINCIPALS)"
+                    detail = ("send one Authorization: Bearer <token> header, of an agent principal "
+                              "(STOCKADE_API_PRINCIPALS)")  # fmt: skip
                 else:
                     reason = detail = str(why)
                     status, code, title = 403, "auth.forbidden", "Forbidden"
@@ -417,10 +506,13 @@ def require_bearer(
                     await plane.record_refusal(name, what, f"MCP over HTTP: {reason}", code=code)
                 body = json.dumps({"type": f"urn:stockade:problem:{code}", "title": title, "status": status,
                                    "detail": detail}).encode()  # fmt: skip
-                headers = [(b"content-type", b"application/problem+json"), (b"content-length", str(len(body)).encode())]
+                response = [
+                    (b"content-type", b"application/problem+json"),
+                    (b"content-length", str(len(body)).encode()),
+                ]
                 if status == 401:
-                    headers.append((b"www-authenticate", b'Bearer realm="stockade"'))
-                await send({"type": "http.response.start", "status": status, "headers": headers})
+                    response.append((b"www-authenticate", b'Bearer realm="stockade"'))
+                await send({"type": "http.response.start", "status": status, "headers": response})
                 await send({"type": "http.response.body", "body": body})
                 return
             scope = {**scope, "user": AuthenticatedUser(AccessToken(token="", client_id=name, scopes=[]))}
