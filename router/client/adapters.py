@@ -34,7 +34,15 @@ approval is not granted. The process that runs the agent holds no approver crede
 Each adapter remembers, by tool and arguments, the calls it saw held; the same call made again
 passes their ``approval_id`` (so a plain retry works after a grant, and a call already waiting is
 not held twice). That memory is the process's: a run resumed in another process carries the id
-itself (a LangGraph resume value, pydantic-ai's ``DeferredToolResults.metadata``).
+itself (a LangGraph resume value, pydantic-ai's ``DeferredToolResults.metadata``). It never stands
+in for stockade after a human's refusal in the framework: a call pydantic-ai or the OpenAI Agents
+SDK has not approved is asked of stockade every time, and a call refused on a LangGraph resume is
+forgotten; stockade then holds it again under the approval it waits for, runs it once granted, or
+refuses it.
+
+Every argument reaches stockade under the name the model gave it, whatever the name: none is
+taken for a framework's own parameter (LangChain's ``config``, ``run_manager``, ``callbacks``;
+pydantic-ai's ``ctx``).
 """
 
 from __future__ import annotations
@@ -51,7 +59,7 @@ from router.errors import StockadeError
 if TYPE_CHECKING:
     from agents import FunctionTool, RunContextWrapper, Tool, ToolApprovalItem
     from agents.tool_context import ToolContext
-    from langchain_core.tools import StructuredTool
+    from langchain_core.tools import BaseTool
     from pydantic_ai import RunContext
     from pydantic_ai import Tool as PydanticAITool
     from pydantic_ai.toolsets import FunctionToolset
@@ -81,8 +89,8 @@ def anthropic_tools(specs: list[ToolSpec]) -> list[dict[str, Any]]:
     return [{"name": s.name, "description": s.description, "input_schema": s.input_schema} for s in specs]
 
 
-def langchain_tools(client: Client, session_id: str, specs: list[ToolSpec]) -> list[StructuredTool]:
-    """The tools as LangChain ``StructuredTool``s whose every call goes through stockade in
+def langchain_tools(client: Client, session_id: str, specs: list[ToolSpec]) -> list[BaseTool]:
+    """The tools as LangChain tools (``BaseTool``s) whose every call goes through stockade in
     ``session_id`` (the ``langchain`` extra).
 
     Both ``invoke`` and ``ainvoke`` work, with either client. For ``invoke`` (synchronous code,
@@ -107,23 +115,35 @@ def langchain_tools(client: Client, session_id: str, specs: list[ToolSpec]) -> l
     others again too: stockade decides and audits each. Outside a graph, a held call raises
     ``ToolException`` naming the ``approval_id``; the same call made again after the grant runs.
     """
-    from langchain_core.tools import StructuredTool  # noqa: PLC0415  (an optional extra)
+    from langchain_core.tools import BaseTool  # noqa: PLC0415  (an optional extra)
 
     gate = _Gate(client, session_id)
 
-    def bind(spec: ToolSpec) -> StructuredTool:
-        def run(**args: Any) -> str:
-            return _drive_sync(_langchain_steps(gate, spec.name, args), gate, spec.name, args)
+    class StockadeTool(BaseTool):
+        """A tool stockade runs, as LangChain's: it is handed the model's arguments whole."""
 
-        async def arun(**args: Any) -> str:
-            return await _drive(_langchain_steps(gate, spec.name, args), gate, spec.name, args)
+        def _to_args_and_kwargs(
+            self, tool_input: str | dict[str, Any], tool_call_id: str | None
+        ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+            # LangChain would spread the arguments as keywords beside its own (config, run_manager,
+            # callbacks): an argument so named would be taken for LangChain's, or dropped. One dict,
+            # passed positionally, keeps every name as the model gave it.
+            return (self._parse_input(tool_input, tool_call_id),), {}
 
-        return StructuredTool.from_function(
-            func=run, coroutine=arun, name=spec.name, description=spec.description, args_schema=spec.input_schema,
-            infer_schema=False, handle_tool_error=True,
-        )  # fmt: skip
+        def _run(self, *given: Any, **_: Any) -> str:
+            [args] = given
+            return _drive_sync(_langchain_steps(gate, self.name, args), gate, self.name, args)
 
-    return [bind(spec) for spec in _sandboxed(specs)]
+        async def _arun(self, *given: Any, **_: Any) -> str:
+            [args] = given
+            return await _drive(_langchain_steps(gate, self.name, args), gate, self.name, args)
+
+    return [
+        StockadeTool(
+            name=spec.name, description=spec.description, args_schema=spec.input_schema, handle_tool_error=True
+        )
+        for spec in _sandboxed(specs)
+    ]
 
 
 def pydantic_ai_toolset(client: Client, session_id: str, specs: list[ToolSpec]) -> FunctionToolset[Any]:
@@ -142,7 +162,7 @@ def pydantic_ai_toolset(client: Client, session_id: str, specs: list[ToolSpec]) 
     True}, metadata=requests.metadata)``: the tool is called with ``ctx.tool_call_approved`` and
     passes the ``approval_id`` (from that metadata, else from this toolset's memory). Approving in
     pydantic-ai without the grant in stockade gives the model a failed return, and nothing runs; a
-    ``ToolDenied`` never reaches the tool.
+    ``ToolDenied`` never reaches the tool (the same call made again is asked of stockade anew).
     """
     from pydantic_ai import ApprovalRequired, ModelRetry, Tool, ToolFailed  # noqa: PLC0415  (an optional extra)
     from pydantic_ai.toolsets import FunctionToolset  # noqa: PLC0415
@@ -150,16 +170,17 @@ def pydantic_ai_toolset(client: Client, session_id: str, specs: list[ToolSpec]) 
     gate = _Gate(client, session_id)
 
     def bind(spec: ToolSpec) -> PydanticAITool[Any]:
-        async def run(ctx: RunContext[Any], **args: Any) -> str:
+        # ctx is positional-only: an argument named ctx is the model's, in args.
+        async def run(ctx: RunContext[Any], /, **args: Any) -> str:
             approval_id = None
             if ctx.tool_call_approved:
                 metadata = ctx.tool_call_metadata
                 if isinstance(metadata, Mapping) and isinstance(metadata.get("approval_id"), str):
                     approval_id = metadata["approval_id"]
-            elif (held := gate.held(spec.name, args)) is not None:
-                raise ApprovalRequired(metadata=_approval_request(gate, spec.name, args, held))
             try:
-                result = await gate.call(spec.name, args, approval_id)
+                # Not approved in pydantic-ai: stockade decides afresh (a human may have refused the
+                # last deferral with ToolDenied, which never reaches this tool).
+                result = await gate.call(spec.name, args, approval_id, recall=ctx.tool_call_approved)
             except StockadeError as exc:
                 if exc.code == "call.invalid":
                     raise ModelRetry(_refused(exc)) from exc
@@ -217,13 +238,14 @@ def openai_agents_tools(client: Client, session_id: str, specs: list[ToolSpec]) 
     ran: dict[str, ToolResult] = {}
 
     def bind(spec: ToolSpec) -> FunctionTool:
+        # Asked only of a call the SDK has neither approved nor rejected: stockade decides it afresh
+        # (a human may have rejected the same call before, in the SDK, which stockade never saw).
         async def needs_approval(_ctx: RunContextWrapper[Any], args: dict[str, Any], call_id: str) -> bool:
-            if gate.held(spec.name, args) is not None:
-                return True
             try:
                 if (await gate.decide(spec.name, args)).outcome != "require_approval":
                     return False
-                result = await gate.call(spec.name, args)  # stockade holds it: the approval a human grants
+                # Stockade holds it (again, under the approval it already waits for), or runs it if granted.
+                result = await gate.call(spec.name, args, recall=False)
             except StockadeError as exc:
                 if exc.code in _MODEL_ERRORS:
                     return False  # the call itself tells the model
@@ -269,6 +291,11 @@ class _Gate:
         """The result that held this exact call, while it waits for its approval."""
         return self._held.get(_key(tool, args))
 
+    def forget(self, tool: str, args: Mapping[str, Any]) -> None:
+        """A human refused this call in the framework: the same call made again is stockade's to
+        decide, not a pause from memory."""
+        self._held.pop(_key(tool, args), None)
+
     async def decide(self, tool: str, args: Mapping[str, Any]) -> DecisionResult:
         from router.client import SyncStockadeClient  # noqa: PLC0415  (the package imports this module)
 
@@ -276,8 +303,12 @@ class _Gate:
             return await asyncio.to_thread(self.client.decide, self.session_id, tool, dict(args))
         return await self.client.decide(self.session_id, tool, dict(args))
 
-    async def call(self, tool: str, args: Mapping[str, Any], approval_id: str | None = None) -> ToolResult:
-        """Call ``tool``; without ``approval_id``, with the approval the same call was held for.
+    async def call(
+        self, tool: str, args: Mapping[str, Any], approval_id: str | None = None, *, recall: bool = True
+    ) -> ToolResult:
+        """Call ``tool``; without ``approval_id``, with the approval the same call was held for
+        (``recall``), else with none: stockade then finds the approval last asked for this exact
+        call itself (waiting: held again under it; granted: redeemed; refused: refused).
 
         Raises:
             StockadeError: as `StockadeClient.call` (``approval.invalid``: the approval is not granted
@@ -287,7 +318,7 @@ class _Gate:
 
         key = _key(tool, args)
         held = self._held.get(key)
-        if approval_id is None and held is not None:
+        if approval_id is None and held is not None and recall:
             approval_id = held.approval_id
         try:
             if isinstance(self.client, SyncStockadeClient):
@@ -331,6 +362,7 @@ def _langchain_steps(gate: _Gate, tool: str, args: dict[str, Any]) -> Generator[
     answer = interrupt(_approval_request(gate, tool, args, held))
     approval_id = _granted(answer, held)
     if approval_id is None:
+        gate.forget(tool, args)
         note = answer.get("note", "") if isinstance(answer, Mapping) else ""
         raise ToolException(json.dumps({"status": "refused", "approval_id": held.approval_id,
                                         "message": f"a human refused this call. {note}".strip()}))  # fmt: skip

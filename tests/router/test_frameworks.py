@@ -26,7 +26,15 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 from langgraph.types import Command
 from pydantic_ai import Agent as PydanticAgent
-from pydantic_ai import DeferredToolRequests, ModelMessage, ModelRequest, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai import (
+    DeferredToolRequests,
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolDenied,
+)
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from policy import PolicySettings
@@ -37,7 +45,7 @@ from router.client.adapters import langchain_tools, openai_agents_tools, pydanti
 from router.interfaces.api import create_app
 from router.settings import ApiPrincipal, AuditSettings
 from router.tools import ToolSpec
-from tests.conftest import REPO, python_tool
+from tests.conftest import ECHO, REPO, python_tool
 from tests.router.test_api import TOKENS, principals, serve
 
 REQUEST = "Summarise https://shop.example/deals for me, then drop the users table"
@@ -62,6 +70,14 @@ TOOLS: list[dict[str, Any]] = [
                     "type": "object", "properties": {"table": {"type": "string"}}, "required": ["table"]}),
 ]  # fmt: skip
 APPROVER = "oncall@example.com"
+# Argument names a framework has parameters of its own by (LangChain's config, run_manager and
+# callbacks; pydantic-ai's ctx; what LangGraph's ToolNode injects): each must reach stockade as the
+# model gave it. config is optional: once silently dropped, the call ran with other arguments.
+RESERVED = ["config", "run_manager", "callbacks", "ctx", "tool_call_id", "state", "runtime", "self"]
+CONFIGURE = python_tool("configure", ECHO, input_schema={
+    "type": "object", "properties": {name: {"type": "string"} for name in RESERVED},
+    "required": [name for name in RESERVED if name != "config"]})  # fmt: skip
+RESERVED_ARGS = {name: f"the model's {name}" for name in RESERVED}
 
 
 class RecordingTransport(httpx.ASGITransport):
@@ -209,6 +225,59 @@ async def test_approving_in_pydantic_ai_without_the_grant_in_stockade_runs_nothi
     assert "execution" not in [e["kind"] for e in trail]
 
 
+async def test_a_call_refused_in_pydantic_ai_is_decided_by_stockade_when_made_again(stockade: Stockade) -> None:
+    """A ``ToolDenied`` never reaches the tool: the same call made again once came back deferred
+    from the adapter's memory, without stockade. Stockade decides it again: held under the
+    approval it still waits for, and that is on record."""
+    model = ScriptedTurns(ModelResponse(parts=[ToolCallPart("drop_table", DROP, tool_call_id="drop")]),
+                          ModelResponse(parts=[ToolCallPart("drop_table", DROP, tool_call_id="again")]))  # fmt: skip
+    toolset = pydantic_ai_toolset(stockade.agent, stockade.session, stockade.specs)
+    agent = PydanticAgent(FunctionModel(model), toolsets=[toolset], output_type=[str, DeferredToolRequests])
+    paused = await agent.run(REQUEST)
+    assert isinstance(paused.output, DeferredToolRequests)
+    held = paused.output.metadata["drop"]
+
+    again = await agent.run(message_history=paused.all_messages(), deferred_tool_results=paused.output.build_results(
+        approvals={"drop": ToolDenied("not on a Friday")}))  # fmt: skip
+
+    assert isinstance(again.output, DeferredToolRequests)
+    assert [call.tool_call_id for call in again.output.approvals] == ["again"]
+    assert again.output.metadata["again"]["approval_id"] == held["approval_id"]
+    assert [c["tool"] for c in stockade.transport.calls] == ["drop_table", "drop_table"]  # stockade asked twice
+    trail = [(e["kind"], e["outcome"]) for e in await stockade.trail(held["decision_id"])]
+    assert trail == [("decision", "require_approval"), ("approval", "requested"), ("decision", "require_approval"),
+                     ("approval", "asked_again")]  # fmt: skip
+
+
+async def test_arguments_named_like_a_frameworks_own_parameters_reach_stockade_unchanged(stockade: Stockade) -> None:
+    """LangChain once took ``config``, ``run_manager`` and ``callbacks`` for its own parameters (a
+    required one made the tool unusable, an optional one was dropped: the call ran without it);
+    pydantic-ai raised on ``ctx``. Each framework hands every argument to stockade as it came."""
+    spec = await stockade.plane.register(CONFIGURE)
+    [tool] = langchain_tools(stockade.agent, stockade.session, [spec])
+    alone = await tool.ainvoke({"type": "tool_call", "id": "call-1", "name": "configure", "args": RESERVED_ARGS})
+    app = graph(turns(("configure", RESERVED_ARGS), "done"), [tool])
+    state = await app.ainvoke({"messages": [HumanMessage(REQUEST)]}, {"configurable": {"thread_id": "t-args"}})
+    in_graph = [m for m in state["messages"] if isinstance(m, ToolMessage)][-1]
+    pydantic_model = ScriptedTurns(ModelResponse(parts=[ToolCallPart("configure", RESERVED_ARGS, tool_call_id="c")]),
+                                   ModelResponse(parts=[TextPart("done")]))  # fmt: skip
+    toolset = pydantic_ai_toolset(stockade.agent, stockade.session, [spec])
+    await PydanticAgent(FunctionModel(pydantic_model), toolsets=[toolset]).run(REQUEST)
+    [returned] = returns(pydantic_model.seen[1], "c")
+    agents_model = ScriptedModel(
+        [[function_call("configure", RESERVED_ARGS, call_id="c")], [assistant_message("done")]]
+    )
+    agent = Agent(
+        name="assistant", model=agents_model, tools=openai_agents_tools(stockade.agent, stockade.session, [spec])
+    )
+    await Runner.run(agent, REQUEST, run_config=RunConfig(tracing_disabled=True))
+
+    assert [alone.status, in_graph.status, returned.outcome] == ["success", "success", "success"]
+    outputs = [alone.content, in_graph.content, returned.content, outputs_seen(agents_model)["c"]]
+    assert [json.loads(str(output)) for output in outputs] == [RESERVED_ARGS] * 4
+    assert [c["args"] for c in stockade.transport.calls] == [RESERVED_ARGS] * 4
+
+
 # --- OpenAI Agents SDK -------------------------------------------------------------------------
 
 
@@ -260,6 +329,30 @@ async def test_an_agents_sdk_run_is_interrupted_for_a_held_call_and_resumes_afte
     assert stockade.sent_with(held.approval_id) == ["drop_table"]
     assert_approved_and_ran(await stockade.trail(held.decision_id))
     model.assert_complete()
+
+
+async def test_a_call_rejected_in_the_agents_sdk_is_decided_by_stockade_when_made_again(stockade: Stockade) -> None:
+    """``state.reject(item)`` never reaches stockade: the same call made again once came back as
+    an interruption from the adapter's memory, without stockade. Stockade decides it again."""
+    model = ScriptedModel([[function_call("drop_table", DROP, call_id="drop")],
+                           [function_call("drop_table", DROP, call_id="again")]])  # fmt: skip
+    tools = openai_agents_tools(stockade.agent, stockade.session, stockade.specs)
+    agent = Agent(name="assistant", model=model, tools=tools)
+    offline = RunConfig(tracing_disabled=True)
+    paused = await Runner.run(agent, REQUEST, run_config=offline)
+    [item] = paused.interruptions
+    held = tools.held(item)
+    assert held is not None
+    state = paused.to_state()
+    state.reject(item)
+
+    again = await Runner.run(agent, state, run_config=offline)
+
+    [second] = again.interruptions
+    assert (second.tool_name, json.loads(second.arguments or "")) == ("drop_table", DROP)
+    assert [c["tool"] for c in stockade.transport.calls] == ["drop_table", "drop_table"]  # stockade asked twice
+    trail = [(e["kind"], e["outcome"]) for e in await stockade.trail(held.decision_id)]
+    assert ("approval", "asked_again") in trail
 
 
 # --- LangChain, without a graph: the application's own loop ---------------------------------------
@@ -350,7 +443,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         for name in [n for n in os.environ if n.startswith("STOCKADE_")]:  # as clean_environ, for the module
             patch.delenv(name)
         with serve(env, logs / "serve.log") as url:
-            for tool in TOOLS:
+            for tool in [*TOOLS, CONFIGURE]:
                 registered = httpx.post(f"{url}/v1/tools", json=tool, headers=bearer("root"))
                 assert registered.status_code == 201, registered.text
             yield url
@@ -411,6 +504,23 @@ def test_langchain_tools_work_from_synchronous_code(server: str, sync_client: bo
 
     assert_story(messages)
     assert_approved_over_http_and_ran(trail_over_http(server, refusal(messages[6].content)["decision_id"]))
+
+
+@pytest.mark.parametrize("sync_client", [False, True], ids=["async-client", "sync-client"])
+def test_arguments_named_like_langchains_own_parameters_reach_stockade_from_synchronous_code(
+    server: str, sync_client: bool
+) -> None:
+    session = open_session(server)
+    client = SyncStockadeClient(server, TOKENS["agent-1"]) if sync_client else StockadeClient(server, TOKENS["agent-1"])
+    [tool] = langchain_tools(client, session, [ToolSpec.model_validate(CONFIGURE)])
+    try:
+        done = tool.invoke({"type": "tool_call", "id": "call-1", "name": "configure", "args": RESERVED_ARGS})
+    finally:
+        if isinstance(client, SyncStockadeClient):
+            client.close()
+        else:
+            run_sync(client.aclose())
+    assert (done.status, json.loads(str(done.content))) == ("success", RESERVED_ARGS)
 
 
 # --- LangGraph: interrupt() and Command(resume=...) -----------------------------------------------
@@ -475,6 +585,25 @@ async def test_a_langgraph_resume_that_refuses_runs_nothing(stockade: Stockade) 
                                         "message": "a human refused this call. not on a Friday"}  # fmt: skip
     trail = await stockade.trail(interruption.value["decision_id"])
     assert [(e["kind"], e["outcome"]) for e in trail] == [("decision", "require_approval"), ("approval", "requested")]
+
+
+async def test_a_call_refused_on_a_langgraph_resume_is_decided_by_stockade_when_made_again(stockade: Stockade) -> None:
+    """After a human's no on resume, the same call made again once paused the graph from the
+    adapter's memory, without stockade. Stockade decides it again."""
+    model = turns(("drop_table", DROP), ("drop_table", DROP), "not dropped")
+    app = graph(model, langchain_tools(stockade.agent, stockade.session, stockade.specs))
+    thread = {"configurable": {"thread_id": "t-3"}}
+    paused = await app.ainvoke({"messages": [HumanMessage(REQUEST)]}, thread)
+    [first] = paused["__interrupt__"]
+
+    again = await app.ainvoke(Command(resume={"approved": False}), thread)
+
+    [second] = again["__interrupt__"]
+    assert second.value["approval_id"] == first.value["approval_id"]  # held again under the approval it waits for
+    assert [c["tool"] for c in stockade.transport.calls] == ["drop_table", "drop_table"]  # stockade asked twice
+    trail = [(e["kind"], e["outcome"]) for e in await stockade.trail(first.value["decision_id"])]
+    assert trail == [("decision", "require_approval"), ("approval", "requested"), ("decision", "require_approval"),
+                     ("approval", "asked_again")]  # fmt: skip
 
 
 def test_a_langgraph_graph_run_synchronously_pauses_and_resumes(server: str) -> None:
