@@ -98,7 +98,7 @@ async def proxy_rows(n: int) -> dict[str, list[float]]:
         call_ca = InterceptCA()
         trust_call = ssl.create_default_context()
         trust_call.load_verify_locations(cadata=call_ca.cert_pem.decode())
-        injection = Injection("bench", PLACEHOLDER, "real-token-value", (HOST,))
+        injection = Injection("bench", PLACEHOLDER, "real-token-value", (f"{HOST}:{port}",))  # TLS on its own port
         setups = {
             "baseline: direct TLS, no proxy": (None, trust_upstream),
             "baseline: proxy, tunnelled untouched": (

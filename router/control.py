@@ -1490,7 +1490,8 @@ def _scrub_artifacts(run: runner_pkg.RunResult) -> tuple[runner_pkg.FileRecord, 
 def _injection(lease: Lease) -> runner_pkg.Injection:
     """What the egress proxy needs to put the lease's value into requests to its hosts."""
     config = lease.grant.config
-    return runner_pkg.Injection(config.name, lease.placeholder, lease.value.get_secret_value(), tuple(config.hosts))
+    return runner_pkg.Injection(config.name, lease.placeholder, lease.value.get_secret_value(), tuple(config.hosts),
+                                allow_plaintext=config.allow_plaintext, expires_at=lease.expires_at)  # fmt: skip
 
 
 def _limits(spec: ToolSpec, decision: Decision) -> runner_pkg.ResourceLimits:

@@ -60,18 +60,64 @@ class EgressRule:
     methods: tuple[str, ...] = ()
 
 
+_TLS_PORT = 443  # where a credential host named without a port is reached over TLS
+_PLAIN_PORT = 80  # and over plain HTTP, where its credential allows that
+
+
 @dataclass(frozen=True, slots=True)
 class Injection:
     """A credential the egress proxy puts into requests in place of ``placeholder``: in request
-    headers only, only to ``hosts`` (``host`` or ``host:port``). The sandbox never holds ``value``."""
+    headers only, only to ``hosts``, and only until ``expires_at``. The sandbox never holds ``value``.
+
+    Each of ``hosts`` is ``host`` or ``host:port`` (an IPv6 literal in brackets when it has a port).
+    The value goes only over TLS the proxy verified itself (an intercepted CONNECT): to port 443, or
+    to the port an entry names. ``allow_plaintext`` also lets it go over plain ``http://``, which
+    anyone on the path can read: to port 80, or the port an entry names, and never to 443 (a port
+    for TLS: plain text there is a client tricked into downgrading). ``expires_at`` is wall-clock
+    epoch seconds (the lease's end); past it the proxy refuses requests that carry the placeholder.
+    ``None``: no end, for callers that bound the credential's life themselves.
+    """
 
     label: str
     placeholder: str
     value: str = field(repr=False)
     hosts: tuple[str, ...]
+    allow_plaintext: bool = False
+    expires_at: float | None = None
 
-    def applies_to(self, host: str, port: int) -> bool:
-        return any(h.lower() in (host, f"{host}:{port}") for h in self.hosts)
+    def applies_to(self, host: str, port: int, *, tls: bool) -> bool:
+        """Whether the value may go to ``host:port`` (``host`` lower-case, no trailing dot), over
+        verified TLS (``tls``) or plain HTTP."""
+        if not tls and (not self.allow_plaintext or port == _TLS_PORT):
+            return False
+        default = _TLS_PORT if tls else _PLAIN_PORT
+        for entry in self.hosts:
+            name, named_port = _host_and_port(entry)
+            if name == host and (default if named_port is None else named_port) == port:
+                return True
+        return False
+
+    def expired(self, now: float) -> bool:
+        """Whether the credential's lease has ended at ``now`` (epoch seconds)."""
+        return self.expires_at is not None and now >= self.expires_at
+
+
+def _host_and_port(entry: str) -> tuple[str, int | None]:
+    """``host`` and its port (``None`` if the entry names none; 0, which no request has, if the
+    port is not a number) of an `Injection` host entry: ``name``, ``name:port``, ``[v6]``,
+    ``[v6]:port``, or a bare IPv6 literal (several colons)."""
+    entry = entry.strip().lower()
+    if entry.startswith("["):
+        name, _, rest = entry[1:].partition("]")
+        if not rest:
+            return name, None
+        port_text = rest[1:] if rest.startswith(":") else ""
+    elif entry.count(":") == 1:
+        name, _, port_text = entry.partition(":")
+    else:
+        return entry.rstrip("."), None
+    valid = port_text.isascii() and port_text.isdigit() and len(port_text) <= 5
+    return name.rstrip("."), int(port_text) if valid else 0
 
 
 @dataclass(frozen=True, slots=True)

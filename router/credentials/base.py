@@ -28,14 +28,21 @@ class CredentialConfig(BaseModel):
     """One credential an operator makes available (``STOCKADE_CREDENTIALS``, a JSON list).
 
     ``token``: stockade mints a signed JWT per call. ``secret``: an API key the operator already
-    has, read once at start-up from ``value_env`` or ``value_file``.
+    has, read once at start-up from ``value_env`` or ``value_file``. The egress proxy puts the
+    value only into HTTPS requests to ``hosts`` (TLS it verifies itself), unless ``allow_plaintext``.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(pattern=_NAME)
     kind: Literal["token", "secret"]
-    hosts: list[str] = Field(min_length=1, description="hosts (or host:port) the value may be sent to")
+    hosts: list[str] = Field(min_length=1, description="hosts (or host:port) the value may go to over HTTPS; "
+                             "a host alone means port 443")  # fmt: skip
+    allow_plaintext: bool = Field(
+        default=False,
+        description="also send the value over plain http:// (anyone on the path reads it): to port 80 for a host "
+        "alone, or the port given, never to 443",
+    )
     scopes: list[str] = Field(default_factory=list, description="the most policy may grant")
     max_ttl_s: int = Field(default=300, ge=1, le=86400)
     audience: str | None = Field(default=None, description="token: the aud claim (default: the first host)")

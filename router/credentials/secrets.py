@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import time
 from collections.abc import Iterable
@@ -18,15 +19,21 @@ from pydantic import SecretStr
 from router.credentials.base import Binding, CredentialConfig, CredentialUnavailable, Grant, Lease
 from router.store.base import Store
 
+# What RFC 9110 forbids in a field value (and h11 refuses to send): controls other than tab.
+_NOT_IN_A_HEADER = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
 
 def load_secret(config: CredentialConfig) -> SecretStr:
     """The operator's value for a ``secret`` credential.
 
     Raises:
-        CredentialUnavailable: the variable is unset or empty, or the file is unreadable or empty.
+        CredentialUnavailable: the variable is unset or empty, or the file is unreadable or empty;
+            or the value has a character no HTTP header may carry.
     """
     if config.value_env is not None:
-        value = os.environ.get(config.value_env, "")
+        # Stripped as a file's value is: a trailing newline (an env file, a secret mounted from a
+        # file) is no part of a key, and would make every request carrying it invalid.
+        value = os.environ.get(config.value_env, "").strip()
         where = f"environment variable {config.value_env}"
     else:
         assert config.value_file is not None  # the config validator demands one source  # noqa: S101
@@ -38,6 +45,10 @@ def load_secret(config: CredentialConfig) -> SecretStr:
         where = f"file {config.value_file}"
     if not value:
         raise CredentialUnavailable(f"credential {config.name}: {where} is empty; set it before starting stockade")
+    if _NOT_IN_A_HEADER.search(value):
+        # Never the value, nor where in it: the message goes to logs and the operator's terminal.
+        raise CredentialUnavailable(f"credential {config.name}: the value in {where} has a control character (a "
+                                    "line break, say), which no HTTP header may carry; store the key only")  # fmt: skip
     return SecretStr(value)
 
 

@@ -17,11 +17,16 @@ granted) and the request is recorded with its own method. Without a CA such a CO
 never tunnelled unchecked. Every other host is tunnelled untouched, end to end.
 
 Credentials (``injections``): the sandbox holds a placeholder; the proxy replaces it with the
-real value in the request headers, only for the credential's hosts (exact host, or host:port).
-Responses from those hosts are scrubbed of each of their credentials' values in every form
-`runner.egress.scrub` knows (headers and body, with its length rewritten or sent chunked; the
-upstream is asked for an uncompressed body, and a gzip or deflate one is decompressed; any other
-coding is refused, ``502``), so a reflecting upstream does not hand the secret back to the tool.
+real value in the request headers, only for the credential's hosts (exact host, or host:port),
+only inside an intercepted CONNECT (TLS the proxy verified; a host without a port means 443),
+and only until the credential's lease ends. Plain ``http://`` gets a value only if its
+credential allows plain text (a host without a port then means 80), and never to port 443. A
+request carrying a placeholder the proxy may not replace there (another host or port, plain
+HTTP, an ended lease) is refused, ``403``, and recorded as refused. Responses from those hosts
+are scrubbed of each of their credentials' values in every form `runner.egress.scrub` knows
+(headers and body, with its length rewritten or sent chunked; the upstream is asked for an
+uncompressed body, and one gzip or deflate coding is decompressed; any other coding, or more
+than one, is refused, ``502``), so a reflecting upstream does not hand the secret back to the tool.
 Records name the credentials injected and scrubbed (with the encoding found), never their values.
 
 Destinations are matched before any name is resolved, so a refused request causes no DNS
@@ -29,6 +34,11 @@ lookup. A name that resolves to a loopback, private or link-local address is ref
 operator pinned it (``hosts``) or the rule names an IP literal: an allowlisted name must not
 become a way into the host's own network. Every request, allowed or not, is reported once to
 ``on_record`` with byte counts; the router audits it with the call's ``decision_id``.
+
+Each proxy serves at most 32 connections at once, beyond its first few only while a budget
+shared by every proxy in the process lasts; others are answered ``503`` at once. A request's
+head must arrive within 10 s (``408``). The proxy runs in the router's process: one sandbox
+must not take its descriptors.
 
 HTTP parsing and framing is h11's (the state machine under httpx and uvicorn): it rejects
 malformed and ambiguous messages (request smuggling) that a hand-written parser would pass.
@@ -44,6 +54,7 @@ import os
 import socket
 import ssl
 import stat
+import threading
 import time
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -70,6 +81,18 @@ _CHUNK = 65536
 _INFLATABLE = {b"gzip", b"x-gzip", b"deflate"}
 _CLOSE_GRACE_S = 1.0
 _BUFFERED_MAX = 1 << 20  # a scrubbed body up to this keeps a Content-Length (rewritten); longer ones go chunked
+# Connections a sandbox may hold open to its call's proxy at once. The proxy runs in the router's
+# process, and each connection is one of its descriptors (two, with the upstream's): more are
+# refused at once, or one tool could take the descriptors every other call and the router need.
+_MAX_CONNECTIONS = 32
+# Each proxy's first few connections are its own; beyond them it borrows from one budget for the
+# whole process, so many calls attacking at once cannot exhaust it either, while an innocent call
+# still gets its reserve.
+_RESERVED_CONNECTIONS = 4
+_MAX_BORROWED_TOTAL = 256
+_HEAD_TIMEOUT_S = 10.0  # to send a request's head, in all: an idle client must not hold a slot for long
+_PORT_DIGITS = 5  # longer port text is refused before int(), which refuses (ValueError) past 4300 digits
+_BUSY = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
 
 
 class _Refused(Exception):
@@ -95,6 +118,7 @@ class _Exchange:
     intercepted: bool = False
     scrubbed: tuple[str, ...] = ()
     started: float = dataclasses.field(default_factory=time.perf_counter)
+    reported: bool = False
 
     def fail(self, refused: _Refused) -> None:
         """The request ended with ``refused``; whether the rules allowed it stays as it was."""
@@ -119,8 +143,37 @@ class _Route:
     up_writer: asyncio.StreamWriter
 
 
+class _Budget:
+    """Connections that proxies in this process hold beyond their reserve; taken at accept, given
+    back at close. Locked: proxies may run on event loops in several threads."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._taken = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> bool:
+        with self._lock:
+            if self._taken >= self._limit:
+                return False
+            self._taken += 1
+            return True
+
+    def give(self) -> None:
+        with self._lock:
+            self._taken -= 1
+
+
+_BORROWED = _Budget(_MAX_BORROWED_TOTAL)
+
+
 class EgressProxy:
-    """Serves one call's egress on a Unix socket until closed."""
+    """Serves one call's egress on a Unix socket until closed.
+
+    At most ``max_connections`` connections at once (more are answered ``503`` and closed), beyond
+    the first few only while the process-wide budget lasts; each must send its request's head
+    within ``head_timeout_s``.
+    """
 
     def __init__(
         self,
@@ -134,6 +187,8 @@ class EgressProxy:
         injections: Sequence[Injection] = (),
         intercept: InterceptCA | None = None,
         upstream_ca: Path | None = None,
+        head_timeout_s: float = _HEAD_TIMEOUT_S,
+        max_connections: int = _MAX_CONNECTIONS,
     ) -> None:
         self.path = path
         self._rules = [EgressRule(r.host.lower().rstrip("."), r.port, tuple(m.upper() for m in r.methods))
@@ -142,12 +197,16 @@ class EgressProxy:
         self._hosts = {k.lower(): v for k, v in (hosts or {}).items()}
         self._connect_timeout = connect_timeout_s
         self._idle_timeout = idle_timeout_s
+        self._head_timeout = head_timeout_s
+        self._max_connections = max_connections
         self._injections = tuple(injections)
         self._intercept = intercept
         self._upstream_tls = upstream_context(upstream_ca) if intercept is not None else None
         self._listener: socket.socket | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._conns: set[socket.socket] = set()  # every connection accepted and not closed yet
+        self._borrowed: set[socket.socket] = set()  # those of them counted in the process's budget
+        self._refusing = False  # over a cap: said once in the log, not for every connection
         self.records: list[EgressRecord] = []
 
     async def start(self) -> None:
@@ -184,7 +243,7 @@ class EgressProxy:
         finally:  # also when this close is cancelled in turn (the sandbox's call was, again)
             for conn in list(self._conns):  # a connection whose task never ran
                 conn.close()
-            self._conns.clear()
+                self._forget(conn)
             with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()
 
@@ -203,10 +262,41 @@ class EgressProxy:
                 loop.call_later(_ACCEPT_RETRY_S, self._resume, listener)
                 return
             conn.setblocking(False)
+            if not self._admit(conn):
+                continue
             self._conns.add(conn)
             task = loop.create_task(self._connection(conn))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    def _admit(self, conn: socket.socket) -> bool:
+        """Whether ``conn`` may be served now; if not, it is answered ``503`` and closed at once
+        (accepted first, so it does not wait in the backlog, holding the client up)."""
+        over = None
+        if len(self._conns) >= self._max_connections:
+            over = "call"
+        elif len(self._conns) >= _RESERVED_CONNECTIONS:
+            if _BORROWED.take():
+                self._borrowed.add(conn)
+            else:
+                over = "process"
+        if over is None:
+            self._refusing = False
+            return True
+        if not self._refusing:
+            self._refusing = True
+            log.warning("egress_connections_refused", cap=over, open=len(self._conns), path=str(self.path))
+        with contextlib.suppress(OSError):  # a full buffer, a client gone: it is closed all the same
+            conn.send(_BUSY)
+        conn.close()
+        return False
+
+    def _forget(self, conn: socket.socket) -> None:
+        """``conn`` is closed: its slot, and its share of the process's budget, are free."""
+        self._conns.discard(conn)
+        if conn in self._borrowed:
+            self._borrowed.discard(conn)
+            _BORROWED.give()
 
     def _resume(self, listener: socket.socket) -> None:
         if self._listener is listener:  # not closed meanwhile
@@ -239,18 +329,34 @@ class EgressProxy:
                 conn.close()
                 return
             await self._serve(*streams[0])
+        except Exception as exc:  # a task's exception would reach asyncio's logger, unredacted
+            log.error("egress_connection_failed", error=exc.__class__.__name__)
+            conn.close()
         finally:
-            self._conns.discard(conn)
+            self._forget(conn)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_HEAD)
+        exchange = _Exchange()
         try:
-            await self._handle(reader, writer)
+            await self._handle(conn, reader, writer, exchange)
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
             pass
         except asyncio.CancelledError:
             # aclose() cancels open tunnels: the connection ends here (the task is ours, and nothing
             # waits for its result).
             pass
+        except Exception as exc:  # a bug, or a library's error no branch above expected
+            # Its text may quote what it choked on (h11 quotes a header, credential and all): only
+            # its class is told, to the client, the log and the record, and it never reaches
+            # asyncio's logger, which writes the task's traceback to stderr unredacted.
+            log.error("egress_proxy_error", error=exc.__class__.__name__, host=exchange.host, port=exchange.port)
+            if not exchange.reported:
+                refused = _Refused(500, f"the proxy failed on this request ({exc.__class__.__name__})")
+                await _send_error(conn, writer, refused.status, refused.reason)
+                exchange.fail(refused)
+                with contextlib.suppress(Exception):  # the hook failing too: the router counts it unaudited
+                    await self._report_exchange(exchange)
         finally:
             await _close(writer)
 
@@ -260,6 +366,11 @@ class EgressProxy:
         router waits for it before it releases the call's output."""
         await asyncio.shield(self._deliver(record))
 
+    async def _report_exchange(self, exchange: _Exchange, *, cut_off: bool = False) -> None:
+        """Record ``exchange``, once."""
+        exchange.reported = True
+        await self._report(exchange.record(cut_off=cut_off))
+
     async def _deliver(self, record: EgressRecord) -> None:
         self.records.append(record)
         log.info("egress", method=record.method, host=record.host, port=record.port, allowed=record.allowed,
@@ -268,11 +379,17 @@ class EgressProxy:
         if self._on_record is not None:
             await self._on_record(record)
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_HEAD)
-        exchange = _Exchange()
+    async def _handle(
+        self, conn: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, exchange: _Exchange
+    ) -> None:
         try:
-            request = await _next_request(conn, reader, self._idle_timeout)
+            try:
+                async with asyncio.timeout(self._head_timeout):
+                    request = await _next_request(conn, reader, self._idle_timeout)
+            except TimeoutError:
+                # No request yet, so none is recorded: an idle connection is not one.
+                await _send_error(conn, writer, 408, f"send the request within {self._head_timeout:g} s")
+                return
             if request.method.upper() == b"CONNECT":
                 # What the client sends after its CONNECT must reach whatever serves the tunnel:
                 # TLS, if the proxy intercepts. Read on, and a TLS hello sent early (or between
@@ -286,11 +403,11 @@ class EgressProxy:
         except _Refused as refused:
             await _send_error(conn, writer, refused.status, refused.reason)
             exchange.fail(refused)
-            await self._report(exchange.record())
+            await self._report_exchange(exchange)
             return
         except asyncio.CancelledError:
             if exchange.host != "?":  # it asked for somewhere: recorded, though nothing went out yet
-                await self._report(exchange.record(cut_off=True))
+                await self._report_exchange(exchange, cut_off=True)
             raise
         cut_off = False
         try:
@@ -315,9 +432,9 @@ class EgressProxy:
         finally:
             await _close(route.up_writer)
         if cut_off:
-            await self._report(exchange.record(cut_off=True))
+            await self._report_exchange(exchange, cut_off=True)
             raise asyncio.CancelledError
-        await self._report(exchange.record())
+        await self._report_exchange(exchange)
 
     async def _route(self, request: h11.Request, exchange: _Exchange) -> _Route:
         """Check ``request`` against the rules and open its upstream connection, or `_Refused`."""
@@ -326,8 +443,14 @@ class EgressProxy:
         exchange.host, exchange.port, target = _destination(method, request.target.decode("ascii", "replace"))
         host, port = exchange.host, exchange.port
         rule = self._rule(method, host, port)
-        injections = tuple(i for i in self._injections if i.applies_to(host, port))
-        intercept = method == "CONNECT" and bool(injections or rule.methods)
+        # A credential goes only into what the proxy sends over TLS it verified itself (inside an
+        # intercepted CONNECT); into plain HTTP only if its operator allowed that, and never to 443:
+        # plain text to a TLS port is a request the sandbox shaped to read on the wire.
+        tls = method == "CONNECT"
+        injections = tuple(i for i in self._injections if i.applies_to(host, port, tls=tls))
+        intercept = tls and bool(injections or rule.methods)
+        if not tls:  # its headers are known now: a placeholder it may not carry is refused before any connection
+            self._credentials(request.headers, injections, exchange, tls=False)
         if intercept and self._intercept is None:
             raise _Refused(403, f"HTTPS to {host}:{port} must be intercepted (a credential or a method "
                                 "restriction) and this proxy has no CA for it")  # fmt: skip
@@ -423,7 +546,11 @@ class EgressProxy:
             return
         inner = h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_HEAD)
         try:
-            request = await _next_request(inner, reader, self._idle_timeout)
+            try:
+                async with asyncio.timeout(self._head_timeout):
+                    request = await _next_request(inner, reader, self._idle_timeout)
+            except TimeoutError as exc:  # a tunnel held open, idle, is a connection slot taken
+                raise _Refused(408, f"send the request within {self._head_timeout:g} s") from exc
             _check_framing(request)
             exchange.method = request.method.decode("ascii", "replace").upper()
             target = request.target.decode("ascii", "replace")
@@ -453,6 +580,7 @@ class EgressProxy:
         """Send ``request`` upstream with its credentials, and its response back, scrubbed of
         them. Raises `_Refused` only before anything was sent back."""
         body = await _read_body(conn, reader, self._idle_timeout)
+        injections = self._credentials(request.headers, route.injections, exchange, tls=route.intercept)
         upstream = h11.Connection(h11.CLIENT)
         # The body is framed by what we send, never by the client's claims.
         # Host names the rule's authority, whatever the client wrote (as a proxy must, RFC 9112
@@ -461,7 +589,7 @@ class EgressProxy:
         host = f"[{exchange.host}]" if ":" in exchange.host else exchange.host
         authority = host if exchange.port == default_port else f"{host}:{exchange.port}"
         kept = [(k, v) for k, v in request.headers if k.lower() not in _HOP_BY_HOP | {b"content-length", b"host"}]
-        headers, exchange.injected = _inject([(b"host", authority.encode()), *kept], route.injections)
+        headers, exchange.injected = _inject([(b"host", authority.encode()), *kept], injections)
         scrubber = _ResponseScrubber(route.injections, request.method) if route.injections else None
         if scrubber is not None:
             # Scrubbing needs the body as text: ask for it uncompressed.
@@ -470,10 +598,18 @@ class EgressProxy:
         headers.append((b"connection", b"close"))
         if body or request.method.upper() in (b"POST", b"PUT", b"PATCH"):
             headers.append((b"content-length", str(len(body)).encode()))
-        data = upstream.send(h11.Request(method=request.method, target=route.target.encode(), headers=headers))
-        if body:
-            data += upstream.send(h11.Data(data=body))
-        data += upstream.send(h11.EndOfMessage())
+        try:
+            data = upstream.send(h11.Request(method=request.method, target=route.target.encode(), headers=headers))
+            if body:
+                data += upstream.send(h11.Data(data=body))
+            data += upstream.send(h11.EndOfMessage())
+        except h11.LocalProtocolError:
+            # h11 quotes the header it refuses, with the credential put into it: nothing of its
+            # text is kept (no chained exception either). Only an injected value can make the
+            # request invalid here: the client's own head was parsed by h11 already.
+            injected = ", ".join(exchange.injected) or "none"
+            raise _Refused(502, "the request is invalid with its credentials put in (a header h11 refuses); "
+                                f"nothing was sent (injected: {injected})") from None  # fmt: skip
         route.up_writer.write(data)
         await route.up_writer.drain()
         exchange.up = len(data)
@@ -482,6 +618,38 @@ class EgressProxy:
         finally:
             if scrubber is not None:
                 exchange.scrubbed = scrubber.found()
+
+    def _credentials(
+        self,
+        headers: Sequence[tuple[bytes, bytes]],
+        applicable: Sequence[Injection],
+        exchange: _Exchange,
+        *,
+        tls: bool,
+    ) -> tuple[Injection, ...]:
+        """The credentials to put into a request with ``headers`` sent now (over verified TLS, if
+        ``tls``): those of ``applicable`` (the ones its destination may have) whose placeholder it
+        carries. `_Refused` (``403``, the request not allowed) if it carries the placeholder of one
+        not applicable, or of one whose lease has ended: replacing it is refused, and sending the
+        placeholder on would hide the attempt."""
+        now = time.time()
+        used = []
+        for injection in self._injections:
+            placeholder = injection.placeholder.encode()
+            if not any(placeholder in value for _, value in headers):
+                continue
+            if injection not in applicable:
+                how = "over TLS" if tls else "over plain HTTP"
+                hint = "" if tls or injection.allow_plaintext else "; use https://"
+                reason = f"credential {injection.label} may not go to {exchange.host}:{exchange.port} {how}{hint}"
+            elif injection.expired(now):
+                reason = f"credential {injection.label} has expired (its lease ended); the call may not use it now"
+            else:
+                used.append(injection)
+                continue
+            exchange.allowed = False
+            raise _Refused(403, reason)
+        return tuple(used)
 
     async def _relay(
         self,
@@ -554,15 +722,19 @@ class _ResponseScrubber:
         """What to send of the status line and headers now; `_Refused` for a body coding it cannot read."""
         headers: list[tuple[bytes, bytes]] = []
         length: int | None = None
+        # Codings apply in order, however many headers list them (RFC 9110 §8.4): taken one header
+        # at a time, "gzip" twice was inflated once and the inner gzip passed on unread.
+        codings = [c.strip().lower() for name, value in response.headers if name.lower() == b"content-encoding"
+                   for c in value.split(b",") if c.strip()]  # fmt: skip
+        if codings and (len(codings) > 1 or (codings[0] not in _INFLATABLE and codings[0] != b"identity")):
+            listed = b", ".join(codings).decode("ascii", "replace")[:60]
+            raise _Refused(502, f"upstream sent a body coded {listed}, which the proxy cannot scrub for credentials "
+                                "(it reads one gzip or deflate coding)")  # fmt: skip
+        if codings and codings[0] in _INFLATABLE:
+            self._inflate = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib header
         for name, value in response.headers:
             lower = name.lower()
             if lower == b"content-encoding":
-                coding = value.strip().lower()
-                if coding in _INFLATABLE:
-                    self._inflate = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib header
-                elif coding != b"identity":
-                    raise _Refused(502, f"upstream sent a {coding.decode('ascii', 'replace')[:40]} body, "
-                                        "which the proxy cannot scrub for credentials")  # fmt: skip
                 continue
             if lower == b"content-length" and self._method != b"HEAD":
                 length = int(value)  # h11 has checked it; the new one is known once the body is scrubbed
@@ -684,10 +856,13 @@ def _destination(method: str, target: str) -> tuple[str, int, str]:
     """(host, port, origin-form target) of a proxy request, or `_Refused`."""
     if method == "CONNECT":
         host, sep, port_text = target.rpartition(":")
-        if not sep or not port_text.isdigit():
+        if not sep or not (port_text.isascii() and port_text.isdigit()) or len(port_text) > _PORT_DIGITS:
             raise _Refused(400, f"CONNECT target {target[:100]!r} is not host:port")
         return _host(host.strip("[]")), _port(int(port_text)), ""
-    parts = urlsplit(target)
+    try:
+        parts = urlsplit(target)
+    except ValueError as exc:  # an unclosed "[" of an IPv6 literal, say
+        raise _Refused(400, f"URL {target[:100]!r} is malformed") from exc
     if parts.scheme != "http" or not parts.hostname:
         raise _Refused(400, "send http:// URLs in absolute form, and https through CONNECT")
     try:

@@ -58,7 +58,8 @@ async def plane(
         audit=AuditSettings(path=tmp_path / "audit.jsonl"), policy=PolicySettings(dir=policies),
         runner=RunnerSettings(state_dir=runner_state, pool_size=0, egress_ca_file=reflector.ca_file,
                               egress_hosts={HOST: "127.0.0.1"}),
-        credentials=[CredentialConfig(name="echo-key", kind="secret", hosts=[HOST], value_env="TEST_ECHO_KEY")],
+        credentials=[CredentialConfig(name="echo-key", kind="secret", hosts=[f"{HOST}:{reflector.https_port}"],
+                                      value_env="TEST_ECHO_KEY")],  # a host alone would mean port 443
     )  # fmt: skip
     async with ControlPlane.from_settings(settings) as control_plane:
         yield control_plane

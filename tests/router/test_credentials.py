@@ -1,6 +1,7 @@
 """Credentials end to end: minted after the decision, injected at the real egress proxy (HTTPS
-through a per-call CA, and plain HTTP), introspected while the call runs, revoked after it, and
-never seen by the sandbox, the agent, the logs or the audit log. On the embedded store and Redis."""
+through a per-call CA, and plain HTTP only where the operator allows it), introspected while the
+call runs, refused once its lease has ended, revoked after it, and never seen by the sandbox, the
+agent, the logs or the audit log. On the embedded store and Redis."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from router import ControlPlane, Settings
 from router.audit import AuditFilter
 from router.credentials import Binding, CredentialConfig, CredentialUnavailable, Grant, introspect
 from router.credentials.client import TokenIntrospector
+from router.credentials.secrets import load_secret
 from router.credentials.tokens import TokenIssuer
 from router.errors import ToolNotFound, ToolRefused
 from router.interfaces.api import create_app
@@ -92,24 +94,45 @@ def store_url(both_stores: str | None) -> str | None:
 
 
 @pytest.fixture
+def plain_text() -> bool:
+    """Whether the operator lets the credentials go over plain HTTP too (a test parametrizes it)."""
+    return False
+
+
+@pytest.fixture
+def key_ttl_s() -> int:
+    """The longest lease policy grants on ``api-key`` (a test parametrizes it)."""
+    return 60
+
+
+@pytest.fixture
 async def plane(
-    tmp_path: Path, runner_state: Path, echo: Echo, store_url: str | None, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    runner_state: Path,
+    echo: Echo,
+    store_url: str | None,
+    monkeypatch: pytest.MonkeyPatch,
+    plain_text: bool,
+    key_ttl_s: int,
 ) -> AsyncIterator[ControlPlane]:
     policies = copy_policies(tmp_path)
     edit_catalog(policies, egress_allowlist=[HOST, LOOKALIKE], credentials={
-        "api-token": {"scopes": ["read"], "ttl_s": 120}, "api-key": {"ttl_s": 60},
+        "api-token": {"scopes": ["read"], "ttl_s": 120}, "api-key": {"ttl_s": key_ttl_s},
         "ghost": {}, "api-token-admin": {"scopes": ["admin"]},
     })  # fmt: skip
     monkeypatch.setenv("TEST_API_KEY", CANARY)
+    hosts = [f"{HOST}:{echo.https_port}", f"{HOST}:{echo.http_port}"]  # a host alone would mean 443 (and 80)
     settings = Settings(
         audit=AuditSettings(path=tmp_path / "audit.jsonl"), policy=PolicySettings(dir=policies),
         store=StoreSettings(url=store_url), introspection_tokens=[SecretStr(SERVICE_TOKEN)],
         runner=RunnerSettings(state_dir=runner_state, pool_size=0, egress_ca_file=echo.ca_file,
                               egress_hosts={HOST: "127.0.0.1", LOOKALIKE: "127.0.0.1"}),
         credentials=[
-            CredentialConfig(name="api-token", kind="token", hosts=[HOST], scopes=["read"], max_ttl_s=30),
-            CredentialConfig(name="api-key", kind="secret", hosts=[HOST], value_env="TEST_API_KEY"),
-            CredentialConfig(name="api-token-admin", kind="token", hosts=[HOST], scopes=["read"]),
+            CredentialConfig(name="api-token", kind="token", hosts=hosts, scopes=["read"], max_ttl_s=30,
+                             allow_plaintext=plain_text),
+            CredentialConfig(name="api-key", kind="secret", hosts=hosts, value_env="TEST_API_KEY",
+                             allow_plaintext=plain_text),
+            CredentialConfig(name="api-token-admin", kind="token", hosts=hosts, scopes=["read"]),
         ],
     )  # fmt: skip
     async with ControlPlane.from_settings(settings) as control_plane:
@@ -200,16 +223,87 @@ async def test_a_call_gets_working_credentials_that_never_reach_the_sandbox_agen
     assert (sorted(egress.result["injected"]), egress.result["intercepted"]) == (["api-key", "api-token"], True)
 
 
+@pytest.mark.parametrize("plain_text", [True])
 async def test_credentials_go_only_to_their_host_never_to_a_lookalike(plane: ControlPlane, echo: Echo) -> None:
+    """With the operator's leave (``allow_plaintext``), over plain HTTP to the credential's host;
+    to a lookalike, never: the request carrying its placeholder there is refused and audited."""
     await plane.register(fetch_tool(echo))
     session = await plane.open_session("agent-1", "alice@example.com")
     exact = await plane.call(session, "fetch", {"url": f"http://{HOST}:{echo.http_port}/"})
     assert exact.ok, exact.stderr
     assert echo.seen[-1]["api_key"] == CANARY  # plain HTTP: injected in the forwarded request
+    seen = len(echo.seen)
     lookalike = await plane.call(session, "fetch", {"url": f"http://{LOOKALIKE}:{echo.http_port}/"})
-    assert lookalike.ok, lookalike.stderr
-    assert echo.seen[-1]["api_key"].startswith("stockade-placeholder-")  # not the secret
-    assert echo.seen[-1]["host"].startswith(LOOKALIKE)
+    assert not lookalike.ok
+    assert "HTTP Error 403" in lookalike.stderr
+    assert len(echo.seen) == seen  # not even the placeholder went there
+    [egress] = await plane.audit.query(AuditFilter(decision_id=lookalike.decision_id, kind="egress"))
+    assert egress.outcome == "deny"
+    assert egress.result is not None
+    assert egress.result["reason"].startswith("credential api-")
+    assert LOOKALIKE in egress.result["reason"]
+
+
+async def test_a_credential_never_goes_over_plain_http_without_the_operators_leave(
+    plane: ControlPlane, echo: Echo
+) -> None:
+    """The value would cross the network in clear text, to whatever the name resolves to, with no
+    certificate checked: a request carrying the placeholder over plain HTTP is refused, audited as
+    denied, and nothing reaches the upstream; over HTTPS the same tool gets it."""
+    await plane.register(fetch_tool(echo))
+    session = await plane.open_session("agent-1", "alice@example.com")
+    seen = len(echo.seen)
+    plain = await plane.call(session, "fetch", {"url": f"http://{HOST}:{echo.http_port}/"})
+    assert not plain.ok
+    assert "HTTP Error 403" in plain.stderr
+    assert len(echo.seen) == seen
+    [egress] = await plane.audit.query(AuditFilter(decision_id=plain.decision_id, kind="egress"))
+    assert (egress.outcome, egress.result and egress.result["status"]) == ("deny", 403)
+    assert egress.result is not None
+    assert "over plain HTTP" in egress.result["reason"]
+    assert egress.result["injected"] == []
+    secure = await plane.call(session, "fetch", {"url": f"https://{HOST}:{echo.https_port}/"})
+    assert secure.ok, secure.stderr
+    assert echo.seen[-1]["api_key"] == CANARY
+    assert CANARY not in plane.settings.audit.path.read_text()
+
+
+LATE = """
+def main(url, wait):
+    import os, time, urllib.error, urllib.request
+    statuses = []
+    for delay in (0, wait):
+        time.sleep(delay)
+        request = urllib.request.Request(url, headers={"X-Api-Key": os.environ["STOCKADE_CREDENTIAL_API_KEY"]})
+        try:
+            statuses.append(urllib.request.urlopen(request, timeout=10).status)
+        except urllib.error.HTTPError as e:
+            statuses.append(e.code)
+    return statuses
+"""
+
+
+@pytest.mark.parametrize("key_ttl_s", [1])
+async def test_an_upstream_secret_is_not_injected_after_its_lease_ends(plane: ControlPlane, echo: Echo) -> None:
+    """Policy grants ``api-key`` for 1 s; the call runs longer. Its request after the lease ended
+    gets ``403`` from the proxy and a denied egress event; the upstream had the value only once."""
+    await plane.register(python_tool("late", LATE, credentials=[{"name": "api-key"}], sandbox={
+        "egress": [{"host": HOST, "port": echo.https_port}], "limits": {"timeout_s": 10},
+    }))  # fmt: skip
+    session = await plane.open_session("agent-1", "alice@example.com")
+    seen = len(echo.seen)
+    result = await plane.call(session, "late", {"url": f"https://{HOST}:{echo.https_port}/", "wait": 1.5})
+    assert result.ok, result.stderr
+    assert result.output == [200, 403]
+    assert [s["api_key"] for s in echo.seen[seen:]] == [CANARY]
+    events = await plane.audit.query(AuditFilter(decision_id=result.decision_id))
+    [minted] = [e for e in events if (e.kind, e.outcome) == ("credential", "minted")]
+    assert minted.result is not None
+    assert minted.result["ttl_s"] == 1
+    egress = [e for e in events if e.kind == "egress"]
+    assert [(e.outcome, e.result and e.result["status"]) for e in egress] == [("allow", 200), ("deny", 403)]
+    assert egress[1].result is not None
+    assert "expired" in egress[1].result["reason"]
 
 
 async def test_a_token_is_bound_to_its_call_and_dies_with_its_ttl_even_if_never_revoked(plane: ControlPlane) -> None:
@@ -340,3 +434,21 @@ async def test_a_router_missing_an_upstream_secret_does_not_start(tmp_path: Path
     settings = Settings(audit=AuditSettings(path=tmp_path / "a.jsonl"), credentials=[unset])
     with pytest.raises(CredentialUnavailable, match="STOCKADE_TEST_UNSET_SECRET is empty"):
         ControlPlane.from_settings(settings)
+
+
+async def test_an_upstream_secret_is_read_without_stray_whitespace_and_one_no_header_can_carry_stops_the_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key with a trailing newline (an env file, a secret mounted from a file) is the key alone;
+    one with a line break inside could never be sent: the router refuses to start, naming the
+    credential and never showing its value."""
+    monkeypatch.setenv("TEST_PADDED_SECRET", f"  {CANARY}\n")
+    padded = CredentialConfig(name="api-key", kind="secret", hosts=[HOST], value_env="TEST_PADDED_SECRET")
+    assert load_secret(padded).get_secret_value() == CANARY
+    monkeypatch.setenv("TEST_BROKEN_SECRET", f"{CANARY}\r\nX-Injected: yes")
+    broken = CredentialConfig(name="api-key", kind="secret", hosts=[HOST], value_env="TEST_BROKEN_SECRET")
+    settings = Settings(audit=AuditSettings(path=tmp_path / "a.jsonl"), credentials=[broken])
+    with pytest.raises(CredentialUnavailable, match=r"credential api-key: .*TEST_BROKEN_SECRET.* control") as refused:
+        ControlPlane.from_settings(settings)
+    assert CANARY not in str(refused.value)
+    assert "X-Injected" not in str(refused.value)

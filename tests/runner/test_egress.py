@@ -36,6 +36,11 @@ SECRET = "sk-egress-test-5f1d8a3b9c7e"
 PLACEHOLDER = "stockade-placeholder-egress-test"
 
 
+def credential(port: int, *, allow_plaintext: bool = False, expires_at: float | None = None) -> Injection:
+    """SECRET for HOST on ``port``, as a call holding it gets it."""
+    return Injection("api-key", PLACEHOLDER, SECRET, (f"{HOST}:{port}",), allow_plaintext, expires_at)
+
+
 @pytest.fixture(scope="module", params=list(LOOPS), autouse=True)
 def _asyncio_loop_factory(request: pytest.FixtureRequest) -> Callable[[], asyncio.AbstractEventLoop]:
     """Runs each test of this module on both loops. It overrides pytest-asyncio's own loop-factory
@@ -191,7 +196,7 @@ async def test_a_credential_reflected_in_a_malformed_answer_never_reaches_the_sa
         records.append(record)
 
     server = EgressProxy(tmp_path / "r.sock", [EgressRule(HOST, port)], keep, hosts={HOST: "127.0.0.1"},
-                         injections=[Injection("api-key", PLACEHOLDER, SECRET, (HOST,))])  # fmt: skip
+                         injections=[credential(port, allow_plaintext=True)])  # fmt: skip
     await server.start()
     try:
         reply = await send(server, f"GET http://{HOST}:{port}/me HTTP/1.1\r\nHost: other-tenant.example\r\n"
@@ -342,7 +347,7 @@ async def intercepting(tmp_path: Path, https_upstream: HttpsUpstream) -> AsyncIt
     ca = InterceptCA()
     server = EgressProxy(
         tmp_path / "egress.sock", [EgressRule(HOST, https_upstream.port, ("GET",))], keep,
-        hosts={HOST: "127.0.0.1"}, injections=[Injection("api-key", PLACEHOLDER, SECRET, (HOST,))],
+        hosts={HOST: "127.0.0.1"}, injections=[credential(https_upstream.port)],
         intercept=ca, upstream_ca=https_upstream.ca_file,
     )  # fmt: skip
     await server.start()
@@ -466,7 +471,7 @@ async def test_an_upstream_that_fails_verification_is_refused_at_the_connect(
     ca = InterceptCA()
     server = EgressProxy(tmp_path / "egress.sock", [EgressRule(HOST, https_upstream.port, ("GET",))],
                          hosts={HOST: "127.0.0.1"}, intercept=ca,
-                         injections=[Injection("api-key", PLACEHOLDER, SECRET, (HOST,))])  # fmt: skip
+                         injections=[credential(https_upstream.port)])  # fmt: skip
     await server.start()
     try:
         head, _ = await https_via(server, https_upstream.port, ca.cert_pem, inner_request("GET"))
@@ -565,7 +570,7 @@ async def test_a_tls_hello_sent_before_the_connect_is_answered_still_reaches_tls
     ca = InterceptCA()
     server = EgressProxy(tmp_path / "egress.sock", [EgressRule(HOST, gated_upstream.port, ("GET",))],
                          hosts={HOST: "127.0.0.1"}, intercept=ca, upstream_ca=https_upstream.ca_file,
-                         injections=[Injection("api-key", PLACEHOLDER, SECRET, (HOST,))])  # fmt: skip
+                         injections=[credential(gated_upstream.port)])  # fmt: skip
     await server.start()
     reader, writer = await asyncio.open_unix_connection(str(server.path))
     try:

@@ -137,7 +137,8 @@ class Proxied:
 
 @pytest.fixture
 async def proxied(tmp_path: Path, reflector: Reflector) -> AsyncIterator[Proxied]:
-    """The proxy as a call with a credential for HOST gets it: both upstreams allowed."""
+    """The proxy as a call with a credential for HOST gets it: both upstreams allowed, the
+    credential for both (plain HTTP by the operator's leave)."""
     reflector.seen.clear()
     records: list[EgressRecord] = []
 
@@ -147,7 +148,10 @@ async def proxied(tmp_path: Path, reflector: Reflector) -> AsyncIterator[Proxied
     ca = InterceptCA()
     server = EgressProxy(
         tmp_path / "egress.sock", [EgressRule(HOST, reflector.https_port), EgressRule(HOST, reflector.http_port)],
-        keep, hosts={HOST: "127.0.0.1"}, injections=[Injection("api-key", PLACEHOLDER, SECRET, (HOST,))],
+        keep, hosts={HOST: "127.0.0.1"}, injections=[Injection(
+            "api-key", PLACEHOLDER, SECRET, (f"{HOST}:{reflector.https_port}", f"{HOST}:{reflector.http_port}"),
+            allow_plaintext=True,  # the http upstream: scrubbed the same way
+        )],
         intercept=ca, upstream_ca=reflector.ca_file,
     )  # fmt: skip
     await server.start()
