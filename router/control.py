@@ -66,6 +66,7 @@ from router.provenance import (
     is_untrusted_only,
     source_label,
     split_output,
+    supplied_keys_async,
     trusted_context_keys_async,
 )
 from router.results import Artifact, DecisionResult, RunUsage, ToolResult
@@ -755,8 +756,17 @@ class ControlPlane:
                 telemetry.minting(span, decision.obligations.credentials)
                 await self._mint(call, decision)
                 telemetry.minted(span, call.leases)
+        await self._read_supplied(call)
         if isinstance(call.tool.spec.executor, ExternalExecutor):
             call.stage = "awaiting_report"
+            if "reads_untrusted" in call.tool.spec.capabilities:
+                # The framework runs it and the agent may read its output before (or without) the
+                # report: the session is tainted now, so no later call is decided as if it were
+                # clean. (No keys, and a source no call_id names: nothing to endorse until reported.)
+                await self._store_step(call, self.store.record_output(
+                    call.session.id, f"{source_label(call.tool.spec.name, call.call_id, untrusted=True)}/allowed", (),
+                    taint=UNTRUSTED_CONTENT,
+                ))  # fmt: skip
             await self._store_step(call, self.store.expect_report(
                 PendingExternal(call.session.id, call.call_id, call.decision_id, call.tool.spec.name,
                                 tuple(sorted(call.arg_keys)), steered=call.steered)
@@ -892,9 +902,21 @@ class ControlPlane:
         # A call the agent was steered to by untrusted content (a search for the words an injected
         # text gave it) returns what that text chose: none of its output is a trusted source.
         call.steered = any(is_untrusted_only(sources, context.session.endorsed) for sources in provenance.values())
-        call.arg_keys = {key for arg_keys in keys.values() for key in arg_keys}
-        call.arg_keys.update(key for value in checked for key in value.keys)
+        # What the checked values are keyed by (an amount of any size): the call supplied them.
+        # The rest of what it supplied is read once it goes ahead (`_read_supplied`).
+        call.arg_keys = {key for value in checked for key in value.keys}
         return call
+
+    @staticmethod
+    async def _read_supplied(call: _Call) -> None:
+        """Add to ``call.arg_keys`` every key its arguments give read as content would (names,
+        quoted phrases, a map's keys, the digits in an address: `supplied_keys`), so a trusted
+        tool's output that repeats one is no source for it. Only an output indexed as a trusted
+        tool's needs them: not a steered call's, nor all of a ``reads_untrusted`` tool's."""
+        spec = call.tool.spec
+        if call.steered or ("reads_untrusted" in spec.capabilities and not spec.untrusted_output):
+            return
+        call.arg_keys.update(await supplied_keys_async(call.args))
 
     async def _load_session(self, session_id: object, agent: str | None = None) -> SessionRecord:
         """The open session ``session_id`` (renewed), if ``agent`` (when given) is its agent.
@@ -1342,9 +1364,10 @@ class ControlPlane:
         """Index output the agent is about to see, and taint the session if the tool reads
         untrusted content. Raises `StoreError`.
 
-        ``echoed``: the keys of the call's own arguments. A trusted tool's output is a trusted
-        source, except for what it only repeats (an echo, a formatter, "sent to X"): those values
-        keep the sources they had, so a tool cannot launder an untrusted value into a trusted one.
+        ``echoed``: every key the call's own arguments supply (`supplied_keys`). A trusted tool's
+        output is a trusted source, except for what it only repeats (an echo, a formatter, "sent to
+        X"): those values keep the sources they had, so a tool cannot launder an untrusted value
+        into a trusted one.
         ``steered``: an argument came only from untrusted content, so all of the output is
         untrusted content: a trusted tool's, and the parts a tool declares its own
         (``untrusted_output``) alike. (The session is tainted already: that content tainted it.)"""
@@ -1365,10 +1388,7 @@ class ControlPlane:
         self, session: SessionRecord, source: str, content: list[Any], echoed: Collection[str], taint: str | None
     ) -> None:
         keys = await content_keys_async(content)
-        if echoed:
-            keys.difference_update(echoed)
-            # Indexed text also keys an address's domain as a host; the argument did not.
-            keys.difference_update("h:" + key.rsplit("@", 1)[1] for key in echoed if key.startswith("e:"))
+        keys.difference_update(echoed)  # read by the same function: whatever the output repeats is in it
         await self.store.record_output(session.id, source, keys, taint=taint)
 
     def _policy_input(self, call: _Call) -> PolicyInput:

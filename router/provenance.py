@@ -17,20 +17,38 @@ whole string          a string of at most 256 characters, whitespace collapsed (
 email                 ``local@domain.tld``, lower-cased; in indexed content also its domain (as a
                       hostname), but an argument that is one address matches only as that
                       whole address (not by its domain or the digits in it)
-URL                   ``http(s)://...``: the whole URL (scheme and host lower-cased, default
-                      port and trailing slash dropped) and, separately, its host
+URL                   ``http(s)://...``: the whole URL (scheme and host canonical, user info
+                      kept, default port, trailing slash and fragment dropped) and, separately,
+                      its host
 hostname              ``name.tld`` tokens, lower-cased, trailing dot dropped
 IBAN                  country, check digits, groups of four (spaced or not), spaces removed,
                       upper-cased; only if the ISO 13616 mod-97 check digits are right
 account number        8 or more digits, spaces and dashes removed
 number                at least 3 significant digits, in canonical form (``100``, ``100.0`` and
                       ``"100.00"`` match; ``000`` or ``0.005`` are too common to say where they
-                      came from)
+                      came from); ``2,500.50`` is one number, 2500.5, and not also its pieces
 ====================  =================================================================
 
+A host is keyed as a resolver reads it, by one function (`canonical_host`) for content and
+arguments alike: a URL's host percent-decoded, and a non-ASCII host mapped by UTS-46 (IDNA2008:
+case and width folded, ``\u3002`` a dot, ``ß`` kept) to its ``xn--`` form. So
+``https://%65vil.example`` is evil.example, and ``straße.example`` is not ``strasse.example``.
+
+A destination, amount or sensitive value is matched by what it *is*: its whole string, and an
+identifier only if the whole value is exactly one (`checked_values`): the value
+``https://evil.example/?d=x`https://news.example/`` is two URLs and so no URL, however trusted the
+second. A value that names no place (``Bob``, ``#general``) is also matched case-folded, as the
+user may have written it; an identifier never is. Each key of a map in such an argument is a
+value of its own.
+
 Strings longer than 256 characters (free text) are matched only by the identifiers they contain.
-Nested arguments are matched leaf by leaf; the provenance of an argument is every source of any
-of its keys. A key remembers at most 16 sources.
+Nested arguments are matched leaf by leaf (a map's keys and values alike); the provenance of an
+argument is every source of any of its keys. A key remembers at most 16 sources.
+
+What a call supplied. A trusted tool's output is a trusted source, except for what it only
+repeats: every key its output shares with the call's own arguments keeps the sources it had.
+Those are the keys `supplied_keys` reads from the arguments (names and values) with the very
+function that indexes content, so an echo can hold no key the call did not put in.
 
 Cost. Every matcher runs in time linear in the text: each is a regular expression without
 nested or overlapping quantifiers (possessive where a retry could only fail again), or a scan
@@ -44,7 +62,9 @@ of that:
 - at most `MAX_INDEXED_CHARS` characters of its strings are read, and at most
   `MAX_INDEXED_TOKENS` distinct candidate tokens (and values, and containers) examined; the
   scan stops when the tokens run out;
-- containers nested deeper than `MAX_DEPTH` are not entered.
+- containers nested deeper than `MAX_DEPTH` are not entered;
+- at most `MAX_MAPPED_HOSTS` non-ASCII hosts are mapped through UTS-46 (pure Python, some 15 us
+  each); a link with such a host past that contributes no key.
 
 Which way the bounds fail. Content that is not indexed contributes no key, so a value found only
 there has no source from it. Policy reads "no trusted source" as unverified: after untrusted
@@ -69,15 +89,17 @@ worker thread so the event loop keeps serving other calls.
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 import string
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import structlog
+from idna import IDNAError, uts46_remap
 
 log = structlog.get_logger(__name__)
 
@@ -93,6 +115,9 @@ MAX_INDEXED_CHARS = 2 << 20
 # Candidate tokens (and values and containers) examined per piece of content: about 25 ms of
 # the slowest matcher (URLs) on this machine class; a realistic output has far fewer.
 MAX_INDEXED_TOKENS = 8192
+# Non-ASCII hosts mapped through UTS-46 per piece of content (`canonical_host`): the mapping is
+# pure Python, some 15 us a host; past these, a link with such a host contributes no key.
+MAX_MAPPED_HOSTS = 512
 # Below this many characters (and nodes) a value is indexed inline: a few milliseconds at most.
 INLINE_CHARS = 64 * 1024
 _SPAN = 64 * 1024  # characters of distinct words scanned at a time while a budget lasts
@@ -197,12 +222,21 @@ _T = TypeVar("_T")
 class _Budget:
     """What indexing one piece of content may still read (characters) and examine (tokens)."""
 
-    __slots__ = ("chars", "cut", "tokens")
+    __slots__ = ("chars", "cut", "hosts", "tokens")
 
-    def __init__(self, chars: int, tokens: int) -> None:
+    def __init__(self, chars: int, tokens: int, hosts: int = MAX_MAPPED_HOSTS) -> None:
         self.chars = chars
         self.tokens = tokens
+        self.hosts = hosts
         self.cut = False
+
+    def map_host(self) -> bool:
+        """Spend one UTS-46 mapping; False (and the budget marked cut) if none is left."""
+        if self.hosts <= 0:
+            self.cut = True
+            return False
+        self.hosts -= 1
+        return True
 
     def spend(self) -> bool:
         """Spend a token; False (and the budget marked cut) if none is left."""
@@ -320,17 +354,25 @@ def _email_scan(words: _Distinct, budget: _Budget | None) -> list[str]:
 
 
 def _scan(
-    pattern: re.Pattern[str], pieces: _Distinct, budget: _Budget | None, skipped: Any = None, containing: str = ""
+    pattern: re.Pattern[str],
+    pieces: _Distinct,
+    budget: _Budget | None,
+    skipped: Any = None,
+    containing: str = "",
+    masked: re.Pattern[str] | None = None,
 ) -> list[Any]:
     """`_distinct` over ``pattern``'s matches in the distinct ``pieces`` (those ``containing`` a
     character, if given: the others cannot match), read a span at a time and no further than the
-    budget needs: a flood of distinct tokens costs what the budget allows, not what the text holds."""
+    budget needs: a flood of distinct tokens costs what the budget allows, not what the text holds.
+    What ``masked`` matches is read as a line break first (a token another matcher took whole)."""
     found: dict[Any, None] = {}
     index = 0
     while budget is None or len(found) <= budget.tokens:
         joined = pieces.joined(index, containing)
         if joined is None:
             break
+        if masked is not None:
+            joined = masked.sub("\n", joined)
         found.update(dict.fromkeys(pattern.findall(joined)))
         if skipped is not None:
             found.pop(skipped, None)
@@ -391,10 +433,40 @@ def _iban_in(country: str, digit: str, rest: str) -> list[str]:
     return candidates
 
 
-def _url_keys(url: str) -> list[str]:
-    """The keys of a URL `_URL` found: the whole URL (normalised) and its host."""
+def canonical_host(host: str, budget: _Budget | None = None) -> str | None:
+    """``host`` as a resolver reads it, the one form every key holds it in: ASCII lower-cased;
+    otherwise mapped by UTS-46 (IDNA2008: case and width folded, ``\u3002`` a dot, but ``ß`` kept,
+    not made ``ss`` as casefold or IDNA2003 would) with each non-ASCII label as its A-label
+    (``xn--...``); no trailing dot. None if UTS-46 disallows a character of it, or ``budget`` has
+    no mapping left: such a host gives no key, so a value naming it has no source (unverified)."""
+    if host.isascii():
+        return host.lower().rstrip(".")
+    if budget is not None and not budget.map_host():
+        return None
+    return _mapped_host(host)
+
+
+@functools.lru_cache(maxsize=4096)
+def _mapped_host(host: str) -> str | None:
+    """`canonical_host` of a non-ASCII host (cached: a page names the same few hosts many times)."""
+    try:
+        mapped = uts46_remap(host, std3_rules=False)
+        labels = [
+            label if label.isascii() else "xn--" + label.encode("punycode").decode("ascii")
+            for label in mapped.split(".")
+        ]
+    except (IDNAError, UnicodeError):
+        return None
+    return ".".join(labels).rstrip(".")
+
+
+def _url_keys(url: str, budget: _Budget | None = None) -> list[str]:
+    """The keys of a URL `_URL` found: the whole URL (normalised: scheme and host canonical, default
+    port, trailing slash and fragment dropped, user info kept) and its host."""
     url = url.rstrip(".,;:!?")
     plain = _PLAIN_URL.fullmatch(url)
+    userinfo = ""
+    host: str | None
     if plain is not None and (plain[3] is None or int(plain[3]) <= 65535):
         # What urlsplit gives for this common shape, without its per-call cost (a flood of
         # distinct URLs spends its budget here); anything else goes through urlsplit itself.
@@ -404,15 +476,20 @@ def _url_keys(url: str) -> list[str]:
     else:
         try:
             parts = urlsplit(url)
-            host = (parts.hostname or "").rstrip(".")
             port = parts.port
         except ValueError:
             return []
+        # A host is read as a browser reads it: percent-escapes decoded, then UTS-46
+        # (``%65vil.example``, ``evil\u3002example`` and fullwidth ``evil`` are all evil.example).
+        raw = parts.hostname or ""
+        host = canonical_host(unquote(raw) if "%" in raw else raw, budget)
+        userinfo = parts.netloc.rpartition("@")[0]  # who the request claims to be is part of where it goes
         scheme, path, query = parts.scheme.lower(), parts.path, parts.query
     if not host:
         return []
     default = {"http": 80, "https": 443}.get(scheme)
     netloc = host if port in (None, default) else f"{host}:{port}"
+    netloc = f"{userinfo}@{netloc}" if userinfo else netloc
     query = f"?{query}" if query else ""
     return [f"u:{scheme}://{netloc}{path.rstrip('/')}{query}", f"h:{host}"]
 
@@ -583,7 +660,7 @@ def _string_keys(text: str, indexing: bool, budget: _Budget | None) -> list[str]
             keys.extend(("e:" + email, "h:" + email.rsplit("@", 1)[1]) if indexing else ("e:" + email,))
     if urls and _left(budget):
         for url in _scan(_URL, words, budget):
-            keys.extend(_url_keys(url))
+            keys.extend(_url_keys(url, budget))
     if hosts and _left(budget):
         for run, after in _scan(_HOST_RUN, words, budget, containing="."):
             key = _host_key(run, bool(after))
@@ -602,10 +679,7 @@ def _string_keys(text: str, indexing: bool, budget: _Budget | None) -> list[str]
         for number in _scan(_SIGNED[ascii_], words, budget):
             keys.extend(_number_keys(number))
     if unsigned and _left(budget):
-        for digit, rest in _scan(_UNSIGNED[ascii_], words, budget, _SKIPPED2):
-            keys.extend(_number_keys(digit + rest))
-        if "," in text:
-            keys.extend(_grouped_keys(words, budget))
+        keys.extend(_unsigned_keys(words, "," in text, ascii_, budget))
     if indexing:  # last: names take only what budget the identifiers left, never theirs
         keys.extend(_name_keys(text, budget))
     return keys
@@ -621,6 +695,19 @@ def _iban_keys(text: str, pattern: re.Pattern[str], budget: _Budget | None) -> l
     else:
         found = _scan(pattern, lines, budget, _SKIPPED3)
     return ["i:" + iban for country, digit, rest in found for iban in _iban_in(country, digit, rest)]
+
+
+def _unsigned_keys(words: _Distinct, grouped: bool, ascii_: bool, budget: _Budget | None) -> list[str]:
+    """Keys of the unsigned numbers in ``words`` (``grouped``: the text has a ',' and may write
+    some with thousands separators)."""
+    keys = []
+    if grouped:
+        # A number written with thousands separators is one amount: "2,500.50" is 2500.5, never
+        # also 2 and 500.5 (read first, then masked out of the plain number scan).
+        keys.extend(_grouped_keys(words, budget))
+    for digit, rest in _scan(_UNSIGNED[ascii_], words, budget, _SKIPPED2, masked=_GROUPED if grouped else None):
+        keys.extend(_number_keys(digit + rest))
+    return keys
 
 
 def _grouped_keys(words: _Distinct, budget: _Budget | None) -> list[str]:
@@ -718,9 +805,9 @@ def _value_keys(value: Any, indexing: bool, budget: _Budget | None, depth: int =
             if key:
                 keys.append(key)
         elif isinstance(item, dict):
-            # Reversed, so the stack pops them in order: a cut then keeps the first ones. Indexed
-            # content is read key and value alike (a map keyed by addresses names them too).
-            children = [v for pair in item.items() for v in pair] if indexing else list(item.values())
+            # Reversed, so the stack pops them in order: a cut then keeps the first ones. A map is
+            # read key and value alike (a map keyed by addresses names them too).
+            children = [v for pair in item.items() for v in pair]
             stack.extend((child, level + 1) for child in reversed(children))
         elif isinstance(item, list | tuple):
             stack.extend((child, level + 1) for child in reversed(item))
@@ -759,6 +846,14 @@ def argument_keys(args: dict[str, Any]) -> dict[str, set[str]]:
     """The keys each top-level argument of a call is looked up by (every one of them: see the
     module docstring for why arguments are never cut)."""
     return {name: set(_value_keys(value, False, None)) for name, value in args.items()}
+
+
+def supplied_keys(args: dict[str, Any]) -> set[str]:
+    """Every key the call's own arguments would give as content: its argument names and values,
+    read by the very function that indexes content (`content_keys`), only never cut. A trusted
+    tool's output that repeats any of them (an echo, a formatter) is no source for it: whatever
+    content indexing can find in an output, it finds here first in what the call put in."""
+    return set(_value_keys(args, True, None))
 
 
 @dataclass(frozen=True, slots=True)
@@ -835,11 +930,13 @@ def trusted_context_keys(texts: Iterable[str]) -> set[str]:
     keys = content_keys(values)
     phrases = 0
     for text in values:
-        for token in _AMOUNT.findall(text[:MAX_INDEXED_CHARS]):
-            if key := _amount_key(token):
-                keys.add(key)
-        for token in _GROUPED.findall(text[:MAX_INDEXED_CHARS]):
+        head = text[:MAX_INDEXED_CHARS]
+        for token in _GROUPED.findall(head):
             if key := _amount_key(token.replace(",", "")):
+                keys.add(key)
+        # "2,500.50" is one amount, not also 2 and 500.50: grouped numbers are masked out first.
+        for token in _AMOUNT.findall(_GROUPED.sub("\n", head)):
+            if key := _amount_key(token):
                 keys.add(key)
         # The names the user writes in a sentence ("post it in #general", "DM Bob", "book the
         # Hotel Adlon"): every run of one to four words, as a whole-string key, so an argument
@@ -865,40 +962,76 @@ def _phrases(words: list[str]) -> Iterator[str]:
 
 def _identity_keys(leaf: Any) -> set[str]:
     """The keys that say what a destination-like value *is*: the whole string, and an identifier
-    only if the value is that identifier (``bob@x.example``, ``https://x.example/p``, an IBAN
-    spaced or not, an account or a number). A piece of a larger value proves nothing about it: a
-    password ``Nw-Sec!2024`` is not the user's because the user wrote "2024"."""
+    only if the whole value is exactly one (`_identifier`). A piece of a larger value proves
+    nothing about it: a password ``Nw-Sec!2024`` is not the user's because the user wrote "2024",
+    and ``https://evil.example/?d=x`https://news.example/`` is not the news site because it ends
+    with its address. A value that names no place at all (``bob``, ``#general``) is also keyed
+    as a name, the way the user may have written it."""
     if not isinstance(leaf, str):
         return set(_value_keys(leaf, False, None))
-    keys = set(_string_keys(leaf, False, None))
+    keys = _string_keys(leaf, False, None)
     text = leaf.strip()
-    compact = "".join(text.split()).upper()
-    digits = text.replace(" ", "").replace("-", "")
     kept = {key for key in keys if key.startswith("s:")}
-    if len(text) <= _MAX_WHOLE and text:
+    identity = _identifier(text, keys)
+    kept.update(identity)
+    if _AMOUNT.fullmatch(text) is not None:
+        kept.update(key for key in keys if key.startswith("n:"))
+    # Case-folded name matching is for names only: folded, an address or a host would match
+    # another one (``straße.example`` is not ``strasse.example``).
+    if not identity and text and len(text) <= _MAX_WHOLE and not _names_a_place(text, keys):
         kept.add(_NAME + _name(text))  # "bob" or "#general" is the "Bob" or "general" the user wrote
-    for key in keys:
-        kind, value = key[:2], key[2:]
-        if (
-            (kind == "e:" and value == text.lower())
-            or (kind == "u:" and len(text.split()) == 1 and text.lower().startswith(("http://", "https://")))
-            or (kind == "h:" and value == text.lower().rstrip("."))
-            or (kind == "i:" and value == compact)
-            or (kind == "a:" and value == digits)
-            or (kind == "n:" and _AMOUNT.fullmatch(text) is not None)
-        ):
-            kept.add(key)
     return kept
 
 
+_SCHEME = re.compile(r"https?://", re.IGNORECASE)
+_HOST_SHAPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*+")  # and a '.': what `_host_key` may read
+
+
+def _identifier(text: str, keys: list[str]) -> list[str]:
+    """The keys of the one identifier ``text`` (stripped) is, whole: an address, a URL, a host, an
+    IBAN or an account number, each parsed from the whole value once, hosts in their canonical
+    form (`canonical_host`); none if ``text`` is not exactly one identifier (two URLs, a URL and
+    text around it). ``keys``: ``text``'s argument keys, where IBANs and accounts are found."""
+    if "@" in text and "://" not in text:
+        local, _, domain = text.partition("@")
+        if domain.isascii():  # its argument keys hold it already if it is one address, whole
+            return ["e:" + text.lower()] if "e:" + text.lower() in keys else []
+        host = canonical_host(domain)
+        address = f"{local}@{host}"
+        if host and "@" not in domain and _emails(address, None) == [address]:
+            return ["e:" + address.lower()]
+        return []
+    if _SCHEME.match(text):
+        if _URL.fullmatch(text) is None or len(_SCHEME.findall(text)) != 1:
+            return []
+        return [key for key in _url_keys(text) if key.startswith("u:")]
+    compact = "".join(text.split()).upper()
+    digits = text.replace(" ", "").replace("-", "")
+    found = [key for key in keys if (key[:2] == "i:" and key[2:] == compact) or (key[:2] == "a:" and key[2:] == digits)]
+    if found:
+        return found
+    host = canonical_host(text)
+    if host and "." in host and _HOST_SHAPE.fullmatch(host) and _host_key(host, after_is_word=False) == "h:" + host:
+        return ["h:" + host]
+    return []
+
+
+def _names_a_place(text: str, keys: list[str]) -> bool:
+    """Whether ``text`` holds an identifier, or looks like an address or a link: not a name."""
+    return "@" in text.lstrip("#@") or "://" in text or any(key.startswith(_IDENTIFIER_PREFIXES) for key in keys)
+
+
 def _leaves(path: str, value: Any) -> Iterator[tuple[str, Any]]:
-    """``(path, leaf)`` for each non-container value under ``value`` (``to[1]``, ``payee.iban``),
+    """``(path, leaf)`` for each non-container value under ``value`` (``to[1]``, ``payee.iban``)
+    and each key of a map in it (``to[key bob@x.example]``: a map keyed by addresses names them),
     walked without recursion; an empty container has none."""
     stack: list[tuple[str, Any, int]] = [(path, value, 0)]
     while stack:
         where, item, level = stack.pop()
         if isinstance(item, dict) and level <= MAX_DEPTH:
-            stack.extend((f"{where}.{k}", v, level + 1) for k, v in reversed(list(item.items())))
+            children = [(f"{where}[key {k}]", k, level + 1) for k in item]
+            children += [(f"{where}.{k}", v, level + 1) for k, v in item.items()]
+            stack.extend(reversed(children))
         elif isinstance(item, list | tuple) and level <= MAX_DEPTH:
             stack.extend((f"{where}[{i}]", v, level + 1) for i, v in reversed(list(enumerate(item))))
         elif not isinstance(item, dict | list | tuple):
@@ -986,6 +1119,13 @@ async def call_keys_async(
     if _is_small(args.values()):
         return call_keys(args, watched, content, amounts)
     return await asyncio.to_thread(call_keys, args, watched, content, amounts)
+
+
+async def supplied_keys_async(args: dict[str, Any]) -> set[str]:
+    """`supplied_keys`, in a worker thread when the arguments are large."""
+    if _is_small(args.values()):
+        return supplied_keys(args)
+    return await asyncio.to_thread(supplied_keys, args)
 
 
 async def trusted_context_keys_async(texts: list[str]) -> set[str]:

@@ -67,6 +67,23 @@ approval_reasons contains {
 }
 
 # METADATA
+# description: >-
+#   A present argument that is not empty, yet came with no value to check (nested empty
+#   containers, or a shape the router could not take apart), is held, never passed: "nothing
+#   was checked" is not "checked". Only an empty list or map itself names nothing.
+# scope: rule
+approval_reasons contains {
+	"code": "approval.unverified_destination",
+	"message": sprintf("argument %q has no value policy could check", [arg]),
+} if {
+	needs_verified_values
+	some arg in checked_args
+	arg in object.keys(object.get(input, "values", {}))
+	count(arg_values(arg)) == 0
+	not is_empty_container(object.get(input.args, arg, null))
+}
+
+# METADATA
 # description: A payment tool that names no argument these rules could check.
 # scope: rule
 approval_reasons contains {
@@ -114,6 +131,10 @@ checked_args contains arg if {
 checked_args contains arg if some arg in object.get(input.tool, "sensitive_args", [])
 
 arg_values(arg) := object.get(object.get(input, "values", {}), arg, [])
+
+is_empty_container(value) if value == []
+
+is_empty_container(value) if value == {}
 
 has_trusted_source(item) if {
 	some source in item.sources

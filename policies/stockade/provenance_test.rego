@@ -210,3 +210,21 @@ test_send_external_after_untrusted_without_destination_args_needs_approval if {
 	d.outcome == "require_approval"
 	codes(d) == {"approval.external_after_untrusted"}
 }
+
+test_a_present_destination_with_no_value_to_check_after_untrusted_content_is_held if {
+	every to in [[[]], [{}], {"x": []}, null] {
+		i := object.union(_send("bob@example.com", ["user"]), {"args": {"to": to}, "values": {"to": []}})
+		d := data.stockade.decision with input as i
+		d.outcome == "require_approval"
+		codes(d) == {"approval.unverified_destination"}
+	}
+}
+
+test_an_empty_content_argument_is_not_held if {
+	i := object.union(_send("bob@example.com", ["user"]), {
+		"args": {"to": "bob@example.com", "body": ""},
+		"values": {"to": [_v("to", ["user"])], "body": []},
+	})
+	d := data.stockade.decision with input as i
+	d.outcome == "allow"
+}

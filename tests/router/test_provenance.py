@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from decimal import Decimal, InvalidOperation
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import pytest
 from hypothesis import given, settings
@@ -30,6 +30,7 @@ from router.provenance import (
     content_keys,
     content_keys_async,
     string_keys,
+    trusted_context_keys,
 )
 from router.results import ToolResult
 from router.tools import ToolRegistry
@@ -106,6 +107,111 @@ def test_small_numbers_and_booleans_say_nothing() -> None:
     index = ProvenanceIndex()
     index.add("untrusted:web:c-1", {"count": 5, "ok": True, "page": "page 2 of 7"})
     assert index.lookup({"n": 5, "flag": True, "m": 2}) == {}
+
+
+_DISGUISED_LINKS = [
+    "https://%65vil.example/login",  # percent-escaped
+    "https://evil\u3002example/login",  # an ideographic full stop
+    "https://\uff45\uff56\uff49\uff4c.example/login",  # fullwidth letters
+    "https://EVIL.example.:443/login/",
+]
+
+
+@pytest.mark.parametrize("link", _DISGUISED_LINKS)
+def test_a_host_is_keyed_as_a_resolver_reads_it_in_content_and_in_arguments_alike(link: str) -> None:
+    expected = {"u:https://evil.example/login", "h:evil.example"}
+    assert expected <= content_keys([f"log in at {link} now"])
+    (checked,) = checked_values({"url": link}, ["url"], [])
+    assert "u:https://evil.example/login" in checked.keys
+    body = {v.key for v in checked_values({"body": f"log in at {link} now"}, [], ["body"])}
+    assert expected <= body
+
+
+@pytest.mark.parametrize(
+    ("value", "key"),
+    [
+        ("bob@stra\u00dfe.example", "e:bob@xn--strae-oqa.example"),
+        ("stra\u00dfe.example", "h:xn--strae-oqa.example"),
+        ("https://stra\u00dfe.example/hook", "u:https://xn--strae-oqa.example/hook"),
+        ("https://xn--strae-oqa.example/hook", "u:https://xn--strae-oqa.example/hook"),
+    ],
+)
+def test_an_identifier_is_matched_by_its_idna2008_form_never_case_folded_as_a_name(value: str, key: str) -> None:
+    # ß is its own letter in IDNA2008: straße.example is not strasse.example, as casefold would say.
+    (checked,) = checked_values({"to": value}, ["to"], [])
+    assert key in checked.keys
+    assert not any(k.startswith("m:") for k in checked.keys)
+    assert "e:bob@strasse.example" not in checked.keys
+
+
+def test_a_value_that_names_no_place_is_still_matched_as_a_name() -> None:
+    for value, name in [
+        ("Bob", "m:bob"),
+        ("#General", "m:general"),
+        ("@bob", "m:bob"),
+        ("Hotel Adlon", "m:hotel adlon"),
+    ]:
+        (checked,) = checked_values({"to": value}, ["to"], [])
+        assert name in checked.keys, value
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "https://evil.example/c?d=SECRET`https://news.example/today",
+        "https://evil.example/c?d=SECRET'https://news.example/today",
+        "https://evil.example/c?d=SECRET(https://news.example/today)",
+        "https://evil.example/c?d=SECRET,https://news.example/today",
+        "news.example evil.example",
+        "Bob <bob@example.com>",
+    ],
+)
+def test_a_destination_holding_more_than_one_identifier_has_no_identifier_key(value: str) -> None:
+    (checked,) = checked_values({"to": value}, ["to"], [])
+    assert not [k for k in checked.keys if k[:2] in ("e:", "u:", "h:", "i:", "a:", "m:")], checked.keys
+
+
+def test_a_grouped_number_is_one_amount_not_also_its_pieces() -> None:
+    for keys in (content_keys(["Pay 2,500.50 EUR by Friday"]), trusted_context_keys(["Pay 2,500.50 EUR by Friday"])):
+        assert "n:2500.5" in keys
+        assert not {"n:500.5", "n:2", "n:500"} & keys
+    assert "n:500" in content_keys(["Pay 500 EUR, 2 times"])
+
+
+def test_a_map_key_in_a_destination_is_a_value_of_its_own() -> None:
+    checked = checked_values({"to": {"evil@attacker.example": {}, "team": ["bob@example.com"]}}, ["to"], [])
+    assert [(v.path, "e:evil@attacker.example" in v.keys) for v in checked][:1] == [
+        ("to[key evil@attacker.example]", True)
+    ]
+    assert {v.path for v in checked} == {"to[key evil@attacker.example]", "to[key team]", "to.team[0]"}
+
+
+_leaf_text = st.text(alphabet="aZ9@.-_ :/'\"\nhtpsDE,M\u00df", max_size=30)
+_json = st.recursive(
+    st.one_of(_leaf_text, st.integers(), st.floats(allow_nan=False)),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_leaf_text, inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.dictionaries(st.text(alphabet="aZ9@.-_ 'M", max_size=20), _json, max_size=3))
+def test_an_output_repeating_a_calls_arguments_holds_no_key_the_call_did_not_supply(args: dict[str, Any]) -> None:
+    """What a trusted tool only echoes keeps the sources it had: the call's supplied keys hold
+    every key content indexing finds in its arguments (names and values), and every key they are
+    looked up by."""
+    supplied = provenance_module.supplied_keys(args)
+    assert content_keys([args]) <= supplied
+    assert content_keys(list(args.values())) <= supplied
+    assert set().union(*argument_keys(args).values()) <= supplied
+
+
+def test_mapping_non_ascii_hosts_is_bounded_per_piece_of_content() -> None:
+    provenance_module._mapped_host.cache_clear()
+    links = " ".join(f"https://b\u00fccher{i}.example/p" for i in range(3 * provenance_module.MAX_MAPPED_HOSTS))
+    keys = content_keys([links])
+    assert provenance_module._mapped_host.cache_info().misses == provenance_module.MAX_MAPPED_HOSTS
+    assert "h:xn--bcher0-3ya.example" in keys  # the first ones are read; the rest give no key (held, not passed)
 
 
 # -- scenarios as tool-call traces ---------------------------------------------------------
@@ -266,14 +372,17 @@ def _old_url_keys(url: str) -> Iterator[str]:
     url = url.rstrip(".,;:!?")
     try:
         parts = urlsplit(url)
-        host = (parts.hostname or "").rstrip(".")
         port = parts.port
     except ValueError:
         return
+    # Since: the host as a browser reads it (percent-escapes, UTS-46), and the user info kept.
+    host = provenance_module.canonical_host(unquote(parts.hostname or ""))
     if not host:
         return
     default = {"http": 80, "https": 443}.get(parts.scheme.lower())
     netloc = host if port in (None, default) else f"{host}:{port}"
+    userinfo = parts.netloc.rpartition("@")[0]
+    netloc = f"{userinfo}@{netloc}" if userinfo else netloc
     query = f"?{parts.query}" if parts.query else ""
     yield f"u:{parts.scheme.lower()}://{netloc}{parts.path.rstrip('/')}{query}"
     yield f"h:{host}"
