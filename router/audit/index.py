@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import itertools
@@ -719,6 +720,17 @@ class _Snapshot:
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
 
+    def covers_open(self, handle: BinaryIO) -> bool:
+        """`covers`, of the active segment as it is open in ``handle`` (read from its start)."""
+        try:
+            stat = os.fstat(handle.fileno())
+            start = os.pread(handle.fileno(), 120, 0)
+        except OSError:
+            return False
+        if stat.st_ino != self.ino or stat.st_size < self.offset:
+            return False
+        return head_of(start) == (self.first_seq, self.first_prev)
+
     def covers(self, active: Path) -> bool:
         """Whether this snapshot is of ``active`` as it is now (its first line, its inode, no shorter)."""
         try:
@@ -1000,6 +1012,45 @@ class _Fed:
     end: int
 
 
+_LIST_TRIES = 5  # listings of the log's parts a refresh makes while seals move segments under it
+
+
+def _gaps(parts: Sequence[Part], head: tuple[int, str] | None) -> list[tuple[int, int]]:
+    """The seqs the log's files do not hold, from one listing (``head``: the active segment's first
+    line): retired ranges (tombstones), and stretches no part holds (a segment deleted under the
+    writer, which records it). A query over a seq range may skip these and no others."""
+    gaps: list[tuple[int, int]] = []
+    expected = 1
+    for part in parts:
+        if part.kind == "active":
+            first, last = (head[0], head[0]) if head is not None else (expected, expected - 1)
+        else:
+            first, last = part.first_seq, part.last_seq
+        if first > expected:
+            gaps.append((expected, first - 1))
+        if part.kind == "tombstone":
+            gaps.append((first, last))
+        expected = max(expected, last + 1)
+    return gaps
+
+
+def _hole(first: int, last: int) -> str:
+    return (
+        f"events {first}..{last} are missing from what the query read, though the log's files hold them "
+        "(a segment was sealed while it was read, or the index changed under it): ask again"
+    )
+
+
+def _unexplained(gaps: Sequence[tuple[int, int]], first: int, last: int) -> bool:
+    """Whether seqs ``first``..``last`` (missing from a result) are not all within ``gaps``."""
+    for low, high in gaps:
+        if low <= first <= high:
+            first = high + 1
+            if first > last:
+                return False
+    return first <= last
+
+
 _READ_ONLY = "only one SELECT (or WITH … SELECT) statement, over the view `events`"
 _BATCH = 500  # rows per fetch
 _SPAN = 4096  # events read per query once their seqs are known: a row group or two
@@ -1044,6 +1095,8 @@ class AuditQuery:
         self._view_sql = ""
         self._fed: dict[str, _Fed] = {}
         self._files: list[_File] = []
+        self._gaps: list[tuple[int, int]] = []  # seqs the files do not hold (`_gaps`), at the last refresh
+        self._held_through = 0  # the last seq of the last sealed segment, at the last refresh
         self._seen: dict[Path, tuple[tuple[int, int, int], Any]] = {}
         readable = [str(self.layout.segments_dir) + "/", str(self.index_dir) + "/", str(self._spill) + "/"]
         self._db = self._run(_connect, memory_limit=memory_limit, threads=threads, temp=self._spill)
@@ -1088,9 +1141,37 @@ class AuditQuery:
                 self._view_sql = view
 
     def _view(self) -> str:
+        # The writer seals by renaming the active file into the segments directory: a seal between
+        # listing the segments and opening the active file would leave that segment in neither. So
+        # the active file opened must start where the listed segments end; if it does not, list
+        # again: a listing that changed was such a seal (try again), one that did not is a gap the
+        # files themselves hold (a segment deleted under the writer, recorded in its log).
+        listed = self.layout.parts()
+        for _ in range(_LIST_TRIES):
+            try:
+                # One open file for its inode, head and lines: a rotation meanwhile cannot mix two files.
+                handle: BinaryIO | None = self.layout.active.open("rb")
+            except FileNotFoundError:
+                handle = None
+            with handle if handle is not None else contextlib.nullcontext():
+                head = head_of(handle.read(128)) if handle is not None else None
+                ended = max((p.last_seq for p in listed if p.kind != "active"), default=0)
+                if head is None or head[0] != ended + 1:
+                    again = self.layout.parts()
+                    if [(p.kind, p.path) for p in again] != [(p.kind, p.path) for p in listed]:
+                        listed = again
+                        continue
+                return self._build(listed, handle, head)
+        raise AuditError(
+            f"the segments of {self.layout.active} changed {_LIST_TRIES} times while a query listed them "
+            "(segments sealed faster than they can be listed): ask again"
+        )
+
+    def _build(self, parts: list[Part], handle: BinaryIO | None, head: tuple[int, str] | None) -> str:
+        """The view over ``parts`` (one listing) and the active segment open as ``handle``."""
         files: list[_File] = []
         unindexed: list[Part] = []
-        for part in self.layout.parts():
+        for part in parts:
             if part.kind != "sealed":
                 continue
             marker = self._cached(
@@ -1105,14 +1186,21 @@ class AuditQuery:
             else:
                 unindexed.append(part)
         snapshot = _Snapshot.read(self.index_dir / "active.json")
-        if snapshot is not None and snapshot.covers(self.layout.active) and _present(self.index_dir, snapshot):
+        if (
+            snapshot is not None
+            and handle is not None
+            and snapshot.covers_open(handle)
+            and _present(self.index_dir, snapshot)
+        ):
             files += [_File.of(self.index_dir, f, snapshot.first_seq, snapshot.last_seq) for f in snapshot.files]
         else:
             snapshot = None
         self._feed_sealed(unindexed)
-        self._feed_active(snapshot)
+        self._feed_active(snapshot, handle, head)
         self.unindexed = [_name(p.first_seq, p.last_seq) for p in unindexed]
         self._files = files
+        self._gaps = _gaps(parts, head)
+        self._held_through = max((p.last_seq for p in parts if p.kind == "sealed"), default=0)
         return _source(files)
 
     def _cached(self, path: Path, read: Callable[[Path], _T]) -> _T:
@@ -1140,42 +1228,36 @@ class AuditQuery:
                 self._db.execute(f"INSERT INTO fed SELECT ? AS part, {_columns()} FROM ({projected})", [name])  # noqa: S608  (quoted path)
                 self._fed[name] = _Fed(0, part.first_seq, 0, 0)
 
-    def _feed_active(self, snapshot: _Snapshot | None) -> None:
-        """``fed`` holds the active segment's complete lines past the snapshot (if any)."""
-        try:
-            # One open file for its inode, head and lines: a rotation meanwhile cannot mix two files.
-            handle = self.layout.active.open("rb")
-        except FileNotFoundError:
-            handle = None
-        with handle if handle is not None else contextlib.nullcontext():
-            ino = os.fstat(handle.fileno()).st_ino if handle is not None else 0
-            head = head_of(handle.read(128)) if handle is not None else None
-            fed = self._fed.get("active")
-            start, after = (snapshot.offset, snapshot.last_seq) if snapshot is not None else (0, 0)
-            if fed is not None and (head is None or (fed.ino, fed.first_seq) != (ino, head[0]) or fed.start > start):
-                self._db.execute("DELETE FROM fed WHERE part = 'active'")
-                fed = None
-                del self._fed["active"]
-            if handle is None or head is None:
-                return
-            if fed is None:
-                fed = self._fed["active"] = _Fed(ino, head[0], start, start)
-            elif after:
-                # Lines the snapshot has taken over since they were fed.
-                self._db.execute("DELETE FROM fed WHERE part = 'active' AND seq <= ?", [after])
-                fed.start = start
-            batch: list[str] = []
-            size = base = 0
-            for offset, line in complete_lines(handle, max(fed.end, start)):
-                if not batch:
-                    base = offset
-                fed.end = offset + len(line) + 1
-                batch.append(line.decode(errors="replace"))  # UTF-8 as written; anything else fails json_valid
-                size += len(line)
-                if size >= _FEED_CHUNK:
-                    self._insert(batch, base)
-                    batch, size = [], 0
-            self._insert(batch, base)
+    def _feed_active(self, snapshot: _Snapshot | None, handle: BinaryIO | None, head: tuple[int, str] | None) -> None:
+        """``fed`` holds the active segment's complete lines (open as ``handle``, its first line's
+        head ``head``) past the snapshot (if any)."""
+        ino = os.fstat(handle.fileno()).st_ino if handle is not None else 0
+        fed = self._fed.get("active")
+        start, after = (snapshot.offset, snapshot.last_seq) if snapshot is not None else (0, 0)
+        if fed is not None and (head is None or (fed.ino, fed.first_seq) != (ino, head[0]) or fed.start > start):
+            self._db.execute("DELETE FROM fed WHERE part = 'active'")
+            fed = None
+            del self._fed["active"]
+        if handle is None or head is None:
+            return
+        if fed is None:
+            fed = self._fed["active"] = _Fed(ino, head[0], start, start)
+        elif after:
+            # Lines the snapshot has taken over since they were fed.
+            self._db.execute("DELETE FROM fed WHERE part = 'active' AND seq <= ?", [after])
+            fed.start = start
+        batch: list[str] = []
+        size = base = 0
+        for offset, line in complete_lines(handle, max(fed.end, start)):
+            if not batch:
+                base = offset
+            fed.end = offset + len(line) + 1
+            batch.append(line.decode(errors="replace"))  # UTF-8 as written; anything else fails json_valid
+            size += len(line)
+            if size >= _FEED_CHUNK:
+                self._insert(batch, base)
+                batch, size = [], 0
+        self._insert(batch, base)
 
     def _insert(self, batch: list[str], base: int) -> None:
         """Feed ``batch``: consecutive lines of the active segment, the first at byte ``base``."""
@@ -1191,6 +1273,37 @@ class AuditQuery:
         return self._db.cursor()
 
     def events(
+        self, where: EventFilter, *, limit: int | None = None, columns: Sequence[str] = ("seq", "hash", "event")
+    ) -> Iterator[tuple[Any, ...]]:
+        """The selected events' ``columns``, lowest seq first (`_events`). A query for a seq range
+        (no filter but ``after_seq`` and ``to_seq``) that would come back with a hole the log's
+        files do not have (retired ranges, and stretches no segment holds, are no hole) raises
+        `AuditError` where the hole is, instead of returning less than was asked: a pager's cursor
+        would skip those events for good, and an export would leave them out unnoticed.
+
+        Raises:
+            AuditError: the events cannot be read, or a seq range came back with a hole.
+        """
+        rows = self._events(where, limit=limit, columns=columns)
+        if "seq" not in columns or dataclasses.replace(where, after_seq=None, to_seq=None) != EventFilter():
+            yield from rows
+            return
+        at = list(columns).index("seq")
+        previous, count = where.after_seq or 0, 0
+        known: tuple[list[tuple[int, int]], int] | None = None  # what the listing of this query's view held
+        for row in rows:
+            seq = row[at]
+            known = known or (self._gaps, self._held_through)
+            if seq > previous + 1 and _unexplained(known[0], previous + 1, seq - 1):
+                raise AuditError(_hole(previous + 1, seq - 1))
+            previous, count = max(previous, seq), count + 1
+            yield row
+        gaps, held = known or (self._gaps, self._held_through)
+        end = held if where.to_seq is None else min(where.to_seq, held)
+        if (limit is None or count < limit) and end > previous and _unexplained(gaps, previous + 1, end):
+            raise AuditError(_hole(previous + 1, end))
+
+    def _events(
         self, where: EventFilter, *, limit: int | None = None, columns: Sequence[str] = ("seq", "hash", "event")
     ) -> Iterator[tuple[Any, ...]]:
         """The selected events' ``columns``, lowest seq first, fetched as they are read: their seqs

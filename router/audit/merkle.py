@@ -146,45 +146,72 @@ class MerkleTree:
     node hash per leaf, once, after which each inclusion proof is log2(size) lookups. What proving many
     events at once needs (an export proves each of its events: hashing the log for each one made an
     export of N events from a log of L cost N x L hashes). Each level is one bytes object of 32-byte
-    hashes: the whole tree of a million events takes 64 MB."""
+    hashes: the whole tree of a million events takes 64 MB.
 
-    __slots__ = ("_levels", "size")
+    ``prefix``: the tree state (`CompactRange`) of leaves the caller no longer holds (a log's segments
+    that retention deleted, whose signed tombstone keeps that state); ``leaves`` then start after them,
+    at index ``prefix.size``. Every leaf after the prefix can be proven: each node of its audit path that
+    lies wholly inside the prefix is one of the prefix's perfect subtrees (an aligned subtree inside
+    ``[0, prefix.size)`` that does not hold the leaf is never part of a larger one that does)."""
 
-    def __init__(self, leaves: Sequence[bytes], size: int | None = None) -> None:
-        size = len(leaves) if size is None else size
-        if not 0 <= size <= len(leaves):
-            raise ValueError(f"no tree of size {size} over {len(leaves)} leaves")
-        level = b"".join(leaves[:size])
-        if len(level) != 32 * size or any(len(leaf) != 32 for leaf in leaves[:size]):
+    __slots__ = ("_compact", "_first", "_levels", "size")
+
+    def __init__(self, leaves: Sequence[bytes], size: int | None = None, *, prefix: CompactRange | None = None) -> None:
+        first = prefix.size if prefix is not None else 0
+        size = first + len(leaves) if size is None else size
+        if not first <= size <= first + len(leaves):
+            raise ValueError(f"no tree of size {size} over {first} retired and {len(leaves)} held leaves")
+        held = size - first
+        level = b"".join(leaves[:held])
+        if len(level) != 32 * held or any(len(leaf) != 32 for leaf in leaves[:held]):
             raise ValueError("leaf hashes are 32-byte SHA-256 digests")
+        # The prefix's perfect subtrees by height: bit h of its size set means one of 2^h leaves.
+        heights = [h for h in range(first.bit_length() - 1, -1, -1) if first >> h & 1]
+        self._compact = dict(zip(heights, prefix.hashes if prefix is not None else (), strict=True))
+        self._first = first
         self._levels = [level]
-        count = size
-        while count > 1:
+        height, end = 0, size  # ``end``: the number of leaves the nodes of this level cover
+        while (end - 1) >> height if end else False:
             # As `_mth` builds it: pairs left to right (two adjacent hashes are one 64-byte slice), an
             # odd last node carried up unchanged. So the node at height h, index j is the MTH of leaves
-            # j*2^h .. (j+1)*2^h - 1, or up to the tree's end.
+            # j*2^h .. (j+1)*2^h - 1, or up to the tree's end. A level is kept from the node holding the
+            # prefix's end on (index first >> h); when that index is odd, its left sibling lies wholly in
+            # the prefix: the prefix's subtree of this height, put in front so pairs stay aligned.
+            if first >> height & 1:
+                level = self._compact[height] + level
+            count = len(level) // 32
             parent = b"".join([_sha256(b"\x01" + level[i : i + 64]).digest() for i in range(0, 64 * (count // 2), 64)])
             level = parent + level[-32:] if count & 1 else parent
+            height += 1
             self._levels.append(level)
-            count = (count + 1) // 2
         self.size = size
 
     def root(self) -> bytes:
         """The tree head (`EMPTY_ROOT` for no leaves)."""
-        return self._levels[-1] if self.size else EMPTY_ROOT
+        if not self.size:
+            return EMPTY_ROOT
+        if self.size == self._first:  # nothing held: the prefix's own root
+            return CompactRange(self._first, list(self._compact.values())).root()
+        return self._levels[-1][:32]
 
     def _node(self, lo: int, hi: int) -> bytes:
         """MTH of leaves ``lo``..``hi`` - 1, a subtree the proof walk names: ``lo`` is a multiple of its
         width (the power of two at or above ``hi - lo``), and ``hi`` is ``lo`` plus that width, or the end."""
         height = (hi - lo - 1).bit_length()
-        at = 32 * (lo >> height)
+        index = lo >> height
+        start = self._first >> height
+        if index < start:  # wholly inside the prefix: one of its perfect subtrees (see the class docstring)
+            return self._compact[height]
+        at = 32 * (index - start)
         return self._levels[height][at : at + 32]
 
     def inclusion_proof(self, index: int) -> list[bytes]:
         """The RFC 9162 §2.1.3.1 inclusion proof (audit path) of leaf ``index`` (0-based), deepest sibling
-        first."""
+        first. A leaf inside the ``prefix`` cannot be proven (its leaves are gone): `ValueError`."""
         if not 0 <= index < self.size:
             raise ValueError(f"no leaf {index} in a tree of size {self.size}")
+        if index < self._first:
+            raise ValueError(f"leaf {index} is in the prefix of {self._first} leaves this tree no longer holds")
         path: list[bytes] = []
         lo, hi, m = 0, self.size, index
         while hi - lo > 1:

@@ -15,7 +15,8 @@ endorsement
 Every record carries ``metadata`` (``product`` stockade, ``uid`` the decision_id that joins a call's
 events, ``sequence`` the seq, ``version`` the OCSF version), ``time`` (epoch milliseconds),
 ``severity_id``, ``status_id`` and, in ``unmapped``, the whole event as written plus its ``hash``:
-nothing is lost, and the hash ties the record to the log's inclusion proof.
+nothing is lost. An export also puts the line as written in ``raw_data``: its hash is the leaf the
+export's proof proves, and every other field is checked against it (`router.audit.export`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ _CLASS = {1007: "Process Activity", 3002: "Authentication", 4002: "HTTP Activity
 _SEVERITY = {1: "Informational", 2: "Low", 3: "Medium", 4: "High"}
 _STATUS = {0: "Unknown", 1: "Success", 2: "Failure", 99: "Other"}
 _HTTP = {"CONNECT": 1, "DELETE": 2, "GET": 3, "HEAD": 4, "OPTIONS": 5, "POST": 6, "PUT": 7, "TRACE": 8, "PATCH": 9}
+_RAN = frozenset({"ok", "reported"})  # execution outcomes that are a success
 _REFUSED = {"deny", "denied", "refused", "tool_refused", "reload_refused", "revoke_failed", "retry_refused"}
 
 
@@ -148,7 +150,9 @@ def _execution(record: dict[str, Any], document: dict[str, Any], result: dict[st
                         "name": f"sandbox ({result.get('tier', 'unknown')})"}  # fmt: skip
     if isinstance(result.get("exit_code"), int):
         record["exit_code"] = result["exit_code"]
-    status_id, severity_id = (1, 1) if outcome == "ok" else (2, 3)
+    # "reported": a tool the framework runs itself (executor ``external``) reported its result,
+    # which is the success of that kind of execution, as "ok" is of a sandboxed run.
+    status_id, severity_id = (1, 1) if outcome in _RAN else (2, 3)
     return 1007, 1, "Launch", status_id, severity_id
 
 

@@ -430,6 +430,8 @@ class Proofs(Mapping[int, list[str]]):
 def inclusion_proofs(layout: LogLayout, seqs: Sequence[int]) -> tuple[Checkpoint, Proofs]:
     """An RFC 9162 inclusion proof for each of ``seqs`` against the log's latest checkpoint, which
     anyone holding the public key can check (`router.audit.merkle.verify_inclusion`, index = seq - 1).
+    After retention, the tree resumes from the last tombstone's tree state (its perfect subtrees
+    stand for the deleted leaves), so every event the log still holds can be proven.
 
     Raises:
         AuditError: no checkpoint covers a seq, or a seq lies in a segment retention deleted.
@@ -441,27 +443,55 @@ def inclusion_proofs(layout: LogLayout, seqs: Sequence[int]) -> tuple[Checkpoint
     for seq in seqs:
         if not 1 <= seq <= checkpoint.size:
             raise AuditError(f"seq {seq} is not covered by the latest checkpoint (size {checkpoint.size})")
-    tree = MerkleTree(_leaves(layout, checkpoint.size))  # once: each proof is then a few lookups
+    prefix, leaves, retired = _leaves(layout, checkpoint.size)
+    for seq in seqs:
+        if seq <= prefix.size:
+            raise AuditError(_retired_message(seq, retired, prefix.size))
+    tree = MerkleTree(leaves, checkpoint.size, prefix=prefix)  # once: each proof is then a few lookups
     if tree.root().hex() != checkpoint.root:
         raise AuditError("the log does not match its latest checkpoint; run `stockade audit verify`")
     return checkpoint, Proofs(tree, seqs)
 
 
-def _leaves(layout: LogLayout, size: int) -> list[bytes]:
-    leaves: list[bytes] = []
-    for part in layout.parts():
-        if part.kind == "tombstone":
-            raise AuditError(
-                f"events {part.first_seq}..{part.last_seq} were retired (deleted by retention): proofs are made "
-                "against checkpoints from before retention, kept with the export that carried them"
+def _retired_message(seq: int, retired: Sequence[tuple[int, int]], through: int) -> str:
+    for first, last in retired:
+        if first <= seq <= last:
+            return (
+                f"seq {seq} was retired (events {first}..{last} were deleted by retention): its proof is the one "
+                "made before retention, kept with the export that carried it"
             )
+    return (
+        f"seq {seq} lies before seq {through}, where the log's tree resumes after segments retention deleted: "
+        "only events after it can be proven now"
+    )
+
+
+def _leaves(layout: LogLayout, size: int) -> tuple[CompactRange, list[bytes], list[tuple[int, int]]]:
+    """The tree state the log's leaves resume from (empty, or the last tombstone's: leaves before
+    it are not needed), the leaf hashes after it up to ``size``, and the retired ranges."""
+    parts = layout.parts()
+    retired = [(p.first_seq, p.last_seq) for p in parts if p.kind == "tombstone"]
+    prefix = CompactRange()
+    start = 0
+    for index, part in enumerate(parts):
+        if part.kind == "tombstone" and part.last_seq <= size:
+            try:
+                prefix = CompactRange.from_json(part.tombstone().tree)
+            except (OSError, ValueError) as exc:
+                raise AuditError(f"{part.path.name} is unreadable: {exc}; run `stockade audit verify`") from exc
+            start = index + 1
+    leaves: list[bytes] = []
+    wanted = size - prefix.size
+    for part in parts[start:]:
+        if part.kind == "tombstone":
+            break  # past ``size``: nothing after it is needed
         for block in line_blocks(part.path):  # a read's lines at a time, hashed at C speed
-            leaves.extend(map(line_hash, block[: size - len(leaves)]))
-            if len(leaves) >= size:
-                return leaves
-    if len(leaves) < size:
-        raise AuditError(f"the log holds {len(leaves)} events, fewer than its checkpoint's {size}")
-    return leaves
+            leaves.extend(map(line_hash, block[: wanted - len(leaves)]))
+            if len(leaves) >= wanted:
+                return prefix, leaves, retired
+    if len(leaves) < wanted:
+        raise AuditError(f"the log holds {prefix.size + len(leaves)} events, fewer than its checkpoint's {size}")
+    return prefix, leaves, retired
 
 
 def proof_document(checkpoint: Checkpoint, seq: int, line: bytes, proof: list[str]) -> dict[str, object]:

@@ -27,6 +27,7 @@ from rich.text import Text
 from router.errors import AuditError
 
 if TYPE_CHECKING:
+    from router.audit.checkpoint import SigningKey
     from router.audit.index import AuditQuery
 
 _CHUNK = 1000  # rows per printed table: a long result prints as it is read
@@ -234,12 +235,16 @@ def register(audit_app: typer.Typer) -> None:  # noqa: PLR0915  (one closure per
             elif as_csv:
                 # On a terminal, what the log holds (an agent's, an attacker's text) must not drive it:
                 # control characters are shown as SafeConsole shows them. Piped, the data goes as it is.
+                # A cell a spreadsheet would run as a formula (an agent's "=HYPERLINK(...)") is quoted
+                # as the CSV export quotes it; CRLF rows, so a lone CR in a value is quoted too.
+                from router.audit.export import spreadsheet_safe  # noqa: PLC0415
+
                 shown = visible if sys.stdout.isatty() else str
-                writer = csv.writer(sys.stdout, lineterminator="\n")
+                writer = csv.writer(sys.stdout, lineterminator="\r\n")
                 writer.writerow([shown(name) for name in names])
                 for row in run(rows):
                     values = [_csv_value(v) for v in row]
-                    writer.writerow([shown(value) if isinstance(value, str) else value for value in values])
+                    writer.writerow([shown(spreadsheet_safe(v)) if isinstance(v, str) else v for v in values])
             else:
                 stream_table(names, run(rows))
 
@@ -429,8 +434,9 @@ def register(audit_app: typer.Typer) -> None:  # noqa: PLR0915  (one closure per
         start, end = since_until(since, until)
         where = EventFilter(since=start, until=end, after_seq=None if from_seq is None else from_seq - 1, to_seq=to_seq)
         target = log_path(ctx, path)
+        signer = exporters_key(ctx, target)
         try:
-            done = export_events(target, output, fmt=fmt.value, where=where)
+            done = export_events(target, output, fmt=fmt.value, where=where, signer=signer)
         except AuditError as exc:
             raise _fail(str(exc), 1) from exc
         except OSError as exc:
@@ -441,6 +447,12 @@ def register(audit_app: typer.Typer) -> None:  # noqa: PLR0915  (one closure per
                 "checkpoint yet and were left out; export again after the next checkpoint",
                 markup=False,
             )
+        if signer is None:
+            err.print(
+                "note: the log's signing key is not readable here, so the export's selection is not signed: its "
+                "recipient can check every event against the log but not that none was left out at either end",
+                markup=False,
+            )
         if as_json:
             _emit_json(done.as_json())
         else:
@@ -449,6 +461,74 @@ def register(audit_app: typer.Typer) -> None:  # noqa: PLR0915  (one closure per
                 f"checkpoint at size {done.checkpoint_size} in {done.proof}",
                 markup=False,
             )
+
+    def exporters_key(ctx: typer.Context, target: Path) -> "SigningKey | None":
+        """The key that signed the log's checkpoints, if this process can read it (an operator
+        exporting on the router's host): it signs the export's selection. Never created here (an
+        auditor has none), and never another log's key (a --path log signed by some other key)."""
+        from router.audit.checkpoint import SigningKey  # noqa: PLC0415
+        from router.audit.layout import LogLayout  # noqa: PLC0415
+
+        key = _settings(ctx).audit.signing_key
+        if not key.is_file():
+            return None
+        try:
+            signer = SigningKey.load_or_create(key)
+            checkpoints = LogLayout(target).read_checkpoints()
+        except (OSError, ValueError) as exc:
+            err.print(f"note: the signing key {key} cannot be used ({exc}); the selection is not signed", markup=False)
+            return None
+        latest = max(checkpoints, key=lambda c: c.size, default=None)
+        return signer if latest is not None and latest.key_id == signer.key_id else None
+
+    @audit_app.command("verify-export")
+    def audit_verify_export(
+        ctx: typer.Context,
+        export: Annotated[Path, typer.Argument(help="The exported file (jsonl, ocsf, csv or parquet).")],
+        public_key: Annotated[
+            Path | None,
+            typer.Option("--public-key", help="The log's public key (PEM); default: the signing key's .pub."),
+        ] = None,
+        proof: Annotated[
+            Path | None, typer.Option("--proof", help="The proof document; default: <EXPORT>.proof.json.")
+        ] = None,
+        as_json: JsonFlag = False,
+    ) -> None:
+        """Check an export with nothing but the log's public key: the checkpoint's signature, each
+        record's line proven at its seq and its other fields equal to the line's, records in order
+        within the selection (every seq of a whole range, chained). Exit 0 if it holds, 1 naming
+        the first bad record, 2 if a file cannot be read."""
+        from router.audit.checkpoint import VerifyKey  # noqa: PLC0415
+        from router.audit.export import verify_export  # noqa: PLC0415
+
+        source = public_key or _settings(ctx).audit.signing_key.with_name(
+            _settings(ctx).audit.signing_key.name + ".pub"
+        )
+        try:
+            key = VerifyKey.load(source)
+        except (OSError, ValueError) as exc:
+            raise _fail(f"--public-key {source}: {exc}") from exc
+        if not export.is_file():
+            raise _fail(f"{export}: no such export file")
+        try:
+            found = verify_export(export, key, proof)
+        except OSError as exc:
+            raise _fail(f"cannot read {exc.filename or export}: {exc.strerror or exc}") from exc
+        if as_json:
+            _emit_json(found.as_json())
+        elif found.ok:
+            signed = "signed" if found.signed_selection else "NOT signed (compare it with what you asked for)"
+            out.print(
+                f"OK: {found.events} records proven against the checkpoint at size {found.checkpoint_size}; "
+                f"selection {json.dumps(found.selection, sort_keys=True)} {signed}",
+                markup=False,
+            )
+        else:
+            where = f"record {found.record}" if found.record is not None else "the proof"
+            seq = f" (seq {found.seq})" if found.seq is not None else ""
+            err.print(f"FAILED at {where}{seq}: {found.problem}", markup=False)
+        if not found.ok:
+            raise typer.Exit(1)
 
 
 def _naive(at: datetime) -> datetime:

@@ -21,6 +21,7 @@ import pytest
 from router.audit import AuditEvent, AuditFilter, line_hash, timestamp
 from router.audit.chain import GENESIS_HASH, head_of
 from router.audit.checkpoint import Checkpoint, SigningKey, VerifyKey
+from router.audit.export import export_events, verify_export
 from router.audit.jsonl import JsonlAuditLog, LogOptions, publish_file
 from router.audit.layout import LogLayout, lines
 from router.audit.merkle import CompactRange, inclusion_proof, verify_inclusion
@@ -368,8 +369,22 @@ async def test_retention_deletes_whole_old_segments_and_leaves_signed_tombstones
     assert [e.seq for e in await restarted.query(AuditFilter())] == [e.seq for e in new]
     assert (await restarted.append(event(33, f"{today}T00:01:00.000000Z"))).seq == 33
     await restarted.aclose()
-    with pytest.raises(AuditError, match="retired"):
-        inclusion_proofs(layout, [20])
+    # Held events are proven from the last tombstone's tree state on; retired ones are refused.
+    checkpoint, proofs = inclusion_proofs(layout, [13, 20])
+    by_seq = {head[0]: line for line in all_lines(layout) if (head := head_of(line)) is not None}
+    for seq in (13, 20):
+        nodes = [bytes.fromhex(node) for node in proofs[seq]]
+        root = bytes.fromhex(checkpoint.root)
+        assert verify_inclusion(line_hash(by_seq[seq]), seq - 1, checkpoint.size, nodes, root)
+    with pytest.raises(AuditError, match=r"seq 5 was retired \(events 1\.\.\d+ were deleted by retention\)"):
+        inclusion_proofs(layout, [5])
+    # An export of the whole log starts after the retired range, and proves every event it holds.
+    export = tmp_path / "export.jsonl"
+    done = export_events(layout.active, export)
+    assert (done.first_seq, done.last_seq, done.events) == (13, 33, 21)
+    check = verify_export(export, key.verify_key)
+    assert (check.ok, check.problem, check.events) == (True, "", 21)
+    assert check.selection == {"filter": {}, "after_seq": 12, "to_seq": 33, "complete": True}
 
 
 async def test_retention_never_touches_the_active_segment(tmp_path: Path) -> None:

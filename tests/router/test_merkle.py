@@ -389,3 +389,22 @@ def test_one_tree_proves_every_leaf_of_a_large_log() -> None:
             tree.inclusion_proof(bad)
     with pytest.raises(ValueError, match="no tree of size"):
         MerkleTree(leaves, 5001)
+
+
+def test_a_tree_resumed_from_a_compact_range_proves_every_leaf_after_it() -> None:
+    """After retention deleted the first leaves, the tree state its tombstone kept (a compact range)
+    stands for them: the root and every later leaf's proof are the whole tree's."""
+    leaves = [leaf_hash(str(i).encode()) for i in range(70)]
+    for size in (1, 2, 5, 8, 33, 70):
+        whole = MerkleTree(leaves[:size])
+        for retired in range(size + 1):
+            prefix = CompactRange()
+            for leaf in leaves[:retired]:
+                prefix.append(leaf)
+            resumed = MerkleTree(leaves[retired:size], prefix=prefix)
+            assert resumed.root() == whole.root() == root_of(leaves[:size])
+            for index in range(retired, size):
+                assert resumed.inclusion_proof(index) == whole.inclusion_proof(index)
+            for index in range(retired):
+                with pytest.raises(ValueError, match="prefix"):
+                    resumed.inclusion_proof(index)
