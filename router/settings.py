@@ -20,6 +20,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, mo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from policy.config import PolicySettings
+from router.audit.masking import pointer_problem
 from router.credentials.base import CredentialConfig
 from runner import RunnerSettings
 
@@ -64,13 +65,22 @@ def config_dir() -> Path:
 
 
 class MaskRule(BaseModel):
-    """One masking rule: a JSON-pointer-like path into the event (``/input/args/card``, ``*``
-    matching any key or list item); its value is erased or, with ``hash``, replaced by its sha256."""
+    """One masking rule: a JSON Pointer (RFC 6901: ``~1`` for a ``/`` in a key, ``~0`` for a ``~``)
+    into the event's ``input`` or ``result`` (``/input/args/card``; a ``*`` step matches any key or
+    list item); its value is erased or, with ``hash``, replaced by an HMAC-SHA256 under the log's
+    masking key (`AuditSettings.mask_key`). A path that can never match is refused here."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     path: str = Field(pattern=r"^/(input|result)(/[^/]+)+$")
     hash: bool = False
+
+    @model_validator(mode="after")
+    def _can_match(self) -> Self:
+        problem = pointer_problem(self.path)
+        if problem is not None:
+            raise ValueError(f"mask path {self.path!r} can never match: {problem}")
+        return self
 
 
 class AuditSettings(BaseModel):
@@ -110,9 +120,14 @@ class AuditSettings(BaseModel):
     # None: kept forever.
     retention_days: int | None = Field(default=None, ge=1)
     # OPA-style masking: paths into ``input`` / ``result`` (``/input/args/password``) whose values
-    # are erased, or replaced by their sha256 (``{"path": ..., "hash": true}``), before the event
+    # are erased, or replaced by a keyed hash (``{"path": ..., "hash": true}``), before the event
     # is hashed and written: masked data never enters the log.
     mask: list[MaskRule] = Field(default_factory=list)
+    # The key hashed masks are an HMAC-SHA256 under (32 random bytes, hex; mode 0600; made on first
+    # use). Kept beside the signing key, off the log's volume: with it, anyone holding the log could
+    # test guesses against a hashed value (a PIN, a card number) as fast as they can hash. Losing it
+    # only means values hashed later no longer equal those hashed before.
+    mask_key: Path = Field(default_factory=lambda: config_dir() / "audit-mask.key")
 
 
 class StoreSettings(BaseModel):

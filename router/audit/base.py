@@ -110,7 +110,9 @@ def matches(document: dict[str, Any], where: AuditFilter) -> bool:
     return True
 
 
-def as_written(event: AuditEvent, masks: Sequence[Rule] = ()) -> tuple[AuditEvent, Unsealed]:
+def as_written(
+    event: AuditEvent, masks: Sequence[Rule] = (), mask_key: bytes | None = None
+) -> tuple[AuditEvent, Unsealed]:
     """``event`` as an audit log writes it, serialised but for its chain fields: the operator's
     masking rules applied (recorded in ``labels.masked``), every secret the
     process has registered redacted, and every string that UTF-8 cannot hold escaped (all here,
@@ -130,7 +132,7 @@ def as_written(event: AuditEvent, masks: Sequence[Rule] = ()) -> tuple[AuditEven
             document["escaped"] = sorted(set(paths))
         original = document
         if masks:
-            document, masked = mask(document, masks)
+            document, masked = mask(document, masks, mask_key)
             if masked:
                 document["labels"] = {**document.get("labels", {}), "masked": ",".join(masked)[:2000]}
         written = REDACTOR.deep(document)

@@ -32,6 +32,7 @@ __all__ = [
     "SigningKey",
     "Tombstone",
     "VerifyKey",
+    "create_private_file",
     "sign_checkpoint",
     "sign_tombstone",
 ]
@@ -81,6 +82,12 @@ def _write_atomic(path: Path, data: bytes, mode: int, *, replace: bool) -> bool:
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+
+
+def create_private_file(path: Path, data: bytes) -> bool:
+    """Write ``data`` to a new file at ``path``, mode 0600, whole or not at all (for a key made on
+    first use). When two processes make it at once, the first one written wins: False for the other."""
+    return _write_atomic(path, data, 0o600, replace=False)
 
 
 class VerifyKey:

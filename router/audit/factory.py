@@ -17,6 +17,7 @@ import structlog
 from router.audit.base import AuditLog
 from router.audit.checkpoint import SigningKey
 from router.audit.jsonl import JsonlAuditLog, LogOptions
+from router.audit.masking import load_or_create_key
 from router.audit.redis import RedisAuditLog
 from router.errors import AuditError
 from router.settings import Settings
@@ -36,11 +37,18 @@ def log_options(settings: Settings, *, index: bool = True) -> LogOptions:
         signer = SigningKey.load_or_create(audit.signing_key)
     except (OSError, ValueError) as exc:
         raise AuditError(f"the audit signing key {audit.signing_key} cannot be used: {exc}") from exc
+    mask_key = None
+    if any(rule.hash for rule in audit.mask):
+        try:
+            mask_key = load_or_create_key(audit.mask_key)
+        except (OSError, ValueError) as exc:
+            raise AuditError(f"the audit masking key {audit.mask_key} cannot be used: {exc}") from exc
     return LogOptions(
         signer=signer, log_name=audit.log_name, checkpoint_interval_s=audit.checkpoint_interval_s,
         checkpoint_every=audit.checkpoint_every, publish_dir=audit.publish_dir,
         segment_max_bytes=audit.segment_max_bytes, rotate_daily=audit.rotate_daily,
         retention_days=audit.retention_days, masks=tuple((rule.path, rule.hash) for rule in audit.mask),
+        mask_key=mask_key,
         on_sealed=indexer, on_grown=indexer, on_close=indexer.stop if indexer is not None else None,
         anchor=anchor_path(audit.signing_key, audit.path),
     )  # fmt: skip

@@ -79,6 +79,7 @@ class LogOptions:
     rotate_daily: bool = True
     retention_days: int | None = None
     masks: tuple[tuple[str, bool], ...] = ()  # see router.audit.masking
+    mask_key: bytes | None = field(default=None, repr=False)  # hashed masks are an HMAC under it
     on_sealed: Callable[[Path], None] | None = field(default=None, compare=False)
     # Called (after the append) each time the active segment has grown by a quarter since the
     # last call, and by at least GROWN_MIN_BYTES: the factory then has the indexer snapshot it, so
@@ -337,7 +338,7 @@ class JsonlAuditLog:
 
     def _write(self, event: AuditEvent) -> AuditEvent:
         # Serialised before the lock: other processes wait on it.
-        event, unsealed = as_written(event, self.options.masks)
+        event, unsealed = as_written(event, self.options.masks, self.options.mask_key)
         try:
             with self._locked():
                 caught = self._catch_up()

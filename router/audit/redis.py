@@ -151,7 +151,7 @@ class RedisAuditLog:
         self.regressed: str | None = None  # why the stream is refused, once it went backwards
 
     async def append(self, event: AuditEvent) -> AuditEvent:
-        event, unsealed = as_written(event, self._options.masks)
+        event, unsealed = as_written(event, self._options.masks, self._options.mask_key)
         async with self._lock:
             try:
                 if self.regressed is not None:

@@ -1,0 +1,100 @@
+"""Masking rules: JSON Pointer paths (RFC 6901 escapes, list indexes), paths that can never match
+refused where they are configured, the paths masked recorded so they read back, and hashed values
+keyed with the log's masking key (kept 0600 beside the signing key), so that the log alone does not
+let anyone test guesses against them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import stat
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from router.audit import AuditEvent
+from router.audit.base import as_written
+from router.audit.checkpoint import SigningKey
+from router.audit.jsonl import JsonlAuditLog, LogOptions
+from router.audit.masking import load_or_create_key, mask, masked_paths
+from router.settings import MaskRule
+
+ARGS = {"a/b": "SECRET1", "t~x": "SECRET2", "cards": ["SECRET3", "keep"], "x,y": "SECRET4", "10": "d"}
+
+
+def test_a_pointer_escaped_key_is_masked() -> None:
+    document = {"input": {"args": ARGS}}
+    for path, key in (("/input/args/a~1b", "a/b"), ("/input/args/t~0x", "t~x"), ("/input/args/x,y", "x,y")):
+        out, masked = mask(document, [(MaskRule(path=path).path, False)])
+        assert out["input"]["args"][key] == "[masked]"
+        assert masked_paths(",".join(masked)) == [path]
+    out, masked = mask(document, [("/input/args/cards/0", False)])
+    assert out["input"]["args"]["cards"] == ["[masked]", "keep"]
+
+
+@pytest.mark.parametrize("path", ["/input/args/cards/-1", "/input/args/cards/-", "/input/args/a~2b"])
+def test_a_path_that_can_never_match_is_refused_where_it_is_configured(path: str) -> None:
+    with pytest.raises(ValidationError, match="can never match"):
+        MaskRule(path=path)
+
+
+def test_the_paths_masked_are_recorded_so_that_they_read_back() -> None:
+    """``labels.masked`` is a list split on ',': every path in it is one JSON Pointer, whatever the
+    keys hold, and one under the input still starts with ``/input/`` (how replay tells a masked input)."""
+    event = AuditEvent.model_validate({"decision_id": "d", "timestamp": "2026-11-22T10:00:00.000000Z",
+                                       "kind": "decision", "outcome": "allow", "input": {"args": ARGS}})  # fmt: skip
+    written, _ = as_written(event, [("/input/args/*", False)])
+    label = written.labels["masked"]
+    paths = masked_paths(label)
+    assert sorted(paths) == sorted(["/input/args/a~1b", "/input/args/t~0x", "/input/args/cards",
+                                    "/input/args/x,y", "/input/args/10"])  # fmt: skip
+    assert all(path.startswith("/input/") for path in label.split(","))
+    assert len(label.split(",")) == len(ARGS)
+
+
+def test_a_hashed_value_is_keyed_so_the_log_alone_cannot_test_guesses(tmp_path: Path) -> None:
+    key = load_or_create_key(tmp_path / "keys" / "audit-mask.key")
+    document = {"input": {"args": {"pin": "4821", "again": "4821", "other": "4822"}}}
+    rules = [("/input/args/pin", True), ("/input/args/again", True), ("/input/args/other", True)]
+    out, _ = mask(document, rules, key)
+    args = out["input"]["args"]
+    assert args["pin"] == args["again"] != args["other"]  # equal values still join within the log
+    assert args["pin"].startswith("hmac-sha256:")
+    guesses = {"sha256:" + hashlib.sha256(json.dumps(f"{n:04d}").encode()).hexdigest() for n in range(10_000)}
+    assert args["pin"] not in guesses
+    assert args["pin"].removeprefix("hmac-sha256:") not in {g.removeprefix("sha256:") for g in guesses}
+
+
+def test_the_masking_key_is_made_once_private_and_kept(tmp_path: Path) -> None:
+    path = tmp_path / "cfg" / "stockade" / "audit-mask.key"
+    key = load_or_create_key(path)
+    assert len(key) == 32
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert load_or_create_key(path) == key
+    path.chmod(0o640)
+    with pytest.raises(ValueError, match="chmod 600"):
+        load_or_create_key(path)
+    path.chmod(0o600)
+    path.write_text("not a key\n")
+    with pytest.raises(ValueError, match="64 hex characters"):
+        load_or_create_key(path)
+
+
+async def test_no_masked_value_or_key_reaches_the_log_files(tmp_path: Path) -> None:
+    key = load_or_create_key(tmp_path / "keys" / "audit-mask.key")
+    signer = SigningKey.load_or_create(tmp_path / "keys" / "audit.key")
+    log = JsonlAuditLog(tmp_path / "log" / "audit.jsonl", options=LogOptions(signer=signer, checkpoint_interval_s=3600))
+    document = {"input": {"args": {"pin": "4821"}}}
+    out, masked = mask(document, [("/input/args/pin", True)], key)
+    event = AuditEvent.model_validate({"decision_id": "d", "timestamp": "2026-11-22T10:00:00.000000Z",
+                                       "kind": "decision", "outcome": "allow", **out,
+                                       "labels": {"masked": ",".join(masked)}})  # fmt: skip
+    await log.append(event)
+    await log.aclose()
+    for file in (tmp_path / "log").rglob("*"):
+        if file.is_file():
+            raw = file.read_bytes()
+            assert b"4821" not in raw
+            assert key.hex().encode() not in raw
