@@ -22,6 +22,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import re
 import secrets
 import time
 import uuid
@@ -1242,18 +1243,14 @@ class ControlPlane:
             await asyncio.gather(*call.egress_records)
 
         # A secret the tool got hold of (an upstream echoing it back) never reaches the agent.
-        stdout, stderr = redact(_text(run.stdout)), redact(_text(run.stderr))
-        if REDACTOR.active and run.artifacts and run.quarantine:
-            run = dataclasses.replace(run, artifacts=await asyncio.to_thread(_scrub_artifacts, run))
+        python = isinstance(spec.executor, PythonExecutor) and run.verdict is runner_pkg.Verdict.OK
+        run, stdout, stderr, result = await _redacted(run, parse=python)
         verdict, output, reasons = run.verdict.value, None, []
-        if isinstance(spec.executor, PythonExecutor) and run.verdict is runner_pkg.Verdict.OK:
-            try:
-                # A tool may return text no response or record can carry (a lone surrogate from a
-                # JSON escape): escaped like the audit log escapes it, so what the agent gets is
-                # exactly what was recorded.
-                output = escape_invalid_text(REDACTOR.deep(runner_pkg.parse_result(run.stdout)), "", [])
-            except (ValueError, RecursionError):  # nested deeper than anything here can walk: malformed too
+        if python:
+            if result is _MALFORMED:
                 verdict, reasons = "error", ["output.malformed"]
+            else:
+                output = result
         elif run.verdict is runner_pkg.Verdict.OK:
             output = stdout
         if call.unaudited_egress:
@@ -1487,24 +1484,104 @@ class _Refused(Exception):  # a control-flow signal inside the pipeline, never r
         self.reasons, self.event, self.status = reasons, event, status
 
 
-def _scrub_artifacts(run: runner_pkg.RunResult) -> tuple[runner_pkg.FileRecord, ...]:
-    """Redact secrets in the text files a run left in quarantine, in place; their new records."""
+_REDACT_ON_LOOP_MAX = 64 << 10  # bytes of output redacted on the event loop (~0.2 ms); more, in a thread
+_MALFORMED = object()  # a python tool's stdout that is not its harness's result document
+
+
+async def _redacted(run: runner_pkg.RunResult, *, parse: bool) -> tuple[runner_pkg.RunResult, str, str, Any]:
+    """``run`` with its quarantined files redacted (`_scrub_artifacts`), and `_redacted_outputs`.
+    Redacted once, here (the audit log passes the texts on as they are); a long output off the
+    event loop, which other calls go on using meanwhile."""
+    redacting = functools.partial(_redacted_outputs, run, parse=parse)
+    if len(run.stdout) + len(run.stderr) > _REDACT_ON_LOOP_MAX:
+        stdout, stderr, result = await asyncio.to_thread(redacting)
+    else:
+        stdout, stderr, result = redacting()
+    if REDACTOR.active and (run.artifacts or run.refused) and run.quarantine:
+        artifacts, refused = await asyncio.to_thread(_scrub_artifacts, run)
+        run = dataclasses.replace(run, artifacts=artifacts, refused=refused)
+    return run, stdout, stderr, result
+
+
+def _redacted_outputs(run: runner_pkg.RunResult, *, parse: bool) -> tuple[str, str, Any]:
+    """A run's stdout and stderr as text, redacted; and with ``parse``, the python tool's result
+    redacted (`_MALFORMED` if stdout does not hold one). Redacted from the parsed value, not from
+    the redacted stdout: a JSON escape (``\\u0073k-...``) can spell a secret no form of it matches."""
+    stdout, stderr = redact(_text(run.stdout)), redact(_text(run.stderr))
+    if not parse:
+        return stdout, stderr, None
+    try:
+        # A tool may return text no response or record can carry (a lone surrogate from a JSON
+        # escape): escaped like the audit log escapes it, so what the agent gets is exactly what was
+        # recorded.
+        return stdout, stderr, escape_invalid_text(REDACTOR.deep(runner_pkg.parse_result(run.stdout)), "", [])
+    except (ValueError, RecursionError):  # nested deeper than anything here can walk: malformed too
+        return stdout, stderr, _MALFORMED
+
+
+_REFUSED_NAME = "its name holds a secret, and the redacted name is taken or invalid"
+_REDACTION_MARK = re.compile(r"\[REDACTED:([^\]]*)\]")
+
+
+def _scrub_artifacts(
+    run: runner_pkg.RunResult,
+) -> tuple[tuple[runner_pkg.FileRecord, ...], tuple[tuple[str, str], ...]]:
+    """Redact secrets in the files a run left in quarantine: in the bytes of each (in place,
+    whatever its encoding) and in its path (the file moved to the redacted path, or removed and
+    refused when that cannot be done). Returns the new records, and the refused outputs with
+    their paths redacted."""
     assert run.quarantine is not None  # noqa: S101  (the caller checks)
+    root = Path(run.quarantine)
     records = []
+    refused = [(redact(path), why) for path, why in run.refused]
     for record in run.artifacts:
-        path = Path(run.quarantine) / record.path
+        path = root / record.path
+        name = redact(record.path)
+        if name != record.path:
+            # Named as the runner names outputs (letters, digits, ._+@=- and spaces), as a later
+            # call's input or the agent's own tools may need: ``[REDACTED:api]`` as ``REDACTED=api``.
+            name = _REDACTION_MARK.sub(r"REDACTED=\1", name)
+            moved = _move_named(root, record.path, name) if runner.files.safe_relative(name) else None
+            if moved is None:
+                refused.append((name, _REFUSED_NAME))
+                continue
+            path = moved
         try:
-            text = path.read_bytes().decode("utf-8")
-        except (OSError, UnicodeDecodeError):  # binary (or gone): left as it is
-            records.append(record)
+            data = path.read_bytes()
+        except OSError:  # gone: recorded as it was
+            records.append(dataclasses.replace(record, path=name))
             continue
-        scrubbed = redact(text).encode()
-        if scrubbed == text.encode():
-            records.append(record)
+        scrubbed = REDACTOR.scrub_bytes(data)  # bytes, not text: a Latin-1 page holds the secret as ASCII too
+        if scrubbed is data:
+            records.append(dataclasses.replace(record, path=name))
             continue
         path.write_bytes(scrubbed)
-        records.append(runner_pkg.FileRecord(record.path, len(scrubbed), sha256_hex(scrubbed)))
-    return tuple(records)
+        records.append(runner_pkg.FileRecord(name, len(scrubbed), sha256_hex(scrubbed)))
+    return tuple(records), tuple(refused)
+
+
+def _move_named(root: Path, old: str, new: str) -> Path | None:
+    """Move quarantined ``old`` to ``new`` (both relative to ``root``); None, and ``old`` removed,
+    if ``new`` is taken or cannot be made."""
+    source = root / old
+    moved: Path | None = root / new
+    try:
+        if (root / new).exists():
+            raise FileExistsError(new)
+        (root / new).parent.mkdir(parents=True, exist_ok=True)
+        source.rename(root / new)
+    except OSError:
+        source.unlink(missing_ok=True)
+        moved = None
+    # A directory named after the secret, emptied by the move, would show it still.
+    parent = source.parent
+    while parent != root and root in parent.parents:
+        try:
+            parent.rmdir()
+        except OSError:  # not empty (or gone): it and those above it stay
+            break
+        parent = parent.parent
+    return moved
 
 
 def _injection(lease: Lease) -> runner_pkg.Injection:

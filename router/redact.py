@@ -7,8 +7,9 @@ percent-encoded, JSON-escaped, base64 and base64url (padded or not, and inside a
 text such as ``base64("user:" + secret)``), all regardless of ASCII case. A secret split into
 pieces or otherwise transformed is not recognised (``docs/egress.md``). Upstream secrets stay
 registered; a minted token is registered while its call runs (its output is scrubbed before the
-lease is revoked) and until its expiry at most, so the search stays as small as the number of
-calls in flight.
+lease is revoked) and until its expiry at most. One `Matcher` finds every form of every secret in
+one pass, built once each time the set changes: a redaction costs the length of the text, not that
+times the number of secrets.
 """
 
 from __future__ import annotations
@@ -18,17 +19,26 @@ import time
 from collections.abc import MutableMapping
 from typing import Any
 
-from runner.egress.scrub import Form, scrub, secret_forms
+from runner.egress.scrub import Form, Matcher, secret_forms
+
+REMEMBERED_MIN = 64 << 10  # characters: a shorter text costs less to scan again than to remember
+REMEMBERED_MAX = 32 << 20  # characters of redacted text held at most, so an output is not kept long
 
 
 class Redactor:
-    """The registered secrets, each in all its forms."""
+    """The registered secrets, each in all its forms, and one `Matcher` for all of them."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._entries: dict[bytes, tuple[Form, float]] = {}  # needle -> (form, forget after)
-        self._order: tuple[Form, ...] = ()  # longest needle first
+        self._version = 0  # changes with the set of forms
+        self._matcher: tuple[int, Matcher | None] = (0, None)  # built for that version
         self._next_expiry = float("inf")
+        # Long texts this redactor returned, by id (the text held, so the id is not reused), with
+        # the version they were redacted under: `deep` passes them as they are (the audit log gets
+        # the output redacted for the agent, and need not scan it again).
+        self._clean: dict[int, tuple[str, int]] = {}
+        self._clean_size = 0
 
     def add(self, secret: str, label: str, *, until: float = float("inf")) -> None:
         """Redact ``secret`` (and its encodings) as ``[REDACTED:label]`` until ``until`` (epoch), or
@@ -39,52 +49,112 @@ class Redactor:
                 kept = self._entries.get(needle)
                 self._entries[needle] = (Form(needle, label, encoding), max(until, kept[1] if kept else until))
             self._next_expiry = min(self._next_expiry, until)
-            self._compile()
+            self._version += 1
 
     def discard(self, secret: str) -> None:
         """Stop redacting ``secret`` (a revoked token: only its own call's output could hold it)."""
         with self._lock:
             for needle in secret_forms(secret):
                 self._entries.pop(needle, None)
-            self._compile()
-
-    def _compile(self) -> None:
-        # Longest first, so a secret's base64 form is not cut by a shorter secret inside it.
-        # Plain substring search: compiling a regex over long tokens costs milliseconds per mint.
-        forms = (form for form, _ in self._entries.values())
-        self._order = tuple(sorted(forms, key=lambda form: len(form.needle), reverse=True))
+            self._version += 1
 
     def _expire(self, now: float) -> None:
         with self._lock:
-            self._entries = {k: v for k, v in self._entries.items() if v[1] > now}
-            self._next_expiry = min((v[1] for v in self._entries.values()), default=float("inf"))
-            self._compile()
+            kept = {k: v for k, v in self._entries.items() if v[1] > now}
+            if len(kept) != len(self._entries):
+                self._entries = kept
+                self._version += 1
+            self._next_expiry = min((v[1] for v in kept.values()), default=float("inf"))
 
-    def __call__(self, text: str) -> str:
+    def _current(self) -> tuple[int, Matcher | None]:
+        """The matcher for the forms registered now, and its version. Built once per change of the
+        set, when next needed: a burst of mints costs one build, not one each."""
         if self._next_expiry <= time.time():
             self._expire(time.time())
-        order = self._order
-        if not order:
+        built = self._matcher
+        if built[0] == self._version:
+            return built
+        with self._lock:
+            if self._matcher[0] != self._version:
+                # Longest first: the order `Matcher.forms` documents (the egress proxy's order too).
+                forms = sorted((form for form, _ in self._entries.values()), key=lambda f: len(f.needle), reverse=True)
+                self._matcher = (self._version, Matcher(forms) if forms else None)
+            return self._matcher
+
+    def __call__(self, text: str) -> str:
+        version, matcher = self._current()
+        if matcher is None:
+            return text
+        redacted = self._text(text, matcher)
+        if len(redacted) >= REMEMBERED_MIN:
+            self._remember(redacted, version)
+        return redacted
+
+    def scrub_bytes(self, data: bytes) -> bytes:
+        """``data`` (any bytes, text in any ASCII-compatible encoding or not text at all) with every
+        registered secret replaced: for files, which need not be UTF-8."""
+        _, matcher = self._current()
+        return data if matcher is None else matcher.scrub(data)[0]
+
+    @staticmethod
+    def _text(text: str, matcher: Matcher) -> str:
+        if len(text) < matcher.shortest:  # fewer characters than bytes in every form: nothing to find
             return text
         # Matched as UTF-8 bytes: folding ASCII case there keeps every offset, which str.lower()
         # does not for all of Unicode; surrogatepass keeps text that is not valid UTF-8 intact.
-        scrubbed, found = scrub(text.encode("utf-8", "surrogatepass"), order)
+        scrubbed, found = matcher.scrub(text.encode("utf-8", "surrogatepass"))
         return scrubbed.decode("utf-8", "surrogatepass") if found else text
+
+    def _remember(self, text: str, version: int) -> None:
+        with self._lock:
+            if self._clean.pop(id(text), None) is None:
+                self._clean_size += len(text)
+            self._clean[id(text)] = (text, version)
+            while self._clean_size > REMEMBERED_MAX and len(self._clean) > 1:
+                oldest = next(iter(self._clean))
+                self._clean_size -= len(self._clean.pop(oldest)[0])
 
     @property
     def active(self) -> bool:
-        return bool(self._order)
+        return bool(self._entries)
 
     def deep(self, value: Any) -> Any:
-        """``value`` with every string in it (keys and leaves of dicts and lists) redacted."""
-        if not self._order:
+        """``value`` with every string in it (keys and leaves of dicts and lists) redacted, and every
+        number whose text holds a secret replaced by that text redacted (a card number returned as a
+        JSON number). Whatever holds nothing to redact is returned as it is, not copied."""
+        version, matcher = self._current()
+        if matcher is None:
             return value
+        return self._deep(value, matcher, version)
+
+    def _deep(self, value: Any, matcher: Matcher, version: int) -> Any:
         if isinstance(value, str):
-            return self(value)
+            if len(value) >= REMEMBERED_MIN:
+                clean = self._clean.get(id(value))
+                if clean is not None and clean[0] is value and clean[1] == version:
+                    return value  # redacted already, under the same secrets
+            return self._text(value, matcher)
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, int | float):
+            try:
+                text = int.__repr__(value) if isinstance(value, int) else float.__repr__(value)  # as JSON writes it
+            except ValueError:  # an int too long to print: no JSON parser here builds one
+                return value
+            redacted = self._text(text, matcher)
+            return value if redacted is text else redacted
         if isinstance(value, dict):
-            return {self(k) if isinstance(k, str) else k: self.deep(v) for k, v in value.items()}
+            copy: dict[Any, Any] = {}
+            changed = False
+            for key, item in value.items():
+                new_key = self._text(key, matcher) if isinstance(key, str) else key
+                new_item = self._deep(item, matcher, version)
+                changed = changed or new_key is not key or new_item is not item
+                copy[new_key] = new_item
+            return copy if changed else value
         if isinstance(value, list | tuple):
-            return [self.deep(v) for v in value]
+            items = [self._deep(item, matcher, version) for item in value]
+            return value if all(a is b for a, b in zip(items, value, strict=True)) else items
         return value
 
 

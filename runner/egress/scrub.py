@@ -26,11 +26,14 @@ and lazy reflection, not a boundary against an upstream that computes on the sec
 from __future__ import annotations
 
 import base64
+import functools
 import html
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import quote, quote_plus
+
+import re2
 
 MIN_LENGTH = 6  # shorter forms would match ordinary text
 
@@ -87,54 +90,132 @@ def secret_forms(value: str) -> dict[bytes, str]:
     return {needle: encoding for needle, encoding in forms.items() if len(needle) >= MIN_LENGTH}
 
 
-def compile_forms(secrets: Iterable[tuple[str, str]]) -> tuple[Form, ...]:
+def compile_forms(secrets: Iterable[tuple[str, str]]) -> Forms:
     """The forms of each ``(label, value)``, longest first, so a longer form is never cut by a
     shorter one inside it."""
     forms = {needle: Form(needle, label, encoding) for label, value in secrets
              for needle, encoding in secret_forms(value).items()}  # fmt: skip
-    return tuple(sorted(forms.values(), key=lambda form: len(form.needle), reverse=True))
+    return Forms(sorted(forms.values(), key=lambda form: len(form.needle), reverse=True))
 
 
-def scrub(data: bytes, forms: Sequence[Form]) -> tuple[bytes, list[Form]]:
-    """``data`` with every occurrence of each of ``forms`` (longest first) replaced, ASCII case
-    folded; and the forms that were found."""
-    if not forms or len(data) < len(forms[-1].needle):
-        return data, []  # shorter than every form: most log fields and audit values
-    folded = data.lower()  # bytes.lower folds ASCII only: offsets in ``folded`` are offsets in ``data``
-    found: list[Form] = []
-    for form in forms:
-        start = folded.find(form.needle)
-        if start < 0:
-            continue
-        found.append(form)
-        # The folded copy gets NULs where a replacement went: nothing later matches across one.
-        blank = bytes(len(form.replacement))
+KEY_LENGTH = 8  # the prefix a candidate is found by: long enough that ordinary text rarely has one
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.encoding = re2.Options.Encoding.LATIN1  # one byte, one character: offsets are byte offsets
+_RE2_OPTIONS.case_sensitive = True  # the text is folded first, ASCII only (RE2 would fold Latin-1 letters too)
+_RE2_OPTIONS.never_capture = True
+
+
+class Matcher:
+    """Finds every form of a set in one pass, whatever the number of forms.
+
+    RE2 (a DFA, linear in the text) finds where a form's first `KEY_LENGTH` bytes occur; each such
+    place is checked against the forms with that prefix by a dictionary lookup per form length.
+    Matching each form in turn would cost the number of forms times the text, and an alternation
+    of the whole forms outgrows RE2's memory (a token's forms are hundreds of bytes each).
+    """
+
+    def __init__(self, forms: Sequence[Form]) -> None:
+        self.forms = tuple(forms)
+        self.shortest = min((len(form.needle) for form in forms), default=0)
+        # prefix -> [(length, {needle: form})], longest first: the longest form at a place wins
+        index: dict[bytes, dict[int, dict[bytes, Form]]] = {}
+        for form in forms:
+            key = form.needle[:KEY_LENGTH]
+            index.setdefault(key, {}).setdefault(len(form.needle), {}).setdefault(form.needle, form)
+        self._index = {key: sorted(by_length.items(), reverse=True) for key, by_length in index.items()}
+        self._key_lengths = sorted({len(key) for key in index})
+        alternation = b"|".join(re2.escape(key) for key in sorted(index))
+        self._candidates = re2.compile(alternation, _RE2_OPTIONS) if index else None
+
+    def spans(self, folded: bytes) -> list[tuple[int, int, list[Form]]]:
+        """Where forms occur in ``folded`` (ASCII lower case): each ``(start, end, forms)`` the
+        union of overlapping occurrences, in order, so overlapping forms are replaced as one."""
+        spans: list[tuple[int, int, list[Form]]] = []
+        if self._candidates is None or len(folded) < self.shortest:
+            return spans
+        search, index = self._candidates.search, self._index
+        pos = 0
+        while (candidate := search(folded, pos)) is not None:
+            start = candidate.start()
+            pos = start + 1  # the next search also finds a form starting inside this one
+            best: Form | None = None
+            for key_length in self._key_lengths:
+                for length, needles in index.get(folded[start : start + key_length], ()):
+                    if best is not None and length <= len(best.needle):
+                        break
+                    form = needles.get(folded[start : start + length])
+                    if form is not None:
+                        best = form
+                        break
+            if best is None:
+                continue
+            end = start + len(best.needle)
+            if spans and start < spans[-1][1]:
+                last_start, last_end, found = spans[-1]
+                found.append(best)
+                spans[-1] = (last_start, max(last_end, end), found)
+            else:
+                spans.append((start, end, [best]))
+        return spans
+
+    def scrub(self, data: bytes) -> tuple[bytes, list[Form]]:
+        """``data`` with each occurrence of a form, and each run of overlapping ones, replaced
+        once; and the forms found, in order of first occurrence."""
+        if len(data) < self.shortest or self._candidates is None:
+            return data, []  # shorter than every form: most log fields and audit values
+        # bytes.lower folds ASCII only: offsets in the folded copy are offsets in ``data``
+        spans = self.spans(data.lower())
+        if not spans:
+            return data, []
         pieces: list[bytes] = []
-        folded_pieces: list[bytes] = []
+        found: dict[Form, None] = {}
         end = 0
-        while start >= 0:
-            pieces += (data[end:start], form.replacement)
-            folded_pieces += (folded[end:start], blank)
-            end = start + len(form.needle)
-            start = folded.find(form.needle, end)
-        data = b"".join(pieces) + data[end:]
-        folded = b"".join(folded_pieces) + folded[end:]
-    return data, found
+        for start, stop, forms in spans:
+            labels = list(dict.fromkeys(form.label for form in forms))
+            replacement = forms[0].replacement if len(labels) == 1 else f"[REDACTED:{','.join(labels)}]".encode()
+            pieces += (data[end:start], replacement)
+            found.update(dict.fromkeys(forms))
+            end = stop
+        pieces.append(data[end:])
+        return b"".join(pieces), list(found)
+
+
+class Forms(tuple[Form, ...]):
+    """The forms of a set of secrets, longest first, with the `Matcher` that finds them (built on
+    first use, once)."""
+
+    @functools.cached_property
+    def matcher(self) -> Matcher:
+        return Matcher(self)
+
+
+def scrub(data: bytes, forms: Sequence[Form] | Matcher) -> tuple[bytes, list[Form]]:
+    """``data`` with every occurrence of each of ``forms`` replaced, ASCII case folded, overlapping
+    occurrences (of one secret's forms, or of several secrets) as one; and the forms that were found."""
+    if isinstance(forms, Forms):
+        forms = forms.matcher
+    elif not isinstance(forms, Matcher):
+        if not forms:
+            return data, []
+        forms = Matcher(forms)
+    return forms.scrub(data)
 
 
 class StreamScrubber:
     """Scrubs a body that arrives in pieces: the tail of each piece that could begin a form the
     next piece completes is held back until that piece (or the end) arrives."""
 
-    def __init__(self, forms: Sequence[Form]) -> None:
-        self._forms = forms
-        self._hold = max((len(form.needle) for form in forms), default=1) - 1
+    def __init__(self, forms: Sequence[Form] | Matcher) -> None:
+        if isinstance(forms, Forms):
+            forms = forms.matcher
+        self._matcher = forms if isinstance(forms, Matcher) else Matcher(forms)
+        self._hold = max((len(form.needle) for form in self._matcher.forms), default=1) - 1
         self._pending = b""
         self.found: set[Form] = set()
 
     def feed(self, data: bytes) -> bytes:
         """What can be passed on of everything received so far, scrubbed."""
-        out, found = scrub(self._pending + data, self._forms)
+        out, found = self._matcher.scrub(self._pending + data)
         self.found.update(found)
         cut = max(len(out) - self._hold, 0)
         self._pending = out[cut:]
@@ -142,7 +223,7 @@ class StreamScrubber:
 
     def finish(self) -> bytes:
         """The held-back rest, scrubbed, once the body has ended."""
-        out, found = scrub(self._pending, self._forms)
+        out, found = self._matcher.scrub(self._pending)
         self.found.update(found)
         self._pending = b""
         return out
