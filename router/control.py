@@ -992,10 +992,11 @@ class ControlPlane:
 
     async def _audit_rejection(self, session: SessionRecord, tool_name: object, exc: StockadeError) -> None:
         name = tool_name if isinstance(tool_name, str) and len(tool_name) <= 256 else repr(tool_name)[:256]
-        event = self._event(
-            "error", str(uuid.uuid4()), session, name, None,
-            outcome="invalid", result={"code": exc.code, "message": str(exc)},
-        )  # fmt: skip
+        result: dict[str, Any] = {"code": exc.code, "message": str(exc)}
+        if isinstance(exc, InvalidCall) and exc.problems:
+            # Each problem by its field: an audit mask on an argument erases what is said of it.
+            result["problems"] = [{"field": p.field, "problem": p.problem} for p in exc.problems]
+        event = self._event("error", str(uuid.uuid4()), session, name, None, outcome="invalid", result=result)
         await self._record(event)
         log.info("tool_call_rejected", code=exc.code, error=str(exc), session_id=session.id)
 

@@ -76,11 +76,150 @@ def mask(document: dict[str, Any], rules: Sequence[Rule], key: bytes | None = No
     """``document`` with every rule applied (copied where changed), and the paths masked, each a JSON
     Pointer with ``%`` and ``,`` percent-encoded (`masked_paths` reads them back). ``key``: the log's
     masking key, which hashed values are an HMAC under; without one they are a plain sha256, which
-    anyone can test guesses against (only for callers that predate the key)."""
+    anyone can test guesses against (only for callers that predate the key).
+
+    A rule on an argument (``/input/args/...``) masks the argument wherever the event carries it,
+    not only at its path: what provenance made of it (``input.values.<arg>`` and
+    ``input.provenance.<arg>``, the identifiers read from it) is masked alike; every quotation of a
+    masked value, or of an identifier read from it, in the event's other text (a policy's reason
+    message, a schema error) is replaced by ``[masked]``; and the digests of a call's arguments
+    (``binding``, ``args_sha256``: an approval's, a credential's) are keyed, since a digest of a
+    few arguments can be reversed by trying each value."""
     masked: list[str] = []
+    originals: list[Any] = []
     for path, hashed in rules:
-        document = _apply(document, pointer_steps(path), hashed, key, "", masked)
+        steps = pointer_steps(path)
+        taken: list[Any] | None = originals if steps[:2] == ["input", "args"] else None
+        document = _apply(document, steps, hashed, key, "", masked, taken)
+        if taken is not None and len(steps) > 2:
+            for derived in ("values", "provenance"):
+                inputs = document.get("input")
+                held = inputs.get(derived) if isinstance(inputs, dict) else None
+                if isinstance(held, dict):
+                    originals.extend(_identifiers(held, steps[2]))
+                document = _apply(document, ["input", derived, steps[2]], hashed, key, "", masked, None)
+    arguments = [
+        steps[2] for path, _ in rules if len(steps := pointer_steps(path)) > 2 and steps[:2] == ["input", "args"]
+    ]
+    if arguments:
+        document = _keyed_digests(document, key, masked)
+        document = _masked_problems(document, arguments, masked)
+    quoted = _quotations(originals)
+    if quoted is not None:
+        for root in ("input", "result"):
+            if root in document:
+                scrubbed = _scrub(document[root], quoted)
+                if scrubbed is not document[root]:
+                    document = {**document, root: scrubbed}
+                    masked.append(f"/{root}/*")
     return document, masked
+
+
+def _identifiers(held: dict[str, Any], arg: str) -> list[str]:
+    """The identifiers provenance read from argument ``arg`` (``*``: any), as policy messages quote
+    them: each key whole (``e:bob@example.com``) and without its kind (``bob@example.com``)."""
+    found: list[str] = []
+    for name, items in held.items():
+        if arg not in ("*", name) or not isinstance(items, list):
+            continue
+        for item in items:
+            text = item.get("key") if isinstance(item, dict) else None
+            if isinstance(text, str):
+                found.append(text)
+                found.append(text.partition(":")[2])
+    return found
+
+
+def _leaves(value: Any) -> list[str]:
+    """The text of every scalar in a masked value, in the forms a message quotes it (as it is, as
+    Python's repr writes it, as JSON writes it)."""
+    if isinstance(value, dict):
+        return [text for item in value.values() for text in _leaves(item)]
+    if isinstance(value, list):
+        return [text for item in value for text in _leaves(item)]
+    if value is None or isinstance(value, bool):
+        return []
+    text = value if isinstance(value, str) else json.dumps(value)
+    return [text, repr(text)[1:-1], json.dumps(text, ensure_ascii=False)[1:-1], json.dumps(text)[1:-1]]
+
+
+def _quotations(originals: list[Any]) -> re.Pattern[str] | None:
+    """One pattern matching each masked value's text where it stands as a token of its own (not a
+    part of a longer word: a masked "2026" must not eat a date), longest first; None if none."""
+    texts = {text for value in originals for text in _leaves(value) if len(text.strip()) >= 2}
+    if not texts:
+        return None
+    alternatives = "|".join(re.escape(text) for text in sorted(texts, key=len, reverse=True))
+    return re.compile(f"(?<![A-Za-z0-9])(?:{alternatives})(?![A-Za-z0-9])")
+
+
+def _scrub(value: Any, quoted: re.Pattern[str]) -> Any:
+    """``value`` with every quotation ``quoted`` finds in its strings (and keys) replaced by [masked]."""
+    if isinstance(value, str):
+        return quoted.sub(ERASED, value)
+    if isinstance(value, dict):
+        copy = {quoted.sub(ERASED, name): _scrub(item, quoted) for name, item in value.items()}
+        return value if copy == value else copy
+    if isinstance(value, list):
+        items = [_scrub(item, quoted) for item in value]
+        return value if items == value else items
+    return value
+
+
+def _masked_problems(document: dict[str, Any], arguments: list[str], masked: list[str]) -> dict[str, Any]:
+    """``document`` with what a refused call's problems say of a masked argument erased: a schema
+    error quotes the value it refused (``args.pin: '48x1' does not match ...``), in the problem and
+    in the message made of the problems, while the call's arguments are not in the event at all."""
+    result = document.get("result")
+    problems = result.get("problems") if isinstance(result, dict) else None
+    if not isinstance(result, dict) or not isinstance(problems, list):
+        return document
+    message = result.get("message")
+    changed = []
+    for index, problem in enumerate(problems):
+        field = problem.get("field") if isinstance(problem, dict) else None
+        said = problem.get("problem") if isinstance(problem, dict) else None
+        if not isinstance(field, str) or not isinstance(said, str) or not field.startswith("args."):
+            changed.append(problem)
+            continue
+        name = re.split(r"[.\[]", field.removeprefix("args."), maxsplit=1)[0]
+        if "*" not in arguments and name not in arguments:
+            changed.append(problem)
+            continue
+        if isinstance(message, str):
+            message = message.replace(said, ERASED)
+        changed.append({**problem, "problem": ERASED})
+        masked.append(f"/result/problems/{index}/problem")
+    if changed == problems:
+        return document
+    return {**document, "result": {**result, "problems": changed, "message": message}}
+
+
+_DIGESTS = ("binding", "args_sha256")  # a digest of a call's tool, arguments and session
+
+
+def _keyed_digests(document: dict[str, Any], key: bytes | None, masked: list[str]) -> dict[str, Any]:
+    """``document`` with the digests of a call's arguments in its ``result`` keyed (an HMAC of the
+    digest: still equal for the same call, so an approval joins its decision), or erased without a
+    key; a digest of arguments that were masked would give them back to whoever tries each value."""
+    result = document.get("result")
+    if not isinstance(result, dict):
+        return document
+
+    def keyed(value: Any, where: str) -> Any:
+        if isinstance(value, dict):
+            copy = {}
+            for name, item in value.items():
+                if name in _DIGESTS and isinstance(item, str):
+                    masked.append(f"{where}/{_escaped(name)}")
+                    copy[name] = ERASED if key is None else "hmac-sha256:" + hmac.new(
+                        key, item.encode(), hashlib.sha256).hexdigest()  # fmt: skip
+                else:
+                    copy[name] = keyed(item, f"{where}/{_escaped(name)}")
+            return copy
+        return value
+
+    return {**document, "result": keyed(result, "/result")}
 
 
 def _hashed(value: Any, key: bytes | None) -> str:
@@ -91,9 +230,20 @@ def _hashed(value: Any, key: bytes | None) -> str:
     return "hmac-sha256:" + hmac.new(key, data, hashlib.sha256).hexdigest()
 
 
-def _apply(value: Any, steps: list[str], hashed: bool, key: bytes | None, where: str, masked: list[str]) -> Any:
+def _apply(
+    value: Any,
+    steps: list[str],
+    hashed: bool,
+    key: bytes | None,
+    where: str,
+    masked: list[str],
+    taken: list[Any] | None = None,
+) -> Any:
+    """``value`` with the value at ``steps`` masked (recorded in ``masked``, and kept in ``taken``)."""
     if not steps:
         masked.append(where)
+        if taken is not None:
+            taken.append(value)
         return _hashed(value, key) if hashed else ERASED
     step, rest = steps[0], steps[1:]
     if isinstance(value, dict):
@@ -102,7 +252,7 @@ def _apply(value: Any, steps: list[str], hashed: bool, key: bytes | None, where:
             return value
         copy = dict(value)
         for name in keys:
-            copy[name] = _apply(value[name], rest, hashed, key, f"{where}/{_escaped(name)}", masked)
+            copy[name] = _apply(value[name], rest, hashed, key, f"{where}/{_escaped(name)}", masked, taken)
         return copy
     if isinstance(value, list):
         wanted = range(len(value)) if step == "*" else [int(step)] if _INDEX.fullmatch(step) else []
@@ -111,7 +261,7 @@ def _apply(value: Any, steps: list[str], hashed: bool, key: bytes | None, where:
             return value
         items = list(value)
         for index in indexes:
-            items[index] = _apply(value[index], rest, hashed, key, f"{where}/{index}", masked)
+            items[index] = _apply(value[index], rest, hashed, key, f"{where}/{index}", masked, taken)
         return items
     return value
 

@@ -13,12 +13,14 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from router import ControlPlane, InvalidCall
+from router.approvals import binding
 from router.audit import AuditEvent
 from router.audit.base import as_written
 from router.audit.checkpoint import SigningKey
 from router.audit.jsonl import JsonlAuditLog, LogOptions
 from router.audit.masking import load_or_create_key, mask, masked_paths
-from router.settings import MaskRule
+from router.settings import AuditSettings, MaskRule, Settings
 
 ARGS = {"a/b": "SECRET1", "t~x": "SECRET2", "cards": ["SECRET3", "keep"], "x,y": "SECRET4", "10": "d"}
 
@@ -98,3 +100,56 @@ async def test_no_masked_value_or_key_reaches_the_log_files(tmp_path: Path) -> N
             raw = file.read_bytes()
             assert b"4821" not in raw
             assert key.hex().encode() not in raw
+
+
+# -- a masked argument, wherever the event carries it -------------------------------------------
+
+MAIL, URL, PIN, BAD_PIN = "secret.person@hidden.example", "https://leak.example/private-doc", "4821", "48x1"
+
+
+async def test_a_masked_argument_reaches_the_log_through_no_other_field(tmp_path: Path) -> None:
+    """A masked argument is masked where provenance read it (input.values, input.provenance), where
+    a policy's reason quotes it, in a schema error about it, and in the digests of the call's
+    arguments (an approval's binding): each of those gave it back before."""
+    settings = Settings(audit=AuditSettings(
+        path=tmp_path / "log" / "audit.jsonl", signing_key=tmp_path / "keys" / "audit.key",
+        mask=[MaskRule(path="/input/args/body"), MaskRule(path="/input/args/pin", hash=True)],
+    ))  # fmt: skip
+    async with ControlPlane.from_settings(settings) as plane:
+        await plane.register({"name": "read_web", "description": "r", "risk": "low",
+                              "capabilities": ["reads_untrusted"], "input_schema": {"type": "object"},
+                              "executor": {"kind": "external"}})  # fmt: skip
+        await plane.register({
+            "name": "send_msg", "description": "s", "risk": "high", "capabilities": ["sends_external"],
+            "input_schema": {"type": "object", "properties": {
+                "body": {"type": "string"}, "pin": {"type": "string", "pattern": "^[0-9]{4}$"}}},
+            "executor": {"kind": "external"}, "content_args": ["body"],
+        })  # fmt: skip
+        session = await plane.open_session("bot", "alice@example.com", trusted_context=["send my pin"])
+        held = await plane.call(session, "send_msg", {"body": f"hi {URL}", "pin": PIN})
+        assert held.status == "pending_approval"
+        read = await plane.call(session, "read_web", {})
+        await plane.report(session, read.call_id, f"write to {MAIL}")
+        denied = await plane.call(session, "send_msg", {"body": f"mail {MAIL}", "pin": PIN})
+        assert denied.reasons == ["provenance.untrusted_content"]
+        with pytest.raises(InvalidCall, match=BAD_PIN):  # the caller is told; the log is not
+            await plane.call(session, "send_msg", {"body": "x", "pin": BAD_PIN})
+
+    lines = (tmp_path / "log" / "audit.jsonl").read_text().splitlines()
+    events = [json.loads(line) for line in lines]
+    sent = [e for e in events if e["tool"] == "send_msg"]
+    text = "\n".join(json.dumps(e) for e in sent)
+    leaked = [value for value in (URL, "leak.example", MAIL, BAD_PIN, f'"{PIN}"') if value in text]
+    assert leaked == []
+    [refused] = [e for e in sent if e["kind"] == "error"]
+    assert refused["result"]["problems"] == [{"field": "args.pin", "problem": "[masked]"}]
+    # The approval's binding digests tool, arguments and session: with the pin's 10,000 values
+    # tried, a plain digest gave it back. Keyed, none matches.
+    [approval] = [e for e in sent if e["kind"] == "approval"]
+    assert approval["result"]["binding"].startswith("hmac-sha256:")
+    tried = {binding("send_msg", json.dumps({"body": f"hi {URL}", "pin": f"{n:04d}"}, sort_keys=True,
+                                            separators=(",", ":"), ensure_ascii=False), session)
+             for n in range(10_000)}  # fmt: skip
+    assert not {approval["result"]["binding"], approval["result"]["binding"].removeprefix("hmac-sha256:")} & tried
+    decisions = [e for e in sent if e["kind"] == "decision"]
+    assert all(e["input"]["values"]["body"] == "[masked]" for e in decisions)
