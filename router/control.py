@@ -478,13 +478,17 @@ class ControlPlane:
                 permitted.append(spec)
         return permitted
 
-    async def record_refusal(self, who: str | None, what: str, reason: str, *, code: str = "auth.refused") -> None:
+    async def record_refusal(
+        self, who: str | None, what: str, reason: str, *, code: str = "auth.refused", session_id: str | None = None
+    ) -> None:
         """Audit a request refused at the door (unauthenticated, wrong role, another's session; a
-        body or route the API would not take: ``code`` says which)."""
-        log.info("request_refused", who=who, what=what[:300], reason=reason, code=code)
+        body or route the API would not take: ``code`` says which). ``session_id``: the session the
+        request was in, when the caller knows it (the event then joins that session's trail)."""
+        log.info("request_refused", who=who, what=what[:300], reason=reason, code=code, session_id=session_id)
         await self._record(AuditEvent(
             kind="error", decision_id=str(uuid.uuid4()), timestamp=_now(), agent=who, outcome="refused",
-            labels=self._labels, result={"code": code, "request": what[:300], "message": reason},
+            session_id=session_id, labels=self._labels,
+            result={"code": code, "request": what[:300], "message": reason},
         ))  # fmt: skip
 
     async def readiness(self) -> dict[str, bool]:

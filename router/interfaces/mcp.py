@@ -111,7 +111,7 @@ def _refusal(code: str, message: str) -> types.CallToolResult:
 
 async def _refuse(plane: ControlPlane, session: _Session, name: str, code: str, message: str) -> types.CallToolResult:
     """A call refused before the pipeline, audited (as the pipeline audits its own refusals)."""
-    await plane.record_refusal(session.agent, f"tools/call {name!r} in session {session.id}", message, code=code)
+    await plane.record_refusal(session.agent, f"tools/call {name!r}", message, code=code, session_id=session.id)
     return _refusal(code, message)
 
 

@@ -648,7 +648,8 @@ async def test_every_refusal_an_mcp_client_gets_is_audited(plane: ControlPlane) 
         ("tool.not_found", "claude"), ("call.invalid", "claude"), ("tool.not_served", "claude"),
         ("session.lost", "claude"), ("session.lost", "claude"),
     ]  # fmt: skip
-    assert decision.session_id in (audited[-1].result or {})["request"]
+    # Refused before the pipeline, in a session: each joins that session's trail.
+    assert [e.session_id for e in audited[2:]] == [decision.session_id] * 3
     said = [r.structured_content["reasons"] for r in refused]
     assert said == [["tool.not_found"], ["call.invalid"], ["tool.not_served"], ["session.lost"], ["session.lost"]]
 
