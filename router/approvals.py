@@ -16,6 +16,7 @@ import hashlib
 import json
 import secrets
 import time
+import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +44,20 @@ def binding(tool: str, canonical_args: str, session_id: str, inputs: Sequence[Ma
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
+def identity(name: str) -> str:
+    """The identity a name stands for, to compare an approver (or endorser) with the agent: NFKC
+    then case folded (``Claude``, fullwidth ``CLAUDE`` and ``claude`` are one), without format
+    characters (a zero-width space or joiner in ``cl\u200baude``) and surrounding whitespace.
+    Compare identities, never names as typed: the agent picks how it spells the approver."""
+    folded = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", name).casefold())
+    return "".join(c for c in folded if unicodedata.category(c) != "Cf").strip()
+
+
+def same_identity(one: str, other: str) -> bool:
+    """Whether two names stand for one identity (see `identity`)."""
+    return identity(one) == identity(other)
+
+
 class ApprovalBook:
     """The approval rules, over a `Store` (so an approval granted through one router, or the CLI,
     releases the call on another) and an audit log (every status change is recorded)."""
@@ -57,18 +72,22 @@ class ApprovalBook:
         self._keep_s = keep_s
         self._labels = dict(labels or {})
 
-    def event(self, approval: Approval, outcome: str) -> AuditEvent:
-        """The audit event of a change of ``approval``, under its decision_id."""
+    def event(self, approval: Approval, outcome: str, peer: Mapping[str, Any] | None = None) -> AuditEvent:
+        """The audit event of a change of ``approval``, under its decision_id; ``peer``: the local
+        process that asked for it (uid, pid, executable), recorded as ``result.peer``."""
+        result = approval.model_dump(mode="json", exclude={"args"})
+        if peer is not None:
+            result["peer"] = dict(peer)
         return AuditEvent(
             kind="approval", decision_id=approval.decision_id, timestamp=timestamp(),
             session_id=approval.session_id, agent=approval.agent, tool=approval.tool, outcome=outcome,
-            labels=self._labels, result=approval.model_dump(mode="json", exclude={"args"}),
+            labels=self._labels, result=result,
         )  # fmt: skip
 
-    async def record(self, approval: Approval, outcome: str) -> bool:
+    async def record(self, approval: Approval, outcome: str, peer: Mapping[str, Any] | None = None) -> bool:
         """Audit a change of ``approval`` under its decision_id; False (logged) if the log failed."""
         try:
-            await self._audit.append(self.event(approval, outcome))
+            await self._audit.append(self.event(approval, outcome, peer))
         except AuditError as exc:
             log.error("audit_append_failed", error=str(exc), kind="approval", decision_id=approval.decision_id)
             return False
@@ -100,15 +119,19 @@ class ApprovalBook:
         found = [_as_of_now(a) for a in await self._store.list_approvals()]
         return [a for a in found if status is None or a.status is status]
 
-    async def decide(self, approval_id: str, *, approver: str, approve: bool, note: str = "") -> Approval:
-        """Record a human's decision.
+    async def decide(
+        self, approval_id: str, *, approver: str, approve: bool, note: str = "", peer: Mapping[str, Any] | None = None
+    ) -> Approval:
+        """Record a human's decision. ``peer``: the local process the decision came from (the
+        approval socket's peer: uid, pid, executable), recorded with it.
 
         The decision is on record before it takes effect: a grant the log does not hold never
         releases a call, whatever fails after (a lost reply from Redis, another approver first).
 
         Raises:
             ApprovalError: unknown, not pending (decided, used, expired), or the approver is the
-                agent that asked, or another decision came first (this one is then on record as
+                agent that asked (compared as `identity`: ``Claude`` is ``claude``), or another
+                decision came first (this one is then on record as
                 ``not_applied`` too).
             AuditError: the decision could not be audited; it was not made (still pending).
             StoreError: the store failed while the decision was being made: it is on record, and
@@ -117,18 +140,18 @@ class ApprovalBook:
         approval = await self.get(approval_id)
         if approval.status is not ApprovalStatus.PENDING:
             raise ApprovalError(f"approval {approval.id} is {approval.status.value}, not pending")
-        if not approver.strip() or approver == approval.agent:
+        if not identity(approver) or same_identity(approver, approval.agent):
             raise ApprovalError(f"approval {approval.id} cannot be decided by {show(approver)}: "
                                 "the requesting agent never approves its own calls")  # fmt: skip
         decided = approval.model_copy(update={
             "status": ApprovalStatus.APPROVED if approve else ApprovalStatus.DENIED,
             "approver": approver, "note": note[:2000], "decided_at": time.time(),
         })  # fmt: skip
-        if not await self.record(decided, decided.status.value):
+        if not await self.record(decided, decided.status.value, peer):
             raise AuditError(f"the decision on approval {approval.id} could not be audited; it is still pending")
         if not await self._store.swap_approval(decided, ApprovalStatus.PENDING):
             # On record, but another decision (itself on record) came first: say this one is not in force.
-            await self.record(decided, "not_applied")
+            await self.record(decided, "not_applied", peer)
             raise ApprovalError(f"approval {approval.id} was decided by someone else meanwhile")
         log.info("approval_decided", approval_id=approval.id, status=decided.status.value, approver=approver)
         return decided

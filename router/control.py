@@ -41,7 +41,15 @@ from policy import Decision, Outcome, PolicyEngine, PolicyInput, SessionInfo, Su
 from policy.base import MAX_SESSION_LABELS, POLICY_ERROR, EnvironmentInfo, InputInfo, RateCounts
 from policy.bundle import fingerprint
 from router import metrics, telemetry
-from router.approvals import Approval, ApprovalBook, ApprovalError, ApprovalStatus, binding
+from router.approvals import (
+    Approval,
+    ApprovalBook,
+    ApprovalError,
+    ApprovalStatus,
+    binding,
+    identity,
+    same_identity,
+)
 from router.audit import AuditEvent, AuditLog, sha256_hex, timestamp
 from router.audit import factory as audit_factory
 from router.credentials import REDACTOR, Binding, CredentialBroker, CredentialError, Lease, redact
@@ -325,12 +333,18 @@ class ControlPlane:
             known, version, added = await self.store.put_tool(name, spec_json)
             log.info("tool_shared", tool=name, registry_version=version, added=added)
             raced = not added
-        if ToolSpec.model_validate_json(known) != tool.spec:
+        existing = ToolSpec.model_validate_json(known)
+        if existing != tool.spec:
             if raced:  # another router's spec won: the registration audited above did not take effect
                 await self._record(event.model_copy(update={
                     "timestamp": _now(), "outcome": "tool_registration_lost",
                     "result": {"spec_sha256": spec_sha256, "registry_version": version},
                 }))  # fmt: skip
+            if existing.name != name:  # the store answered with the look-alike it holds
+                raise DuplicateTool(
+                    f"tool {name!r} differs from the registered tool {existing.name!r} only in case or '-'/'_' "
+                    "(an agent or a human could mistake one for the other): pick another name"
+                )
             raise DuplicateTool(
                 f"tool {name!r} is already registered in the shared store with another spec (by another router "
                 "or an earlier run): pick another name, or register exactly the same spec"
@@ -560,7 +574,7 @@ class ControlPlane:
                 result={"by": by, "note": note[:2000], **result},
             )  # fmt: skip
 
-        if not by.strip() or by == session.agent:
+        if not identity(by) or same_identity(by, session.agent):
             # The agent is what an injection steers: its word cannot make untrusted values trusted
             # (an approver identity named as the agent is the agent, as for approvals).
             await self._record(event("refused", code="endorsement.by_agent"))

@@ -14,7 +14,9 @@ import errno
 import gc
 import getpass
 import hashlib
+import json
 import secrets
+import sys
 import traceback
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -496,20 +498,25 @@ Approver = Annotated[
 Note = Annotated[str, typer.Option("--note", help="Why: a ticket, a reason; recorded with the decision.")]
 
 
-def _with_approvals(ctx: typer.Context, work: Callable[[ApprovalBook | LocalRouters], Awaitable[T]]) -> T:
+def _with_approvals(
+    ctx: typer.Context, work: Callable[[ApprovalBook | LocalRouters], Awaitable[T]], *, as_json: bool = False
+) -> T:
     """Run ``work`` against the shared store and the audit log the routers write or, with the
-    embedded store, against the running routers' approval sockets (router.interfaces.local)."""
+    embedded store, against the running routers' approval sockets (router.interfaces.local); a
+    router that does not answer is reported on stderr (a JSON line with ``--json``), and the
+    others still answer."""
     from router.approvals import ApprovalBook, ApprovalError  # noqa: PLC0415
     from router.audit import JsonlAuditLog  # noqa: PLC0415
     from router.control import VERSION  # noqa: PLC0415
-    from router.interfaces.local import LocalRouters, socket_dir  # noqa: PLC0415
+    from router.interfaces.local import LocalRouters, socket_dirs  # noqa: PLC0415
     from router.store import make_store  # noqa: PLC0415
 
     settings = _settings(ctx)
+    local = LocalRouters(socket_dirs(settings)) if settings.store.url is None else None
 
     async def run() -> T:
-        if settings.store.url is None:
-            return await work(LocalRouters(socket_dir(settings)))
+        if local is not None:
+            return await work(local)
         store = make_store(settings)
         audit = JsonlAuditLog(settings.audit.path, durability=settings.audit.durability)
         labels = {"instance": settings.instance, "version": VERSION, "via": "cli"}
@@ -526,6 +533,19 @@ def _with_approvals(ctx: typer.Context, work: Callable[[ApprovalBook | LocalRout
         raise _fail(str(exc), 1) from exc
     except StockadeError as exc:
         raise _fail(str(exc)) from exc
+    finally:
+        if local is not None and local.not_answering:
+            _report_not_answering(local, as_json)
+
+
+def _report_not_answering(local: LocalRouters, as_json: bool) -> None:
+    """Say which routers did not answer (their approvals are missing from what was shown)."""
+    if as_json:
+        sys.stderr.write(json.dumps({"not_answering": [s.as_json() for s in local.not_answering]}) + "\n")
+        return
+    for silent in local.not_answering:
+        err.print(f"[yellow]warning:[/yellow] the router at {escape(str(silent.socket))} (pid {silent.pid}) is not "
+                  f"answering ({escape(silent.error)}): its approvals could not be reached", markup=True)  # fmt: skip
 
 
 def _show_approval(approval: Approval, as_json: bool) -> None:
@@ -546,7 +566,7 @@ def approvals_list(
     """List approvals, oldest first: what was asked, by which agent, why, and until when."""
     from router.interfaces.render import approvals_table  # noqa: PLC0415
 
-    found = _with_approvals(ctx, lambda book: book.list(status))
+    found = _with_approvals(ctx, lambda book: book.list(status), as_json=as_json)
     if as_json:
         _emit_json([a.model_dump(mode="json") for a in found])
         return
@@ -556,7 +576,7 @@ def approvals_list(
 @approvals_app.command("show")
 def approvals_show(ctx: typer.Context, approval_id: ApprovalId, as_json: JsonFlag = False) -> None:
     """Show one approval in full, with the exact arguments the approver is asked about."""
-    _show_approval(_with_approvals(ctx, lambda book: book.get(approval_id)), as_json)
+    _show_approval(_with_approvals(ctx, lambda book: book.get(approval_id), as_json=as_json), as_json)
 
 
 @approvals_app.command("approve")
@@ -578,7 +598,9 @@ def approvals_deny(
 def _decide_approval(
     ctx: typer.Context, approval_id: str, approver: str, note: str, as_json: bool, *, approve: bool
 ) -> None:
-    decided = _with_approvals(ctx, lambda book: book.decide(approval_id, approver=approver, approve=approve, note=note))
+    decided = _with_approvals(
+        ctx, lambda book: book.decide(approval_id, approver=approver, approve=approve, note=note), as_json=as_json
+    )
     _show_approval(decided, as_json)
 
 

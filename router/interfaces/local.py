@@ -2,16 +2,24 @@
 
 With the embedded store (the single-process setup: ``stockade mcp`` for Claude Code or Cursor,
 or ``stockade serve`` alone), approvals live in the router's memory, where no other process can
-see them. Such a router listens on a Unix socket, ``<pid>.sock`` in a private runtime directory
-named after its audit log's (`socket_dir`: ``$XDG_RUNTIME_DIR/stockade/<key>``, or
-``<tmp>/stockade-<uid>/<key>``, each 0700: a socket path must stay under ~100 bytes, which a
-directory beside a deep audit log need not), the socket 0600, and answers one JSON request per
-connection: list, show, approve or deny. Only its own OS user (or root) may connect (checked on the peer's credentials).
-The decisions go through the router's own `ApprovalBook`, so they are audited like any other.
+see them. Such a router listens on a Unix socket, ``<pid>.sock`` in a private directory named
+after its audit log's (`socket_dirs`: ``$XDG_RUNTIME_DIR/stockade/<key>``; for root, a service,
+``/run/stockade-approvals/<key>``; else, or when that one is not safe to use, under the user's
+own state directory, ``<state>/approvals/<key>``, never a shared one such as /tmp, where another
+user could make the directory first). Each directory is 0700, the socket 0600; a socket path
+longer than a Unix socket address holds is reached through the directory's descriptor. A router
+with no safe directory runs without a socket (logged). It answers one JSON request per
+connection: list, show, approve or deny. Only its own OS user (or root) may connect (checked on
+the peer's credentials). The decisions go through the router's own `ApprovalBook`, so they are
+audited like any other, with the deciding process (uid, pid and executable) on record.
 
 Anyone who can act as that OS user can approve here, the agent included if it has a shell as
-that user: the requesting agent's own name is refused as approver, but a local setup trusts its
-user. Prefer MCP elicitation (the client asks the human) where the client supports it.
+that user: the requesting agent's own name (in any case or width) is refused as approver, and
+the process that decided is on record, but a local setup trusts its user. Prefer MCP elicitation
+(the client asks the human) where the client supports it.
+
+The CLI asks every router at once: one that is suspended, or answers garbage, is reported as not
+answering, and the others' approvals are still listed and decided.
 """
 
 from __future__ import annotations
@@ -24,8 +32,8 @@ import os
 import socket
 import stat
 import struct
-import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +41,7 @@ import structlog
 
 from router.approvals import Approval, ApprovalError, ApprovalStatus
 from router.errors import StockadeError
+from router.settings import state_dir
 
 if TYPE_CHECKING:
     from router.control import ControlPlane
@@ -42,23 +51,61 @@ log = structlog.get_logger(__name__)
 
 _MAX_REQUEST = 64 << 10
 _TIMEOUT_S = 10.0
+ASK_TIMEOUT_S = 5.0
+"""How long the CLI waits for one router's answer before it counts it as not answering."""
 _RUN = "/run"
+_ADDRESS_MAX = 100  # bytes of a socket path that bind and connect take as is (sun_path holds 108 on Linux)
+
+
+def socket_dirs(settings: Settings) -> list[Path]:
+    """Where the routers sharing these settings (the same audit log directory) may put their
+    sockets, in the order a router tries them: under ``$XDG_RUNTIME_DIR``; for root (a service),
+    under ``/run``, where no other user can create the directory first; then under the user's own
+    state directory. Never under the shared temporary directory: another local user could make
+    ``/tmp/stockade-<uid>`` first, and the router would have nowhere to listen."""
+    bases = []
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    if os.path.isabs(runtime):
+        bases.append(Path(runtime) / "stockade")
+    if os.getuid() == 0 and os.path.isdir(_RUN) and os.access(_RUN, os.W_OK):
+        bases.append(Path(_RUN) / "stockade-approvals")  # not the runner's /run/stockade, which sandboxes traverse
+    bases.append(state_dir() / "approvals")
+    key = hashlib.sha256(str(settings.audit.path.parent.resolve()).encode()).hexdigest()[:16]
+    return [base / key for base in bases]
 
 
 def socket_dir(settings: Settings) -> Path:
-    """Where the routers sharing these settings (the same audit log directory) put their sockets:
-    under ``$XDG_RUNTIME_DIR``; for root without one (a service), under ``/run``, where no other
-    user can create the directory first; else under the temporary directory, per uid."""
-    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
-    if os.path.isabs(runtime):
-        base = Path(runtime) / "stockade"
-    elif os.getuid() == 0 and os.path.isdir(_RUN) and os.access(_RUN, os.W_OK):
-        # Not /tmp/stockade-0: any local user could make that first, and the router would refuse to start.
-        base = Path(_RUN) / "stockade-approvals"  # not the runner's /run/stockade, which sandboxes traverse
-    else:
-        base = Path(tempfile.gettempdir()) / f"stockade-{os.getuid()}"
-    key = hashlib.sha256(str(settings.audit.path.parent.resolve()).encode()).hexdigest()[:16]
-    return base / key
+    """The first of `socket_dirs`: where a router puts its socket when that directory is safe."""
+    return socket_dirs(settings)[0]
+
+
+@contextlib.contextmanager
+def _address(path: Path) -> Iterator[str]:
+    """An address that binds or connects to ``path``: the path itself, or, when it is longer than
+    a socket address holds (a deep home directory), the same file through ``/proc/self/fd`` and a
+    descriptor of its directory, held open while the block runs."""
+    if len(os.fsencode(path)) < _ADDRESS_MAX:
+        yield str(path)
+        return
+    descriptor = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        yield f"/proc/self/fd/{descriptor}/{path.name}"
+    finally:
+        os.close(descriptor)
+
+
+def _make_private(directory: Path, *, parents: bool) -> None:
+    """Make ``directory`` (and its parent) 0700 if missing; check both are private (`_check_private`).
+    ``parents``: make the directories above too (the state directory, which need not exist yet;
+    never ``$XDG_RUNTIME_DIR``, which is unusable if it does not exist).
+
+    Raises:
+        StockadeError: either is not a private directory of ours. OSError: it cannot be made.
+    """
+    directory.parent.mkdir(mode=0o700, parents=parents, exist_ok=True)
+    _check_private(directory.parent)  # before anything is made inside it
+    directory.mkdir(mode=0o700, exist_ok=True)
+    _check_private(directory)
 
 
 @contextlib.asynccontextmanager
@@ -68,11 +115,23 @@ async def approval_socket(plane: ControlPlane) -> AsyncIterator[Path | None]:
     if plane.settings.store.url is not None:
         yield None
         return
-    directory = socket_dir(plane.settings)
-    directory.parent.mkdir(mode=0o700, exist_ok=True)
-    _check_private(directory.parent)  # before anything is made inside it
-    directory.mkdir(mode=0o700, exist_ok=True)
-    _check_private(directory)
+    directory = None
+    candidates = socket_dirs(plane.settings)
+    for candidate in candidates:
+        try:
+            _make_private(candidate, parents=candidate == candidates[-1])
+        except (StockadeError, OSError) as exc:
+            log.warning("approval_socket_directory_unusable", directory=str(candidate), error=str(exc))
+            continue
+        directory = candidate
+        break
+    if directory is None:
+        # The router still serves its agent; its approvals are then decided through MCP
+        # elicitation, or not at all. Refusing to start would let any local user stop it.
+        log.warning("approval_socket_disabled", reason="no private directory for the approval socket",
+                    tried=[str(d) for d in candidates])  # fmt: skip
+        yield None
+        return
     path = directory / f"{os.getpid()}.sock"
     path.unlink(missing_ok=True)  # a stale one of an earlier process with this pid
 
@@ -88,7 +147,8 @@ async def approval_socket(plane: ControlPlane) -> AsyncIterator[Path | None]:
 
     old_umask = os.umask(0o177)  # the socket is created 0600: no window where others may connect
     try:
-        server = await asyncio.start_unix_server(serve, path=str(path), limit=_MAX_REQUEST)
+        with _address(path) as address:
+            server = await asyncio.start_unix_server(serve, path=address, limit=_MAX_REQUEST)
     finally:
         os.umask(old_umask)
     log.info("approval_socket_listening", path=str(path))
@@ -101,9 +161,9 @@ async def approval_socket(plane: ControlPlane) -> AsyncIterator[Path | None]:
 
 
 async def _answer(plane: ControlPlane, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> dict[str, Any]:
-    uid = _peer_uid(writer)
-    if uid is not None and uid not in (os.getuid(), 0):
-        return _error("auth.forbidden", f"uid {uid} may not decide this router's approvals")
+    peer = _peer(writer)
+    if peer is not None and peer.uid not in (os.getuid(), 0):
+        return _error("auth.forbidden", f"uid {peer.uid} may not decide this router's approvals")
     try:
         line = await asyncio.wait_for(reader.readline(), _TIMEOUT_S)
     except ValueError:  # over the line limit
@@ -121,8 +181,12 @@ async def _answer(plane: ControlPlane, reader: asyncio.StreamReader, writer: asy
         if op == "get":
             return {"approval": (await plane.get_approval(approval_id)).model_dump(mode="json")}
         if op in ("approve", "deny"):
-            decide = plane.approve if op == "approve" else plane.deny_approval
-            decided = await decide(approval_id, str(request.get("approver", "")), str(request.get("note", "")))
+            # The approver is the name the requester gives; who asked is recorded beside it,
+            # from the kernel, so an agent with a shell of this user is on record as itself.
+            decided = await plane.approvals.decide(
+                approval_id, approver=str(request.get("approver", "")), approve=op == "approve",
+                note=str(request.get("note", "")), peer=peer.record() if peer is not None else None,
+            )  # fmt: skip
             return {"approval": decided.model_dump(mode="json")}
     except (StockadeError, ValueError) as exc:
         return _error(getattr(exc, "code", "request.invalid"), str(exc))
@@ -147,80 +211,171 @@ def _check_private(directory: Path) -> None:
         )
 
 
-def _peer_uid(writer: asyncio.StreamWriter) -> int | None:
-    peer = writer.get_extra_info("socket")
-    if peer is None:
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """The process at the other end of a socket, as the kernel vouches for it (SO_PEERCRED)."""
+
+    pid: int
+    uid: int
+    gid: int
+
+    def record(self) -> dict[str, Any]:
+        """What the audit log keeps of the peer: uid, gid, pid and its executable (None if it is
+        gone or not ours to read: a pid alone may be reused)."""
+        try:
+            executable: str | None = os.readlink(f"/proc/{self.pid}/exe")
+        except OSError:
+            executable = None
+        return {"uid": self.uid, "gid": self.gid, "pid": self.pid, "exe": executable}
+
+
+def _peer(writer: asyncio.StreamWriter) -> Peer | None:
+    connected = writer.get_extra_info("socket")
+    if connected is None:
         return None
-    _, uid, _ = struct.unpack("3i", peer.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
-    return int(uid)
+    pid, uid, gid = struct.unpack(
+        "3i", connected.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    )
+    return Peer(int(pid), int(uid), int(gid))
 
 
 def _error(code: str, message: str) -> dict[str, Any]:
     return {"error": {"code": code, "message": message}}
 
 
-class LocalRouters:
-    """The approvals of every running router with a socket in ``directory``, for the CLI: the
-    same methods as `ApprovalBook` (list, get, decide)."""
+@dataclass(frozen=True, slots=True)
+class NotAnswering:
+    """A router whose socket is there but which gave no answer in time, or no readable one (a
+    suspended or wedged process): its approvals are not listed, and it is reported."""
 
-    def __init__(self, directory: Path) -> None:
-        self._directory = directory
+    socket: Path
+    pid: int | None
+    error: str
+
+    def as_json(self) -> dict[str, Any]:
+        return {"socket": str(self.socket), "pid": self.pid, "error": self.error}
+
+
+class LocalRouters:
+    """The approvals of every running router with a socket in ``directories`` (`socket_dirs`),
+    for the CLI: the same methods as `ApprovalBook` (list, get, decide). Routers are asked at
+    once; those that do not answer are kept in `not_answering`, and the others still count."""
+
+    def __init__(self, directories: Path | list[Path], *, timeout_s: float = ASK_TIMEOUT_S) -> None:
+        self._directories = [directories] if isinstance(directories, Path) else list(directories)
+        self._timeout_s = timeout_s
+        self.not_answering: list[NotAnswering] = []
 
     def sockets(self) -> list[Path]:
-        """The sockets in the directory (none if it is missing; refused if it is not private)."""
-        try:
-            _check_private(self._directory.parent)
-            _check_private(self._directory)
-            return sorted(p for p in self._directory.iterdir() if p.suffix == ".sock")
-        except FileNotFoundError:
-            return []
+        """The sockets in the directories that are private (none if missing). A directory that is
+        not private is skipped (never talked to); refused only if no directory has a socket."""
+        found: list[Path] = []
+        refused: StockadeError | None = None
+        for directory in self._directories:
+            try:
+                _check_private(directory.parent)
+                _check_private(directory)
+                found.extend(sorted(p for p in directory.iterdir() if p.suffix == ".sock"))
+            except FileNotFoundError:
+                continue
+            except StockadeError as exc:
+                refused = refused or exc
+        if not found and refused is not None:
+            raise refused
+        return found
 
     async def _ask(self, path: Path, request: dict[str, Any]) -> dict[str, Any] | None:
-        """One router's reply; None if it is gone (its stale socket is removed)."""
+        """One router's reply; None if it is gone (its stale socket is removed) or does not answer
+        (then it is added to `not_answering`)."""
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(str(path), limit=64 << 20), _TIMEOUT_S)
+            with _address(path) as address:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_unix_connection(address, limit=64 << 20), self._timeout_s
+                )
         except (ConnectionRefusedError, FileNotFoundError):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)  # its router died without cleaning up
             return None
+        except (OSError, TimeoutError) as exc:
+            self._silent(path, None, exc)
+            return None
+        peer = None
         try:
-            uid = _peer_uid(writer)
-            if uid is not None and uid not in (os.getuid(), 0):  # not a router of ours: never tell it anything
+            peer = _peer(writer)
+            if peer is not None and peer.uid not in (os.getuid(), 0):  # not a router of ours: never tell it anything
                 return None
             writer.write(json.dumps(request).encode() + b"\n")
-            await writer.drain()
-            reply: dict[str, Any] = json.loads(await asyncio.wait_for(reader.readline(), _TIMEOUT_S))
+            await asyncio.wait_for(writer.drain(), self._timeout_s)
+            reply = json.loads(await asyncio.wait_for(reader.readline(), self._timeout_s))
+            if not isinstance(reply, dict):
+                raise ValueError(f"the reply is JSON {type(reply).__name__}, not an object")
             return reply
+        except (OSError, TimeoutError, ValueError) as exc:  # ValueError: no JSON line (cut, garbage, over the limit)
+            self._silent(path, peer.pid if peer is not None else None, exc)
+            return None
         finally:
             writer.close()
 
-    async def _all(self, request: dict[str, Any]) -> list[dict[str, Any]]:
-        replies = [r for r in [await self._ask(p, request) for p in self.sockets()] if r is not None]
-        if not replies:
-            raise StockadeError(
-                f"no running router keeps approvals here ({self._directory}): start `stockade mcp` or "
-                "`stockade serve` with these settings (the same STOCKADE_AUDIT__PATH), or point "
-                "STOCKADE_STORE__URL at the routers' Redis"
-            )
-        return replies
+    def _silent(self, path: Path, pid: int | None, exc: BaseException) -> None:
+        error = "no answer in time" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
+        if all(s.socket != path for s in self.not_answering):
+            self.not_answering.append(NotAnswering(path, pid, error))
+        log.debug("approval_router_not_answering", socket=str(path), pid=pid, error=error)
+
+    async def _ask_all(self, request: dict[str, Any]) -> list[tuple[Path, dict[str, Any]]]:
+        """Every router's reply, asked at once (a hung router costs one timeout, not one each)."""
+        sockets = self.sockets()
+        replies = await asyncio.gather(*(self._ask(path, request) for path in sockets))
+        return [(path, reply) for path, reply in zip(sockets, replies, strict=True) if reply is not None]
+
+    def _nobody(self) -> StockadeError:
+        """The error when no router answered: where the CLI looked, and which did not answer."""
+        if self.not_answering:
+            return StockadeError(f"no router answered: {self._silent_summary()}")
+        where = ", ".join(str(d) for d in self._directories)
+        return StockadeError(
+            f"no running router keeps approvals here ({where}): start `stockade mcp` or "
+            "`stockade serve` with these settings (the same STOCKADE_AUDIT__PATH), or point "
+            "STOCKADE_STORE__URL at the routers' Redis"
+        )
+
+    def _silent_summary(self) -> str:
+        return "; ".join(f"{s.socket} (pid {s.pid}) is not answering: {s.error}" for s in self.not_answering)
 
     async def list(self, status: ApprovalStatus | None = None) -> list[Approval]:
+        replies = await self._ask_all({"op": "list", "status": status.value if status else None})
+        if not replies:
+            raise self._nobody()
         found: list[Approval] = []
-        for reply in await self._all({"op": "list", "status": status.value if status else None}):
+        for _, reply in replies:
             found.extend(Approval.model_validate(a) for a in reply.get("approvals", []))
         return sorted(found, key=lambda a: a.created_at)
 
     async def _holder(self, approval_id: str) -> tuple[Path, Approval]:
-        """The socket of the router that holds the approval, and the approval."""
-        sockets = self.sockets()
-        if not sockets:
-            await self._all({"op": "get", "id": approval_id})  # raises, saying where it looked
+        """The socket of the router that holds the approval, and the approval: the first to say
+        so (all are asked at once; one that hangs delays only a search that finds nothing)."""
+        request = {"op": "get", "id": approval_id}
+
+        async def ask(path: Path) -> tuple[Path, dict[str, Any] | None]:
+            return path, await self._ask(path, request)
+
+        asks = [asyncio.ensure_future(ask(path)) for path in self.sockets()]
         errors = []
-        for path in sockets:
-            reply = await self._ask(path, {"op": "get", "id": approval_id})
-            if reply is not None and "approval" in reply:
-                return path, Approval.model_validate(reply["approval"])
-            errors.append((reply or {}).get("error", {}))
+        try:
+            for next_reply in asyncio.as_completed(asks):
+                path, reply = await next_reply
+                if reply is not None and "approval" in reply:
+                    return path, Approval.model_validate(reply["approval"])
+                if reply is not None:
+                    errors.append(reply.get("error", {}))
+        finally:
+            for task in asks:
+                task.cancel()
+            await asyncio.gather(*asks, return_exceptions=True)  # each closes its connection
+        if not errors:
+            raise self._nobody()
+        if self.not_answering:  # it may be held by a router that did not answer
+            raise StockadeError(f"no answering router holds approval {approval_id}; {self._silent_summary()}")
         known = [e for e in errors if not str(e.get("message", "")).startswith("no approval ")]
         raise ApprovalError(str((known or errors or [{}])[0].get("message", f"no approval {approval_id}")))
 

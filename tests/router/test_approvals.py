@@ -88,6 +88,21 @@ async def test_the_requesting_agent_cannot_approve_itself(plane: ControlPlane) -
     assert (await plane.get_approval(approval_id)).status is ApprovalStatus.PENDING
 
 
+@pytest.mark.parametrize(
+    "spelling", ["DB-Agent", " db-agent ", "\uff24\uff22-agent", "db-\u200bagent", "DB-AGENT\u00a0"]
+)
+async def test_the_requesting_agent_cannot_approve_itself_spelled_another_way(
+    plane: ControlPlane, spelling: str
+) -> None:
+    """Case, width (fullwidth letters), a zero-width space or surrounding whitespace make no
+    other approver: the agent picks how it spells the name it passes as ``--approver``."""
+    _, approval_id = await held(plane)
+    with pytest.raises(ApprovalError, match="never approves its own"):
+        await plane.approve(approval_id, spelling)
+    assert (await plane.get_approval(approval_id)).status is ApprovalStatus.PENDING
+    assert (await plane.approve(approval_id, "DB-Admin")).status is ApprovalStatus.APPROVED
+
+
 async def test_a_denied_approval_releases_nothing(plane: ControlPlane) -> None:
     session, approval_id = await held(plane)
     await plane.deny_approval(approval_id, "oncall@example.com", note="not today")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from router import ApprovalError, ApprovalStatus, ControlPlane, Settings, StockadeError
-from router.interfaces.local import LocalRouters, approval_socket, socket_dir
+from router.interfaces.local import LocalRouters, approval_socket, socket_dir, socket_dirs
 from router.settings import AuditSettings
 from tests.conftest import ECHO, python_tool
 
@@ -67,16 +67,22 @@ async def test_hostile_requests_get_an_answer_and_the_router_keeps_serving(tmp_p
         assert (await plane.get_approval(approval_id)).status is ApprovalStatus.PENDING
 
 
-async def test_a_socket_directory_others_could_write_to_is_refused(tmp_path: Path) -> None:
+async def test_a_socket_directory_others_could_write_to_is_never_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The router listens in the next private directory instead (the user's state directory),
+    and the CLI never talks to a socket in the open one."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     settings = Settings(audit=AuditSettings(path=tmp_path / "audit.jsonl"))
     directory = socket_dir(settings)
     directory.parent.mkdir(mode=0o700, exist_ok=True)
     directory.mkdir(mode=0o755)
     os.chmod(directory, 0o755)  # noqa: S103  (the hostile case under test)
-    async with ControlPlane.from_settings(settings) as plane:
-        with pytest.raises(StockadeError, match="mode 0700"):
-            async with approval_socket(plane):
-                pass
+    async with ControlPlane.from_settings(settings) as plane, approval_socket(plane) as path:
+        assert path is not None
+        assert path.parent == socket_dirs(settings)[-1] != directory
+        assert LocalRouters(socket_dirs(settings)).sockets() == [path]
+        assert list(directory.iterdir()) == []
     with pytest.raises(StockadeError, match="mode 0700"):
         LocalRouters(directory).sockets()
 
@@ -114,15 +120,17 @@ async def test_a_deep_audit_directory_still_gets_a_socket(tmp_path: Path) -> Non
         assert (await ask(path, b'{"op": "list"}\n')) == {"approvals": []}
 
 
-async def test_a_symlinked_socket_directory_is_refused(tmp_path: Path) -> None:
+async def test_a_symlinked_socket_directory_is_never_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir(mode=0o700)
     settings = Settings(audit=AuditSettings(path=tmp_path / "logs" / "audit.jsonl"))
     (tmp_path / "logs").mkdir()
     socket_dir(settings).parent.mkdir(mode=0o700, exist_ok=True)
     socket_dir(settings).symlink_to(elsewhere)
-    async with ControlPlane.from_settings(settings) as plane:
-        with pytest.raises(StockadeError, match="not a plain directory"):
-            async with approval_socket(plane):
-                pass
+    async with ControlPlane.from_settings(settings) as plane, approval_socket(plane) as path:
+        assert path is not None
+        assert path.parent == socket_dirs(settings)[-1]
     assert list(elsewhere.iterdir()) == []
+    with pytest.raises(StockadeError, match="not a plain directory"):
+        LocalRouters(socket_dir(settings)).sockets()

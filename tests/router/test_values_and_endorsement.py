@@ -17,7 +17,7 @@ import pytest
 from policy import PolicySettings
 from router import ControlPlane, InvalidCall, InvalidToolSpec, Settings, ToolNotFound, ToolResult
 from router.audit import AuditEvent, AuditFilter
-from router.errors import ToolRefused
+from router.errors import ApprovalError, ToolRefused
 from router.interfaces.api import create_app
 from router.settings import ApiPrincipal, AuditSettings, StoreSettings
 from tests.conftest import REPO, external_tool
@@ -523,6 +523,21 @@ async def test_an_endorsed_bill_can_be_paid_and_the_endorsement_is_audited(plane
     assert events[0].result["note"] == "pay the bill in bill.txt"
     assert events[1].result is not None
     assert events[1].result["source"] == source
+
+
+async def test_the_sessions_agent_spelled_another_way_cannot_endorse(plane: ControlPlane) -> None:
+    """The agent picks how it spells the endorser: case, fullwidth letters, a zero-width space or
+    padding do not make it someone else."""
+    session = await session_with(plane, "Pay the bill in bill.txt")
+    bill = await read_untrusted(plane, session, BILL)
+    agent = "assistant"
+    spellings = [agent.upper(), f" {agent} ", agent[:1] + "\u200b" + agent[1:],
+                 "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else c for c in agent)]  # fmt: skip
+    for spelled in spellings:
+        with pytest.raises(ApprovalError, match="never endorses"):
+            await plane.endorse(session, bill, by=spelled)
+    assert [e.outcome for e in await endorsements(plane, session)] == ["refused"] * len(spellings)
+    assert_denied(await plane.call(session, "pay", {"iban": BILL_IBAN, "amount": 1234.56}))
 
 
 async def test_an_endorsement_covers_only_the_output_it_names(plane: ControlPlane) -> None:
