@@ -43,6 +43,7 @@ from router.wire import (
     SandboxDefaults,
     ToolLimits,
     ToolSpec,
+    canonical_tool_name,
     nesting_depth,
     show,
 )
@@ -196,17 +197,19 @@ class RegisteredTool:
 
 
 class ToolRegistry:
-    """The tools this router knows, by name."""
+    """The tools this router knows, by name; at most one per canonical name (`canonical_tool_name`)."""
 
     def __init__(self) -> None:
         self._tools: dict[str, RegisteredTool] = {}
+        self._canonical: dict[str, str] = {}  # canonical name -> the registered name
 
     def register(self, spec: ToolSpec | Mapping[str, Any]) -> ToolSpec:
         """Add a tool.
 
         Raises:
             InvalidToolSpec: the spec is malformed (the message lists each field).
-            DuplicateTool: a tool of that name is already registered.
+            DuplicateTool: a tool of that name, or of a name differing only in case or ``-``/``_``
+                (``Send_Email`` when ``send_email`` is registered), is already registered.
         """
         tool = self.prepare(spec)
         self.add(tool)
@@ -238,15 +241,23 @@ class ToolRegistry:
         """Add a `prepare`d tool. Raises `DuplicateTool`."""
         self._check_free(tool.spec.name)
         self._tools[tool.spec.name] = tool
+        self._canonical[canonical_tool_name(tool.spec.name)] = tool.spec.name
 
     def _check_free(self, name: str) -> None:
         if name in self._tools:
             raise DuplicateTool(f"tool {name!r} is already registered; pick another name or unregister it first")
+        taken = self._canonical.get(canonical_tool_name(name))
+        if taken is not None:
+            raise DuplicateTool(
+                f"tool {name!r} differs from the registered tool {taken!r} only in case or '-'/'_', which a model "
+                "or a reader would take for the same tool; pick a distinct name"
+            )
 
     def unregister(self, name: str) -> None:
         """Remove a tool; unknown names raise `ToolNotFound`."""
         if self._tools.pop(name, None) is None:
             raise ToolNotFound(f"no tool named {show(name)} is registered")
+        self._canonical.pop(canonical_tool_name(name), None)
 
     def get(self, name: object) -> RegisteredTool:
         """The tool called ``name``.

@@ -27,6 +27,15 @@ Risk = Literal["low", "medium", "high", "critical"]
 EventKind = Literal["decision", "approval", "credential", "execution", "egress", "error", "policy", "endorsement"]
 
 TOOL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")  # use with fullmatch
+
+
+def canonical_tool_name(name: str) -> str:
+    """The form two tool names must not share: lower case, ``-`` read as ``_``. ``Send_Email``
+    and ``send-email`` are ``send_email``: a model, a policy or a human reading one may take it
+    for the other, so a registry holds at most one tool per canonical name."""
+    return name.lower().replace("-", "_")
+
+
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")  # an argv item naming an argument; use with fullmatch
 # Lists and objects inside one another in a call's arguments (the arguments object is level 1),
 # and in a tool's input_schema. Real tools stay far below it; the policy engine (serde_json,

@@ -166,9 +166,11 @@ class Store(Protocol):
         ...
 
     async def put_tool(self, name: str, spec_json: str) -> tuple[str, int, bool]:
-        """Add a tool to the shared registry unless one of that name is there. Returns the stored
-        spec (JSON), its registry version and whether this call added it. Tools are never replaced:
-        every router serving a name serves the same tool."""
+        """Add a tool to the shared registry unless one of that name, or of a name with the same
+        canonical form (`router.wire.canonical_tool_name`: ``Send_Email`` for ``send_email``), is
+        there. Returns the stored spec (JSON: that tool's, when one is there), its registry
+        version and whether this call added it. Tools are never replaced: every router serving a
+        name serves the same tool, and no router serves a look-alike of it."""
         ...
 
     async def get_tool(self, name: str) -> str | None:
@@ -176,7 +178,8 @@ class Store(Protocol):
         ...
 
     async def list_tools(self) -> dict[str, str]:
-        """Every registered tool's spec (JSON), by name."""
+        """Every registered tool's spec (JSON), by name; of look-alike names (registered before
+        `put_tool` refused them), only the first registered."""
         ...
 
     async def ping(self) -> None:

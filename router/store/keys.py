@@ -55,7 +55,8 @@ JWKS = f"{PREFIX}jwks"
 
 
 TOOLS = f"{PREFIX}tools"
-"""Hash: tool name -> JSON {"version": n, "spec": the ToolSpec}. No TTL: the shared registry."""
+"""Hash: tool name -> JSON {"version": n, "spec": the ToolSpec}; at most one name per canonical
+form (`router.wire.canonical_tool_name`, checked when one is added). No TTL: the shared registry."""
 
 TOOLS_VERSION = f"{PREFIX}tools:version"
 """Counter: the registry's version, one more per tool added. No TTL."""

@@ -20,6 +20,7 @@ from router.provenance import ProvenanceIndex
 from router.rates import PERIODS, RateCounter
 from router.rates import scopes as rate_scopes
 from router.store.base import CallContext, PendingExternal, SessionRecord
+from router.wire import canonical_tool_name
 
 
 @dataclass(slots=True)
@@ -42,6 +43,7 @@ class MemoryStore:
         self._leases: dict[str, tuple[str, dict[str, Any], float]] = {}  # id -> (status, record, until)
         self._keys: dict[str, tuple[str, float]] = {}  # kid -> (jwk, until)
         self._tools: dict[str, tuple[str, int]] = {}  # name -> (spec JSON, registry version)
+        self._tool_names: dict[str, str] = {}  # canonical name -> the name registered under it
 
     def _live(self, session_id: str, now: float) -> _Session | None:
         session = self._sessions.get(session_id)
@@ -184,9 +186,11 @@ class MemoryStore:
         return {k: v[0] for k, v in self._keys.items()}
 
     async def put_tool(self, name: str, spec_json: str) -> tuple[str, int, bool]:
-        if name in self._tools:
-            return (*self._tools[name], False)
+        taken = self._tool_names.get(canonical_tool_name(name), name)
+        if taken in self._tools:
+            return (*self._tools[taken], False)
         self._tools[name] = (spec_json, len(self._tools) + 1)
+        self._tool_names[canonical_tool_name(name)] = name
         return spec_json, len(self._tools), True
 
     async def get_tool(self, name: str) -> str | None:

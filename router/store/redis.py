@@ -24,6 +24,7 @@ from router.rates import BUCKETS, PERIODS
 from router.rates import scopes as rate_scopes
 from router.store import keys
 from router.store.base import CallContext, PendingExternal, SessionRecord
+from router.wire import canonical_tool_name
 
 T = TypeVar("T")
 
@@ -113,11 +114,23 @@ if redis.call('EXISTS', KEYS[3]) == 1 then redis.call('HSET', KEYS[3], 'approval
 return ARGV[1]
 """
 
-# KEYS: tools hash, registry version. ARGV: name, spec JSON. Adds the tool unless the name is
-# taken; returns {the stored entry, 1 if added}. Entries are {"version": n, "spec": ...}.
+# KEYS: tools hash, registry version. ARGV: name, spec JSON, canonical name (lower case, '-' as
+# '_'). Adds the tool unless the name, or another of the same canonical form, is taken; returns
+# {the stored entry (the name's, else the first registered look-alike's), 1 if added}. Entries are
+# {"version": n, "spec": ...}. The look-alikes are found by reading every name: registrations are
+# rare and the registry small, and no index can fall out of step with the hash.
 _PUT_TOOL = """
 local current = redis.call('HGET', KEYS[1], ARGV[1])
 if current then return {current, 0} end
+local first, first_version = nil, nil
+for _, name in ipairs(redis.call('HKEYS', KEYS[1])) do
+  if (string.gsub(string.lower(name), '%-', '_')) == ARGV[3] then
+    local entry = redis.call('HGET', KEYS[1], name)
+    local version = tonumber(cjson.decode(entry)['version'])
+    if first_version == nil or version < first_version then first, first_version = entry, version end
+  end
+end
+if first then return {first, 0} end
 local entry = '{"version":' .. redis.call('INCR', KEYS[2]) .. ',"spec":' .. ARGV[2] .. '}'
 redis.call('HSET', KEYS[1], ARGV[1], entry)
 return {entry, 1}
@@ -464,7 +477,8 @@ class RedisStore:
 
     async def put_tool(self, name: str, spec_json: str) -> tuple[str, int, bool]:
         entry, added = await self._do(
-            "register a tool", self._put_tool([keys.TOOLS, keys.TOOLS_VERSION], [name, spec_json])
+            "register a tool",
+            self._put_tool([keys.TOOLS, keys.TOOLS_VERSION], [name, spec_json, canonical_tool_name(name)]),
         )
         document = json.loads(entry)
         return json.dumps(document["spec"]), int(document["version"]), bool(int(added))
@@ -475,7 +489,17 @@ class RedisStore:
 
     async def list_tools(self) -> dict[str, str]:
         found = await self._do("list tools", self._redis.hgetall(keys.TOOLS))
-        return {str(name): json.dumps(json.loads(entry)["spec"]) for name, entry in found.items()}
+        entries = sorted(((str(name), json.loads(entry)) for name, entry in found.items()),
+                         key=lambda item: int(item[1]["version"]))  # fmt: skip
+        listed: dict[str, str] = {}
+        seen: set[str] = set()
+        for name, entry in entries:
+            # Look-alikes stored before put_tool refused them: the first registered stands (a
+            # router adopting both would refuse the second anyway).
+            if canonical_tool_name(name) not in seen:
+                seen.add(canonical_tool_name(name))
+                listed[name] = json.dumps(entry["spec"])
+        return listed
 
     async def public_keys(self) -> dict[str, str]:
         found = await self._do("read the keys", self._redis.hgetall(keys.JWKS))
