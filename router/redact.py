@@ -98,7 +98,9 @@ class Redactor:
 
     @staticmethod
     def _text(text: str, matcher: Matcher) -> str:
-        if len(text) < matcher.shortest:  # fewer characters than bytes in every form: nothing to find
+        # A character is up to 4 bytes of UTF-8: text shorter than every form even so holds none.
+        # (Counting characters against bytes let a short text hold a non-ASCII secret unseen.)
+        if 4 * len(text) < matcher.shortest:
             return text
         # Matched as UTF-8 bytes: folding ASCII case there keeps every offset, which str.lower()
         # does not for all of Unicode; surrogatepass keeps text that is not valid UTF-8 intact.

@@ -65,6 +65,18 @@ def test_a_form_inside_a_longer_one_is_found_at_every_offset() -> None:
     assert [form.needle for form in found] == [needle, b"abcdef"]
 
 
+def test_a_secret_of_non_ascii_characters_is_found_in_text_as_short_as_itself() -> None:
+    """Forms are matched as UTF-8 bytes: a text with fewer characters than the secret has bytes
+    (the secret alone, echoed) must still be read, not passed as too short to hold it."""
+    password = "\u043f\u0430\u0440\u043e\u043b\u044c12"  # Russian "password" and two digits
+    redactor = Redactor()
+    redactor.add(password, "db")
+    redactor.add("€€€€€€€€", "eur")
+    assert redactor(password) == "[REDACTED:db]"
+    assert redactor(f"pw: {password}") == "pw: [REDACTED:db]"
+    assert redactor.deep({"out": "key=€€€€€€€€"}) == {"out": "key=[REDACTED:eur]"}
+
+
 def test_a_number_whose_digits_hold_a_secret_is_redacted() -> None:
     """A python tool returning a card number as a JSON number gets the redaction string back;
     other numbers and booleans stay as they are."""
@@ -101,6 +113,7 @@ def test_an_output_redacted_already_is_not_scanned_again_until_the_secrets_chang
     monkeypatch.setattr(matcher, "scrub", lambda data: scanned.append(len(data)) or original(data))
     event = {"result": {"stdout": output, "stderr": "a line of stderr, long enough to scan"}}
     assert redactor.deep(event) is event
-    assert scanned == [len("a line of stderr, long enough to scan")]  # the long output was not scanned again
+    assert len("a line of stderr, long enough to scan") in scanned
+    assert len(output.encode()) not in scanned  # the long output was not scanned again
     redactor.add("later-secret-42", "later")
     assert redactor.deep(event)["result"]["stdout"].endswith("[REDACTED:later]")
