@@ -44,6 +44,7 @@ from policy.bundle import (
 )
 from router import ControlPlane, PolicyError, Settings, StockadeError
 from router.audit import AuditFilter
+from router.audit.chain import GENESIS_HASH, line_hash
 from router.interfaces.api import create_app
 from router.settings import ApiPrincipal, AuditSettings, StoreSettings
 from tests.conftest import ECHO, REPO, external_tool, python_tool, stockade_server
@@ -610,9 +611,21 @@ def decision_line(decision_id: str, tool: str, agent: str = "a") -> str:
     })  # fmt: skip
 
 
+def chained(log_lines: list[bytes]) -> list[bytes]:
+    """The lines as a writer holding the file could append them, the hash chain whole (replay
+    refuses a broken chain before reading a line): an object gets its chain head, anything else
+    goes behind one of its own."""
+    sealed, prev = [], GENESIS_HASH
+    for seq, line in enumerate(log_lines, 1):
+        body = line[1:] if line.startswith(b"{") else line
+        sealed.append(b'{"seq":%d,"prev_hash":"%s",' % (seq, prev.encode()) + body)
+        prev = line_hash(sealed[-1]).hex()
+    return sealed
+
+
 def replay(tmp_path: Path, log_lines: list[bytes], *extra: str) -> subprocess.CompletedProcess[bytes]:
     log = tmp_path / "audit.jsonl"
-    log.write_bytes(b"\n".join(log_lines) + b"\n")
+    log.write_bytes(b"\n".join(chained(log_lines)) + b"\n")
     candidate = policy_dir(tmp_path / "candidate", DENY_ALL)
     baseline = policy_dir(tmp_path / "baseline", ALLOW_ALL)
     return run_cli("policy", "replay", "--policy", str(candidate), "--baseline", str(baseline), "--path", str(log),
