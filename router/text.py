@@ -9,7 +9,7 @@ from typing import Any
 
 from router.errors import FieldProblem, InvalidCall
 
-__all__ = ["check_text", "encodable", "escape_invalid_text", "first_invalid_text"]
+__all__ = ["check_text", "encodable", "escape_invalid_text", "first_invalid_text", "json_escape"]
 
 
 def check_text(value: Any, field: str) -> None:
@@ -101,3 +101,13 @@ def escape_invalid_text(value: Any, path: str, escaped: list[str]) -> Any:
         items = [escape_invalid_text(item, f"{path}[{i}]", escaped) for i, item in enumerate(value)]
         return value if all(new is old for new, old in zip(items, value, strict=True)) else items
     return value
+
+
+def json_escape(char: str) -> str:
+    """``char`` as a JSON escape (``\\u202e``; a surrogate pair beyond the BMP, as JSON writes it):
+    how a human is shown a character that would hide, reorder or fake text around it."""
+    code = ord(char)
+    if code > 0xFFFF:
+        code -= 0x10000
+        return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+    return f"\\u{code:04x}"

@@ -53,6 +53,7 @@ from router.control import VERSION, ControlPlane
 from router.errors import InvalidCall, SessionNotFound, StockadeError, ToolNotFound
 from router.interfaces import bearer
 from router.results import ToolResult
+from router.text import json_escape
 from router.tools import ExternalExecutor, ToolSpec
 
 log = structlog.get_logger(__name__)
@@ -369,20 +370,11 @@ def _authenticated(request: object) -> str | None:
     return user.access_token.client_id if isinstance(user, AuthenticatedUser) else None
 
 
-def _escaped(char: str) -> str:
-    """``char`` as a JSON escape (a surrogate pair beyond the BMP, as JSON writes it)."""
-    code = ord(char)
-    if code > 0xFFFF:
-        code -= 0x10000
-        return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
-    return f"\\u{code:04x}"
-
-
 def _visible(text: str) -> str:
     """``text`` with every character that could break, hide or reorder a line of the question
     written as a JSON escape (see `_UNSHOWN`; any whitespace but the ASCII space too)."""
     return "".join(
-        _escaped(c) if c != " " and (c.isspace() or unicodedata.category(c) in _UNSHOWN) else c for c in text
+        json_escape(c) if c != " " and (c.isspace() or unicodedata.category(c) in _UNSHOWN) else c for c in text
     )
 
 

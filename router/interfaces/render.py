@@ -17,6 +17,7 @@ from rich.text import Text
 
 from router.approvals import Approval
 from router.audit import AuditEvent
+from router.text import json_escape
 
 # Format characters (bidi overrides and isolates, zero-width spaces and joiners), line and
 # paragraph separators, private-use, lone surrogates and unassigned code points: none shows as
@@ -29,15 +30,6 @@ _PLAIN_WHITESPACE = frozenset(" \t\n")
 _EAST_ASIAN = frozenset({"LATIN", "CJK", "HIRAGANA", "KATAKANA", "KATAKANA-HIRAGANA", "BOPOMOFO", "HANGUL",
                          "IDEOGRAPHIC"})  # fmt: skip
 _MAX_NOTES = 8
-
-
-def _escaped(char: str) -> str:
-    """``char`` as a JSON escape (a surrogate pair beyond the BMP, as JSON writes it)."""
-    code = ord(char)
-    if code > 0xFFFF:
-        code -= 0x10000
-        return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
-    return f"\\u{code:04x}"
 
 
 def _hidden(char: str) -> bool:
@@ -100,14 +92,14 @@ def revealed(text: str) -> tuple[str, list[str]]:
 
     def end_token() -> None:
         flagged, found = _token_marks("".join(token)) if not all(c.isascii() for c in token) else (set(), [])
-        shown.extend(_escaped(c) if i in flagged or _hidden(c) else c for i, c in enumerate(token))
+        shown.extend(json_escape(c) if i in flagged or _hidden(c) else c for i, c in enumerate(token))
         notes.extend(n for n in found if n not in notes)
         token.clear()
 
     for char in text:
         if char == '"' or char.isspace():
             end_token()
-            shown.append(_escaped(char) if _hidden(char) else char)
+            shown.append(json_escape(char) if _hidden(char) else char)
         else:
             token.append(char)
     end_token()
