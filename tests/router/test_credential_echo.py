@@ -6,14 +6,12 @@ asyncio's loop and on uvloop (the loop `stockade serve` runs on)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvloop
 
 from policy import PolicySettings
 from router import ControlPlane, Settings
@@ -22,27 +20,10 @@ from router.credentials import CredentialConfig
 from router.settings import AuditSettings
 from runner import RunnerSettings
 from tests.conftest import copy_policies, edit_catalog, python_tool
-from tests.runner.test_egress import HOST
+from tests.runner.test_egress import HOST, _asyncio_loop_factory, _runs_on_the_loop_asked_for  # noqa: F401  (run on both loops)
 from tests.runner.test_egress_attacks import ENCODINGS, SECRET, Reflector, leaked, reflector
 
 __all__ = ["reflector"]  # the fixture, shared with the proxy's own attack tests
-
-LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
-    "asyncio": asyncio.new_event_loop,
-    "uvloop": uvloop.new_event_loop,
-}
-
-
-@pytest.fixture(scope="module", params=list(LOOPS), autouse=True)
-def _asyncio_loop_factory(request: pytest.FixtureRequest) -> Callable[[], asyncio.AbstractEventLoop]:
-    """Runs each test of this module on both loops (see tests/runner/test_egress.py)."""
-    return LOOPS[request.param]
-
-
-@pytest.fixture(autouse=True)
-async def _runs_on_the_loop_asked_for(_asyncio_loop_factory: Callable[[], asyncio.AbstractEventLoop]) -> None:
-    on_uvloop = isinstance(asyncio.get_running_loop(), uvloop.Loop)
-    assert on_uvloop == (_asyncio_loop_factory is uvloop.new_event_loop)
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ and the method attacks from inside each sandbox tier."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import gzip
 import http.server
@@ -16,19 +15,14 @@ from urllib.parse import parse_qs, quote, urlsplit
 
 import pytest
 import trustme
-import uvloop
 
 from runner import EgressRecord, EgressRule, RunnerSettings, Sandbox, SandboxSpec, make_sandbox
 from runner.base import Injection, InputFile, ResourceLimits
 from runner.egress import EgressProxy
 from runner.egress.intercept import InterceptCA
 from tests.conftest import https_and_http
-from tests.runner.test_egress import HOST, https_via, parse, send
+from tests.runner.test_egress import HOST, _asyncio_loop_factory, _runs_on_the_loop_asked_for, https_via, parse, send  # noqa: F401  (run on both loops)
 
-LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
-    "asyncio": asyncio.new_event_loop,
-    "uvloop": uvloop.new_event_loop,
-}
 SECRET = "sk/echo+5f1d=8a3b?9c7e&4d2a~Zx"  # characters that percent- and base64url-encoding change
 PLACEHOLDER = "stockade-placeholder-echo"
 # How a reflecting upstream (or a tool, from what it got back) may hand the secret on.
@@ -51,18 +45,6 @@ def leaked(text: bytes | str) -> list[str]:
     """The encodings of SECRET found in ``text``."""
     data = text if isinstance(text, str) else text.decode("utf-8", "replace")
     return [name for name, encode in ENCODINGS.items() if encode(SECRET) in data]
-
-
-@pytest.fixture(scope="module", params=list(LOOPS), autouse=True)
-def _asyncio_loop_factory(request: pytest.FixtureRequest) -> Callable[[], asyncio.AbstractEventLoop]:
-    """Runs each test of this module on both loops (see tests/runner/test_egress.py)."""
-    return LOOPS[request.param]
-
-
-@pytest.fixture(autouse=True)
-async def _runs_on_the_loop_asked_for(_asyncio_loop_factory: Callable[[], asyncio.AbstractEventLoop]) -> None:
-    on_uvloop = isinstance(asyncio.get_running_loop(), uvloop.Loop)
-    assert on_uvloop == (_asyncio_loop_factory is uvloop.new_event_loop)
 
 
 @dataclass

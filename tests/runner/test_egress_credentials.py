@@ -11,23 +11,24 @@ import contextlib
 import gzip
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import uvloop
 
 from runner import EgressRecord, EgressRule
 from runner.base import Injection
 from runner.egress import EgressProxy
 from runner.egress import proxy as proxy_module
 from runner.egress.intercept import InterceptCA
-from tests.runner.test_egress import (
+from tests.runner.test_egress import (  # noqa: F401  (run on both loops)
     HOST,
     PLACEHOLDER,
     SECRET,
     HttpsUpstream,
+    _asyncio_loop_factory,
+    _runs_on_the_loop_asked_for,
     credential,
     https_upstream,
     https_via,
@@ -39,22 +40,6 @@ from tests.runner.test_egress import (
 __all__ = ["https_upstream"]  # the fixture, shared with tests/runner/test_egress.py
 
 CA = InterceptCA()  # the calls' CA in these tests: made once, it costs a key pair
-LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
-    "asyncio": asyncio.new_event_loop,
-    "uvloop": uvloop.new_event_loop,
-}
-
-
-@pytest.fixture(scope="module", params=list(LOOPS), autouse=True)
-def _asyncio_loop_factory(request: pytest.FixtureRequest) -> Callable[[], asyncio.AbstractEventLoop]:
-    """Runs each test of this module on both loops (see tests/runner/test_egress.py)."""
-    return LOOPS[request.param]
-
-
-@pytest.fixture(autouse=True)
-async def _runs_on_the_loop_asked_for(_asyncio_loop_factory: Callable[[], asyncio.AbstractEventLoop]) -> None:
-    on_uvloop = isinstance(asyncio.get_running_loop(), uvloop.Loop)
-    assert on_uvloop == (_asyncio_loop_factory is uvloop.new_event_loop)
 
 
 @pytest.fixture

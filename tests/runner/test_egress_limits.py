@@ -14,7 +14,7 @@ import socket
 import ssl
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,30 +25,20 @@ from runner import EgressRecord, EgressRule
 from runner.egress import EgressProxy
 from runner.egress import proxy as proxy_module
 from runner.egress.intercept import InterceptCA
-from tests.runner.test_egress import HOST, HttpsUpstream, https_upstream
+from tests.runner.test_egress import (  # noqa: F401  (run on both loops)
+    HOST,
+    HttpsUpstream,
+    _asyncio_loop_factory,
+    _runs_on_the_loop_asked_for,
+    https_upstream,
+)
 
 __all__ = ["https_upstream"]  # the fixture, shared with tests/runner/test_egress.py
 
-LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
-    "asyncio": asyncio.new_event_loop,
-    "uvloop": uvloop.new_event_loop,
-}
 CAP = proxy_module._MAX_CONNECTIONS
 RESERVED = proxy_module._RESERVED_CONNECTIONS
 BORROWED = proxy_module._MAX_BORROWED_TOTAL
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
-
-
-@pytest.fixture(scope="module", params=list(LOOPS), autouse=True)
-def _asyncio_loop_factory(request: pytest.FixtureRequest) -> Callable[[], asyncio.AbstractEventLoop]:
-    """Runs each test of this module on both loops (see tests/runner/test_egress.py)."""
-    return LOOPS[request.param]
-
-
-@pytest.fixture(autouse=True)
-async def _runs_on_the_loop_asked_for(_asyncio_loop_factory: Callable[[], asyncio.AbstractEventLoop]) -> None:
-    on_uvloop = isinstance(asyncio.get_running_loop(), uvloop.Loop)
-    assert on_uvloop == (_asyncio_loop_factory is uvloop.new_event_loop)
 
 
 @pytest.fixture
