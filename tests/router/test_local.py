@@ -87,6 +87,17 @@ async def test_a_socket_directory_others_could_write_to_is_never_used(
         LocalRouters(directory).sockets()
 
 
+def squat_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A temporary directory (for this test) where "nobody" made ``stockade-<uid>`` first."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    squatted = temp / f"stockade-{os.getuid()}"
+    squatted.mkdir(mode=0o700)
+    os.chown(squatted, 65534, 65534)
+    return squatted
+
+
 async def test_a_directory_another_user_made_first_cannot_stop_a_service(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -94,12 +105,7 @@ async def test_a_directory_another_user_made_first_cannot_stop_a_service(
     any local user can create first: the router then refused to start. Its sockets now go under
     /run, where only root creates anything; the squatted directory changes nothing."""
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
-    temp = tmp_path / "tmp"
-    temp.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(temp))
-    squatted = temp / f"stockade-{os.getuid()}"
-    squatted.mkdir(mode=0o700)
-    os.chown(squatted, 65534, 65534)  # made first by "nobody"
+    squat_tmp(tmp_path, monkeypatch)
     settings = Settings(audit=AuditSettings(path=tmp_path / "audit.jsonl"))
     assert socket_dir(settings).parent == Path("/run/stockade-approvals")
     async with ControlPlane.from_settings(settings) as plane, approval_socket(plane) as path:

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from router.interfaces.local import approval_socket
 from router.settings import AuditSettings
 from tests.conftest import ECHO, REPO, python_tool
 from tests.router.test_cli import STOCKADE, run
+from tests.router.test_local import squat_tmp
 
 DROP = python_tool("drop_table", ECHO, risk="critical", capabilities=["mutates_state"])
 
@@ -151,12 +151,7 @@ async def test_a_directory_another_user_made_in_tmp_cannot_keep_a_router_from_li
     bound through its directory's descriptor), where the CLI finds them."""
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     monkeypatch.setattr(local, "_RUN", str(tmp_path / "no-run"))  # as for a user who is not root
-    temp = tmp_path / "tmp"
-    temp.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(temp))
-    squatted = temp / f"stockade-{os.getuid()}"
-    squatted.mkdir(mode=0o700)
-    os.chown(squatted, 65534, 65534)  # made first by "nobody"
+    squatted = squat_tmp(tmp_path, monkeypatch)
     state = tmp_path / ("s" * 40) / "state"
     monkeypatch.setenv("XDG_STATE_HOME", str(state))
     audit = tmp_path / "audit.jsonl"
@@ -166,7 +161,7 @@ async def test_a_directory_another_user_made_in_tmp_cannot_keep_a_router_from_li
         assert path.parent.parent == state / "stockade" / "approvals"
         assert len(os.fsencode(path)) > 108  # longer than a socket address holds
         approval_id = await held(plane)
-        env = {"STOCKADE_AUDIT__PATH": str(audit), "XDG_STATE_HOME": str(state), "TMPDIR": str(temp)}
+        env = {"STOCKADE_AUDIT__PATH": str(audit), "XDG_STATE_HOME": str(state), "TMPDIR": str(squatted.parent)}
         listed = await asyncio.to_thread(run, "approvals", "list", "--json", env=env)
         assert listed.returncode == 0, listed.stderr
         assert [a["id"] for a in json.loads(listed.stdout)] == [approval_id]
