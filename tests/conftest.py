@@ -36,6 +36,18 @@ REPO = Path(__file__).resolve().parent.parent
 ALLOWED_HOST = "api.allowed.test"
 # scripts/services starts this Redis; the tests own database 15 and flush it around each test.
 REDIS_URL = os.environ.get("STOCKADE_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+# Keys, anchors and state the code under test makes where a user's would go (~/.config/stockade,
+# ~/.local/state/stockade): this run's own directory, never the developer's (each run left
+# thousands of anchor files there, and a masking key). Set here, at collection, so subprocesses
+# the tests start inherit it too; removed when the run ends.
+_SCRATCH_HOME = Path(tempfile.mkdtemp(prefix="stockade-tests-"))
+os.environ["XDG_CONFIG_HOME"] = str(_SCRATCH_HOME / "config")
+os.environ["XDG_STATE_HOME"] = str(_SCRATCH_HOME / "state")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Remove this run's scratch home (`_SCRATCH_HOME`)."""
+    shutil.rmtree(_SCRATCH_HOME, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

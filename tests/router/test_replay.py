@@ -471,7 +471,7 @@ def test_a_masked_input_is_skipped_never_decided_on_its_hash(tmp_path: Path) -> 
     plain, masked = tmp_path / "plain.jsonl", tmp_path / "masked.jsonl"
     asyncio.run(record_payments(plain, baseline, []))
     asyncio.run(record_payments(masked, baseline, [MaskRule(path="/input/args/amount", hash=True)]))
-    assert '"amount":"sha256:' in masked.read_text()
+    assert '"amount":"hmac-sha256:' in masked.read_text()
 
     code, report = replay_json(plain, baseline, looser, "--fail-on", "widened")
     assert (code, report["by_direction"]["widened"]) == (1, 1)
