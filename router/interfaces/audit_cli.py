@@ -84,7 +84,7 @@ def _arg_pairs(values: Sequence[str] | None) -> tuple[tuple[str, str], ...]:
 def register(audit_app: typer.Typer) -> None:  # noqa: PLR0915  (one closure per command, read top to bottom)
     """Add the auditor's read commands to ``audit_app`` (the CLI's ``audit`` group)."""
     # The CLI's shared helpers; imported here, once cli.py has defined them.
-    from router.interfaces.cli_common import AuditPath, JsonFlag, err, finite, out, visible  # noqa: PLC0415
+    from router.interfaces.cli_common import AuditPath, JsonFlag, err, finite, out, verify_keys, visible  # noqa: PLC0415
     from router.interfaces.cli_common import emit_json as _emit_json  # noqa: PLC0415
     from router.interfaces.cli_common import fail as _fail  # noqa: PLC0415
     from router.interfaces.cli_common import settings_of as _settings  # noqa: PLC0415
@@ -498,16 +498,12 @@ def register(audit_app: typer.Typer) -> None:  # noqa: PLR0915  (one closure per
         record's line proven at its seq and its other fields equal to the line's, records in order
         within the selection (every seq of a whole range, chained). Exit 0 if it holds, 1 naming
         the first bad record, 2 if a file cannot be read."""
-        from router.audit.checkpoint import VerifyKey  # noqa: PLC0415
         from router.audit.export import verify_export  # noqa: PLC0415
 
-        source = public_key or _settings(ctx).audit.signing_key.with_name(
-            _settings(ctx).audit.signing_key.name + ".pub"
-        )
-        try:
-            key = VerifyKey.load(source)
-        except (OSError, ValueError) as exc:
-            raise _fail(f"--public-key {source}: {exc}") from exc
+        keys = verify_keys(_settings(ctx), public_key)
+        if not keys:
+            raise _fail("no public key of the log here: pass --public-key with the one its exporter gave you")
+        key = keys[0]
         if not export.is_file():
             raise _fail(f"{export}: no such export file")
         try:

@@ -30,7 +30,7 @@ from typer.core import TyperGroup
 from router.audit.chain import head_of
 from router.audit.layout import line_blocks, read_checkpoint_source
 from router.errors import AuditError, StockadeError
-from router.interfaces.cli_common import AuditPath, JsonFlag, err, out, tool_specs
+from router.interfaces.cli_common import AuditPath, JsonFlag, err, out, tool_specs, verify_keys
 from router.interfaces.cli_common import audit_log as _audit_log
 from router.interfaces.cli_common import emit_json as _emit_json
 from router.interfaces.cli_common import fail as _fail
@@ -303,18 +303,6 @@ Trusted = Annotated[
 ]  # fmt: skip
 
 
-def _verify_keys(settings: Settings, public_key: Path | None) -> list[VerifyKey]:
-    from router.audit.checkpoint import VerifyKey  # noqa: PLC0415
-
-    source = public_key or settings.audit.signing_key.with_name(settings.audit.signing_key.name + ".pub")
-    if public_key is None and not source.exists():
-        return []
-    try:
-        return [VerifyKey.load(source)]
-    except (OSError, ValueError) as exc:
-        raise _fail(f"--public-key {source}: {exc}") from exc
-
-
 def _trusted(paths: list[Path] | None) -> list[Checkpoint]:
     """The checkpoints an auditor kept; exit 2 naming a source that cannot be read, holds
     something else, or holds none (an empty one would let "OK" vouch for nothing of theirs)."""
@@ -359,7 +347,7 @@ def audit_verify(
     from router.audit.verify import verify_log  # noqa: PLC0415
 
     settings = _settings(ctx)
-    keys, trusted = _verify_keys(settings, public_key), _trusted(checkpoint)
+    keys, trusted = verify_keys(settings, public_key), _trusted(checkpoint)
     where = str(path or settings.audit.path)
     try:
         if settings.audit.backend == "redis" and path is None:

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     # The writer (pydantic models, signatures) only for the commands that open a log; the
     # settings (pydantic, every component's settings model) only for the commands that read them.
     from router.audit import JsonlAuditLog
+    from router.audit.checkpoint import VerifyKey
     from router.settings import Settings
 
 # C0 controls but newline and tab, DEL and C1 controls: what a terminal would act on. Each becomes
@@ -111,6 +112,20 @@ def _variable(loc: tuple[int | str, ...]) -> str:
     inside = ".".join(map(str, loc[len(names) :]))
     variable = "STOCKADE_" + "__".join(names).upper()
     return f"{variable} (at {inside})" if inside else variable
+
+
+def verify_keys(settings: Settings, public_key: Path | None) -> list[VerifyKey]:
+    """The log's public key: ``--public-key``, else the signing key's ``.pub`` beside it; none if
+    that default is not there (exit 2 naming a given key that cannot be read)."""
+    from router.audit.checkpoint import VerifyKey  # noqa: PLC0415
+
+    source = public_key or settings.audit.signing_key.with_name(settings.audit.signing_key.name + ".pub")
+    if public_key is None and not source.exists():
+        return []
+    try:
+        return [VerifyKey.load(source)]
+    except (OSError, ValueError) as exc:
+        raise fail(f"--public-key {source}: {exc}") from exc
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
