@@ -542,18 +542,13 @@ class ControlPlane:
         """One approval. Raises `ApprovalError` if unknown."""
         return await self.approvals.get(approval_id)
 
-    async def approve(
-        self, approval_id: str, approver: str, note: str = "", *, peer: Mapping[str, Any] | None = None
-    ) -> Approval:
-        """Grant a pending approval. Refused for the requesting agent itself, or if not pending.
-        ``peer``: the local process the decision came from, recorded with it (`ApprovalBook.decide`)."""
-        return await self.approvals.decide(approval_id, approver=approver, approve=True, note=note, peer=peer)
+    async def approve(self, approval_id: str, approver: str, note: str = "") -> Approval:
+        """Grant a pending approval. Refused for the requesting agent itself, or if not pending."""
+        return await self.approvals.decide(approval_id, approver=approver, approve=True, note=note)
 
-    async def deny_approval(
-        self, approval_id: str, approver: str, note: str = "", *, peer: Mapping[str, Any] | None = None
-    ) -> Approval:
-        """Refuse a pending approval; the call it was for cannot run with it (``peer`` as for `approve`)."""
-        return await self.approvals.decide(approval_id, approver=approver, approve=False, note=note, peer=peer)
+    async def deny_approval(self, approval_id: str, approver: str, note: str = "") -> Approval:
+        """Refuse a pending approval; the call it was for cannot run with it."""
+        return await self.approvals.decide(approval_id, approver=approver, approve=False, note=note)
 
     async def endorse(self, session_id: str, call_id: str, *, by: str, note: str = "") -> str:
         """Endorse, for this session only, the output of its earlier call ``call_id``: its values

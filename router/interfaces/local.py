@@ -183,9 +183,10 @@ async def _answer(plane: ControlPlane, reader: asyncio.StreamReader, writer: asy
         if op in ("approve", "deny"):
             # The approver is the name the requester gives; who asked is recorded beside it,
             # from the kernel, so an agent with a shell of this user is on record as itself.
-            decide = plane.approve if op == "approve" else plane.deny_approval
-            decided = await decide(approval_id, str(request.get("approver", "")), str(request.get("note", "")),
-                                   peer=peer.record() if peer is not None else None)  # fmt: skip
+            decided = await plane.approvals.decide(
+                approval_id, approver=str(request.get("approver", "")), approve=op == "approve",
+                note=str(request.get("note", "")), peer=peer.record() if peer is not None else None,
+            )  # fmt: skip
             return {"approval": decided.model_dump(mode="json")}
     except (StockadeError, ValueError) as exc:
         return _error(getattr(exc, "code", "request.invalid"), str(exc))
