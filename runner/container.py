@@ -14,8 +14,10 @@ Warm pools keep ``pool_size`` started, never-used containers per (image, limits)
 with the resident worker (`runner.worker`) blocked on stdin. A call takes one, runs one job and
 the container is destroyed in the background while a replacement starts (its worker has killed
 whatever the tool left running). An empty pool means a cold start, reported as ``start="cold"``.
-Session sandboxes keep one container per session, its worker looping over jobs, until
-`close_session`; nothing is shared across sessions.
+Session sandboxes keep one container per session, its worker serving job after job, until
+`close_session`; nothing is shared across sessions, and ``/out`` is emptied after each job. Each
+call runs under its own limits: ``docker`` sets the session's container to them (``docker update``);
+``gvisor``, whose runtime cannot change a running sandbox's, refuses a call whose limits differ.
 
 Availability (`ContainerSandbox.check`) is probed in a thread, started when the sandbox is made,
 and cached: ``check()`` never calls Docker. An unavailable tier (no engine, no runtime, no image,
@@ -68,16 +70,6 @@ _PATH = "/usr/local/bin:/usr/bin:/bin"
 _ETC = {"hosts": "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost\n", "hostname": "sandbox\n", "resolv.conf": ""}
 
 
-@dataclass
-class _Box:
-    """A started container: its attach socket (the worker's stdin/stdout) and staging directory."""
-
-    id: str
-    sock: socket.socket
-    staging: Path
-    handle: Any  # the SDK's socket wrapper: kept so the connection is not closed under us
-
-
 @dataclass(frozen=True)
 class _Class:
     """Containers are interchangeable only within one class: same image and same limits."""
@@ -86,6 +78,18 @@ class _Class:
     memory_mb: int
     pids: int
     cpus: float
+
+
+@dataclass
+class _Box:
+    """A started container: its attach socket (the worker's stdin/stdout), staging directory, and
+    the limits it runs under now (a session's container is set to each call's)."""
+
+    id: str
+    sock: socket.socket
+    staging: Path
+    handle: Any  # the SDK's socket wrapper: kept so the connection is not closed under us
+    cls: _Class
 
 
 class _Demux:
@@ -136,6 +140,7 @@ class ContainerSandbox:
         self._inflight = 0
         self._housekeeper: asyncio.Task[None] | None = None
         self._closing = False
+        self._creating: set[asyncio.Future[_Box]] = set()  # containers being started, awaited by aclose
         self._sessions: dict[str, _Box] = {}
         self._session_locks: dict[str, asyncio.Lock] = {}
         self._staging_root = settings.container_staging_dir
@@ -290,7 +295,7 @@ class ContainerSandbox:
     def _create(self, cls: _Class, session: bool) -> _Box:
         """Create, attach and start one container (blocking: run in a thread)."""
         client = self._docker()
-        staging = Path(tempfile.mkdtemp(prefix=f"c-{self._maker}-", dir=_staging_root(self._staging_root)))
+        staging = Path(tempfile.mkdtemp(prefix=self._staging_prefix, dir=_staging_root(self._staging_root)))
         try:
             for sub in ("in", "run"):
                 (staging / sub).mkdir(mode=0o755)
@@ -327,9 +332,9 @@ class ContainerSandbox:
             raise _translate(exc) from exc
         raw = getattr(handle, "_sock", None)  # the SDK wraps the hijacked connection's socket
         if not isinstance(raw, socket.socket):
-            self._destroy_now(_Box(container.id or "", socket.socket(), staging, handle))
+            self._destroy_now(_Box(container.id or "", socket.socket(), staging, handle, cls))
             raise SandboxUnavailable("the container tiers need Docker on a local Unix socket")
-        box = _Box(container.id or "", raw, staging, handle)
+        box = _Box(container.id or "", raw, staging, handle, cls)
         try:
             _await_ready(raw, self._settings.worker_start_timeout_s)
         except (OSError, SandboxError) as exc:
@@ -337,6 +342,48 @@ class ContainerSandbox:
             raise SandboxError(f"{self.tier} worker did not start: {exc}") from exc
         raw.setblocking(False)
         return box
+
+    @property
+    def _staging_prefix(self) -> str:
+        """How this instance's staging directories are named: by the process (`_STAGING_NAME`, for
+        the orphan sweep) and by this instance (for `aclose`: others of this process live on)."""
+        return f"c-{self._maker}-{self._owner}-"
+
+    async def _start(self, cls: _Class, session: bool) -> _Box:
+        """`_create` in a thread, safe to cancel: the container being started is finished all the
+        same (a thread cannot be stopped), then removed like a used one, and `aclose` waits for it."""
+        creating = asyncio.ensure_future(asyncio.to_thread(self._create, cls, session))
+        self._creating.add(creating)
+        creating.add_done_callback(self._creating.discard)
+        try:
+            return await asyncio.shield(creating)
+        except asyncio.CancelledError:
+            creating.add_done_callback(self._abandoned)
+            raise
+
+    def _abandoned(self, creating: asyncio.Future[_Box]) -> None:
+        if not creating.cancelled() and creating.exception() is None:
+            self._destroy(creating.result())
+
+    def _relimit(self, box: _Box, cls: _Class) -> None:
+        """Set a running container's memory, pids and CPU limits to ``cls`` (blocking: a thread's).
+
+        Raises:
+            SandboxError: Docker refused (the container holds more memory than the new limit).
+        """
+        api = self._docker().api
+        update = {"Memory": cls.memory_mb << 20, "MemorySwap": cls.memory_mb << 20, "PidsLimit": cls.pids,
+                  "NanoCpus": int(cls.cpus * 1e9)}  # fmt: skip
+        # The SDK's update_container cannot set pids or NanoCpus (set at creation: CpuQuota would conflict).
+        try:
+            response = api.post(f"{api.base_url}/v{api.api_version}/containers/{box.id}/update", json=update)
+            response.raise_for_status()
+        except requests.exceptions.HTTPError as exc:
+            message = exc.response.text.strip()[:300] if exc.response is not None else str(exc)
+            raise SandboxError(f"could not set the session's container to this call's limits: {message}") from exc
+        except Exception as exc:
+            raise _translate(exc) from exc
+        box.cls = cls
 
     def _destroy_now(self, box: _Box) -> None:
         # The SDK's wrapper holds a makefile reference: the socket's fd closes only when both do.
@@ -361,7 +408,7 @@ class ContainerSandbox:
         want = self._settings.pool_size if size is None else size
         queue = self._pools.setdefault(cls, asyncio.Queue())
         while queue.qsize() < want:
-            await queue.put(await asyncio.to_thread(self._create, cls, False))
+            await queue.put(await self._start(cls, False))
 
     def _refill(self, cls: _Class) -> None:
         self._pools.setdefault(cls, asyncio.Queue())
@@ -398,7 +445,7 @@ class ContainerSandbox:
                     continue
                 try:
                     if short is not None and (urgent or not self._used or self._pools[short].empty()):
-                        box = await asyncio.to_thread(self._create, short, False)
+                        box = await self._start(short, False)
                         await self._pools[short].put(box)
                     elif self._used:
                         await asyncio.to_thread(self._destroy_now, self._used.pop(0))
@@ -425,19 +472,44 @@ class ContainerSandbox:
         if spec.session is not None:
             box = self._sessions.get(spec.session)
             if box is None:
-                box = await asyncio.to_thread(self._create, cls, True)
+                box = await self._start(cls, True)
                 self._sessions[spec.session] = box
                 return box, "cold", True
+            if box.cls != cls:
+                await self._session_limits(spec.session, box, cls)
             return box, "session", True
         queue = self._pools.get(cls)
         started = "cold"
         if queue is not None and not queue.empty():
             box, started = queue.get_nowait(), "warm"
         else:
-            box = await asyncio.to_thread(self._create, cls, False)
+            box = await self._start(cls, False)
         if self._settings.pool_size > 0:
             self._refill(cls)
         return box, started, False
+
+    async def _session_limits(self, session: str, box: _Box, cls: _Class) -> None:
+        """Put the session's container under this call's limits (``cls``) before the call runs in
+        it: each call's limits are its own, whatever an earlier call of the session was allowed.
+
+        Raises:
+            SandboxError: the limits could not be changed. Under gVisor they never can (runsc has
+                no ``update``): the session stays as it was, for calls with its limits. Otherwise
+                the container's limits are no longer known: it is removed with the session.
+        """
+        if self._runtime is not None:
+            was = box.cls
+            raise SandboxError(
+                f"session {session!r} runs under {was.memory_mb} MiB, {was.pids} pids, {was.cpus:g} CPUs; gVisor "
+                f"cannot change a running sandbox's limits to this call's ({cls.memory_mb} MiB, {cls.pids} pids, "
+                f"{cls.cpus:g} CPUs): give every call of a session the same limits, or close the session first"
+            )
+        try:
+            await asyncio.to_thread(self._relimit, box, cls)
+        except BaseException:
+            self._sessions.pop(session, None)
+            self._destroy(box)
+            raise
 
     # -- running ----------------------------------------------------------------------------
 
@@ -506,12 +578,23 @@ class ContainerSandbox:
         refused = tuple(reader.reply.refused)
         if spec.outputs is not None and (reader.reply.files or reader.reply.refused):
             q = Quarantine(self._settings.state_dir / "quarantine", spec.call_id, spec.outputs)
-            for path, data in reader.reply.files:
-                q.add(path, data)
+            fresh = not q.directory.exists()
+            try:
+                for path, data in reader.reply.files:
+                    q.add(path, data)
+            except Exception as exc:
+                # No record will point at what was copied so far: it goes (unless another call made it).
+                if fresh:
+                    remove_tree(q.directory)
+                log.error("sandbox_outputs_not_stored", tier=self.tier, error=repr(exc)[:500])
+                raise SandboxError(f"could not store the sandbox's /out: {type(exc).__name__}") from exc
             quarantine, artifacts, refused = str(q.directory), tuple(q.records), refused + tuple(q.refused)
         result = _verdict(reader, worker_err, timed_out, state, spec.limits, wall, self.tier)
-        if timed_out or died or reader.reply.over_cap:
-            self._sessions.pop(spec.session or "", None)  # a session box that failed is not reused
+        if keep and (timed_out or died or reader.reply.over_cap):
+            # A session box that failed is not reused: it goes like a used one (its attach socket too).
+            if self._sessions.get(spec.session or "") is box:
+                self._sessions.pop(spec.session or "")
+            self._destroy(box)
         return RunResult(
             result.verdict, result.exit_code, result.stdout, result.stderr, result.usage, self.tier, result.detail,
             start=how, inputs=inputs, artifacts=artifacts, refused=refused, quarantine=quarantine,
@@ -591,6 +674,8 @@ class ContainerSandbox:
         if self._housekeeper is not None:
             with contextlib.suppress(Exception):
                 await self._housekeeper
+        # Containers still starting for cancelled calls: each lands in _used when it is up.
+        await asyncio.gather(*self._creating, return_exceptions=True)
         boxes = list(self._sessions.values()) + self._used
         self._used = []
         self._sessions.clear()
@@ -598,19 +683,23 @@ class ContainerSandbox:
             while not queue.empty():
                 boxes.append(queue.get_nowait())
         await asyncio.gather(*(asyncio.to_thread(self._destroy_now, b) for b in boxes))
-        if self._client is not None:
-            await asyncio.to_thread(self._remove_leftovers, self._client)
-            self._client = None
+        client, self._client = self._client, None
+        await asyncio.to_thread(self._remove_leftovers, client)
 
-    def _remove_leftovers(self, client: docker.DockerClient) -> None:
-        """Remove anything of ours still there (a container whose creation was interrupted), then
-        close the client. One listing call: the high-level list inspects each container and races
-        their removal."""
-        with contextlib.suppress(Exception):
-            if self._missing_socket() is None:
-                for found in client.api.containers(all=True, filters={"label": f"stockade.owner={self._owner}"}):
-                    client.api.remove_container(found["Id"], force=True)
-        client.close()
+    def _remove_leftovers(self, client: docker.DockerClient | None) -> None:
+        """Remove anything of ours still there (a container whose creation was interrupted, and
+        staging directories), then close the client. One listing call: the high-level list
+        inspects each container and races their removal."""
+        if client is not None:
+            with contextlib.suppress(Exception):
+                if self._missing_socket() is None:
+                    for found in client.api.containers(all=True, filters={"label": f"stockade.owner={self._owner}"}):
+                        client.api.remove_container(found["Id"], force=True)
+            client.close()
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(self._staging_root):
+                if entry.name.startswith(self._staging_prefix):
+                    remove_tree(Path(entry.path))
 
 
 # The process that made a container (a label) or staging directory (in its name, "c-<maker>-..."):
@@ -712,8 +801,14 @@ def _verdict(
             return verdict(Verdict.MEMORY_LIMIT, f"killed at the {limits.memory_mb} MiB memory limit")
         err = worker_err.decode(errors="replace").strip()[-300:]
         return verdict(Verdict.ERROR, f"sandbox worker died (exit {code}): {err or state.get('Error', '')}")
-    if int(exit_info.get("oom_kills", 0) or 0) > 0 and code != 0:
-        return verdict(Verdict.MEMORY_LIMIT, f"killed at the {limits.memory_mb} MiB memory limit")
+    oom_kills = int(exit_info.get("oom_kills", 0) or 0)  # the job's own, not the container's running count
+    if oom_kills > 0:
+        # Whatever the exit code (as on bwrap): the kernel killed part of the tool, its work may be incomplete.
+        return verdict(
+            Verdict.MEMORY_LIMIT,
+            f"the sandbox's processes together reached the {limits.memory_mb} MiB memory limit; "
+            f"the kernel killed {oom_kills} of its processes",
+        )
     if code == 0:
         return verdict(Verdict.OK)
     if any(marker in stderr for marker in _MEMORY_MARKERS):

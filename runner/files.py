@@ -7,6 +7,7 @@ ever extracted from an archive.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -17,9 +18,14 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from runner.base import FileRecord, InputFile, OutputCaps
+from runner.egress.intercept import CA_INPUT
+from runner.errors import SandboxError
 
 _SAFE_PART = re.compile(r"[A-Za-z0-9._+@=-][A-Za-z0-9._+@= -]{0,254}")  # fullmatch: "$" would admit a final newline
 _MAX_DEPTH = 16
+# An output's path, in bytes: with the quarantine directory in front it stays far below PATH_MAX
+# (a tool's 16 levels of 255-character names would not).
+MAX_OUTPUT_PATH = 1024
 # A refused output is shown by at most this many characters of its path (and of why).
 _SHOWN_CHARS = 200
 # Refused outputs listed for one call; past it they are only counted. The same as the entries a
@@ -28,25 +34,44 @@ MAX_REFUSED = 1024
 
 
 def check_input_name(name: str) -> str:
-    """An input file name: one path component, no traversal, printable.
+    """An input file name a caller may give: one path component, no traversal, printable, and not
+    a name stockade stages itself (the egress CA bundle, `CA_INPUT`).
 
     Raises:
-        ValueError: the name would escape ``/in`` or is not a plain file name.
+        ValueError: the name would escape ``/in``, is not a plain file name, or is reserved.
     """
+    if name == CA_INPUT:
+        raise ValueError(f"input file name {name!r} is reserved for stockade's egress CA bundle: rename the input")
+    return _plain_name(name)
+
+
+def _plain_name(name: str) -> str:
     if not _SAFE_PART.fullmatch(name) or name in (".", ".."):
         raise ValueError(f"input file name {name[:80]!r} must be one plain path component (letters, digits, ._-+@=)")
     return name
 
 
 def stage_inputs(directory: Path, inputs: Iterable[InputFile]) -> tuple[FileRecord, ...]:
-    """Write ``inputs`` into ``directory`` (world-readable, owned by the router) and record them."""
+    """Write ``inputs`` into ``directory`` (world-readable, owned by the router) and record them.
+
+    Raises:
+        SandboxError: an input could not be staged (a name given twice or not plain, a full disk);
+            the message names the input, never the host's staging path.
+    """
     records = []
     for item in inputs:
-        name = check_input_name(item.name)
-        path = directory / name
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(item.data)
+        try:
+            name = _plain_name(item.name)
+        except ValueError as exc:
+            raise SandboxError(str(exc)) from exc
+        try:
+            fd = os.open(directory / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(item.data)
+        except FileExistsError as exc:
+            raise SandboxError(f"more than one input is named {name!r}: give each its own name") from exc
+        except OSError as exc:
+            raise SandboxError(f"could not stage input {name!r}: {exc.strerror or type(exc).__name__}") from exc
         records.append(FileRecord(name, len(item.data), hashlib.sha256(item.data).hexdigest()))
     return tuple(records)
 
@@ -85,6 +110,8 @@ class Quarantine:
             self.refused[-1] = more
 
     def add(self, path: str, data: bytes) -> None:
+        """Copy one output into the quarantine, or refuse it with the reason: never raises for
+        what the tool named or for a copy the host could not make."""
         if shown(path) != path:
             # Not UTF-8 (an undecodable name): no record, log or agent could name it faithfully.
             self.refuse(path, "name is not valid UTF-8")
@@ -93,6 +120,9 @@ class Quarantine:
         if rel is None:
             self.refuse(path, "unsafe path")
             return
+        if len(path.encode()) > MAX_OUTPUT_PATH:
+            self.refuse(path, f"path longer than {MAX_OUTPUT_PATH} bytes")
+            return
         if len(self.records) >= self._caps.max_files:
             self.refuse(path, "over the file count cap")
             return
@@ -100,10 +130,21 @@ class Quarantine:
             self.refuse(path, "over the total size cap")
             return
         target = self.directory / rel
-        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            # The reason, never the host path (the quarantine's location is not the agent's to know).
+            self.refuse(path, f"could not be stored: {exc.strerror or type(exc).__name__}")
+            return
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                target.unlink()  # no record will point at a partial copy
+            self.refuse(path, f"could not be stored: {exc.strerror or type(exc).__name__}")
+            return
         self._bytes += len(data)
         self.records.append(FileRecord(rel.as_posix(), len(data), hashlib.sha256(data).hexdigest()))
 

@@ -7,7 +7,7 @@ length, a JSON header, then ``stdin_len`` bytes of stdin for the tool. The worke
 stdout with frames ``kind (1 byte) | length (4 bytes) | data``:
 
     o  a chunk of the tool's stdout        e  a chunk of the tool's stderr
-    x  exit: {"code", "signal", "cpu_s", "max_rss_kb", "oom_kills"} as JSON
+    x  exit: {"code", "signal", "cpu_s", "max_rss_kb", "oom_kills"} as JSON (the job's own OOM kills)
     f  an output file: 4-byte header length, JSON {"path", "size"}, then its bytes
     r  a refused output entry: JSON {"path", "why"}   (symlinks, devices, over the caps)
     d  done: nothing more follows
@@ -16,8 +16,10 @@ stdout with frames ``kind (1 byte) | length (4 bytes) | data``:
 Every tool runs in a child of the worker, its stdin, stdout and stderr on pipes the worker
 frames: ``exec`` jobs are forked and exec'd; ``python`` jobs are forked only (the interpreter is
 already up: that is what makes a warm call fast). The child is forked ahead of its job: a spare,
-waiting on a pipe for it, forked at the worker's start and, in a session, after each job's reply
-once that job's leftovers are killed; forking, costly under gVisor, is off the call path. Nothing
+waiting on a pipe for it, forked at the worker's start; forking, costly under gVisor, is off the
+call path. A session's worker, once a job's reply is sent, its leftovers killed and ``/out``
+emptied, executes itself again: the next job's spare is forked from an interpreter that never held
+an earlier job (a python tool, forked from the worker, could read anything in its memory). Nothing
 a tool does reaches the worker's own process, so a session's worker serves each later job as it
 served the first; when the tool's process ends the worker kills whatever it left running. The
 worker shares the tool's uid, so the host still treats every frame as untrusted output of the
@@ -497,37 +499,100 @@ def send_outputs(limits):
             os.close(fd)
         pending.extend(reversed(subdirs))
 
+def empty_out():
+    """Remove what the job left in /out: a session's next job must not find it, nor send it back as
+    its own output. The tree is the tool's (as deep, and its directories as locked, as it made
+    them), so nothing follows a link and no path is built: what lies below /out's top level is
+    moved up to it, a level at a time, until all is gone. What cannot be removed stays."""
+    import stat
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        top = os.open("/out", flags)
+    except OSError:
+        return
+    moved = 0
+    try:
+        progress = True
+        while progress:
+            progress = False
+            for name in os.listdir(top):
+                try:
+                    os.unlink(name, dir_fd=top)
+                    continue
+                except IsADirectoryError:
+                    pass
+                except OSError:
+                    continue
+                try:
+                    os.rmdir(name, dir_fd=top)
+                    progress = True
+                    continue
+                except OSError:
+                    pass
+                try:
+                    os.chmod(name, 0o700, dir_fd=top)  # a directory (unlink said so), not a link
+                    sub = os.open(name, flags, dir_fd=top)
+                except OSError:
+                    continue
+                try:
+                    for child in os.listdir(sub):
+                        moved += 1
+                        try:
+                            if stat.S_ISDIR(os.lstat(child, dir_fd=sub).st_mode):
+                                os.chmod(child, 0o700, dir_fd=sub)  # moving a directory rewrites its ".."
+                            os.rename(child, ".stockade-%d" % moved, src_dir_fd=sub, dst_dir_fd=top)
+                            progress = True
+                        except OSError:
+                            pass
+                except OSError:
+                    pass
+                finally:
+                    os.close(sub)
+    except OSError:
+        pass
+    finally:
+        os.close(top)
+
 def main():
     global spare
-    session = sys.argv[1:] == ["session"]
+    # "pool": one job, then wait for the host to hang up. "session": one job, then this program
+    # again in a fresh interpreter ("session-next": no ready frame) for the session's next job.
+    # A job's header and stdin (its arguments, environment, placeholders) stay in this process's
+    # memory, freed or not, and a python tool runs in a fork of it: the next job's spare must
+    # come from a process that never held them.
+    mode = sys.argv[1]
     # Not dumpable: /proc/<this pid>/{environ,mem,...} become root's, so a tool (the same uid) cannot
-    # read the worker's memory, which holds each job's header (its environment, placeholders).
+    # read the worker's memory, which holds the job's header (its environment, placeholders).
     # The tool's own processes are dumpable again: after their execve, or (python tools) by
     # python_tool.
     set_dumpable(0)
     # As PID 1 the worker receives only the signals it handles, and Python handles SIGINT: a tool
     # (the same uid) could otherwise interrupt the worker and end its session.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Forked before the job arrives, and (in a session) only once the last job's leftovers were
+    # reaped: forked earlier, the spare would be one of them.
     spare = fork_spare()
-    frame(b"R", b"")  # up and waiting: the host pools this container only after seeing it
-    while True:
-        header = json.loads(read_exact(struct.unpack(">I", read_exact(4))[0]))
-        payload = read_exact(header["stdin_len"])
-        if header.get("egress"):
-            start_bridge(spare[1:])
-        result = run_python(header, payload) if header["kind"] == "python" else run_exec(header, payload)
-        result["oom_kills"] = oom_kills()
-        frame(b"x", json.dumps(result).encode())
-        if header.get("outputs"):
-            send_outputs(header["outputs"])
-        frame(b"d", b"")
-        if not session:
-            # Wait for the host to hang up, so the container stays alive while it reads.
-            while os.read(0, 65536):
-                pass
-            return
-        # Only now, with the job's leftovers reaped: forked earlier, the spare would be one of them.
-        spare = fork_spare()
+    if mode != "session-next":
+        frame(b"R", b"")  # up and waiting: the host pools this container only after seeing it
+    header = json.loads(read_exact(struct.unpack(">I", read_exact(4))[0]))
+    payload = read_exact(header["stdin_len"])
+    # The container's count is cumulative: this job's kills are those it adds.
+    kills_before = oom_kills()
+    if header.get("egress"):
+        start_bridge(spare[1:])
+    result = run_python(header, payload) if header["kind"] == "python" else run_exec(header, payload)
+    result["oom_kills"] = oom_kills() - kills_before
+    frame(b"x", json.dumps(result).encode())
+    if header.get("outputs"):
+        send_outputs(header["outputs"])
+    frame(b"d", b"")
+    if mode == "pool":
+        # Wait for the host to hang up, so the container stays alive while it reads.
+        while os.read(0, 65536):
+            pass
+        return
+    empty_out()
+    os.execve(sys.executable, sys.orig_argv[:-1] + ["session-next"], {})
 
 main()
 '''

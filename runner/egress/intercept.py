@@ -25,6 +25,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from runner.base import InputFile, SandboxSpec
+from runner.errors import SandboxError
 
 CA_INPUT = "stockade-ca.pem"
 _SYSTEM_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -100,7 +101,16 @@ def needs_interception(spec: SandboxSpec) -> bool:
 
 def with_interception(spec: SandboxSpec) -> tuple[SandboxSpec, InterceptCA | None]:
     """``spec`` prepared for interception: a fresh CA, and its certificate (with the system's
-    CAs, so other hosts still verify) trusted inside the sandbox. Unchanged when nothing needs it."""
+    CAs, so other hosts still verify) trusted inside the sandbox. Unchanged when nothing needs it.
+
+    Raises:
+        SandboxError: an input of the caller's takes the bundle's name (`CA_INPUT`). Refused on
+            every call, not only those intercepted, so whether a name works never depends on egress.
+    """
+    if any(item.name == CA_INPUT for item in spec.inputs):
+        raise SandboxError(
+            f"input file name {CA_INPUT!r} is reserved for stockade's egress CA bundle: rename the input"
+        )
     if not needs_interception(spec):
         return spec, None
     ca = InterceptCA()

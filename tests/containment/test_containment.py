@@ -13,8 +13,12 @@ import socket
 import time
 from pathlib import Path
 
-from runner import BwrapSandbox, OutputCaps, ResourceLimits, Sandbox, Verdict
-from runner.base import InputFile
+import pytest
+
+from runner import BwrapSandbox, OutputCaps, ResourceLimits, Sandbox, SandboxError, SandboxSpec, Verdict
+from runner.base import EgressRule, InputFile
+from runner.egress.intercept import CA_INPUT
+from runner.files import check_input_name
 from tests.conftest import sandbox_containers
 from tests.containment.conftest import ALLOWED_HOST, Canaries, Runner
 
@@ -194,6 +198,25 @@ for action in actions:
 """, inputs=(InputFile("data.txt", b"original"),))  # fmt: skip
     assert lines(result) == ["original", "refused", "refused", "refused"]
     assert [(f.path, f.size) for f in result.inputs] == [("data.txt", 8)]
+
+
+async def test_an_input_named_like_the_egress_ca_bundle_is_refused_without_naming_a_host_path(run: Runner) -> None:
+    """The egress CA bundle's name is stockade's: an input that takes it (with or without
+    interception), or two inputs of one name, are a `SandboxError` that names no host path, not a
+    raw error from staging."""
+    methods = (EgressRule(ALLOWED_HOST, run.upstream.port, ("GET",)),)
+    calls = [
+        {"inputs": (InputFile(CA_INPUT, b"agent-chosen"),), "egress": methods},
+        {"inputs": (InputFile(CA_INPUT, b"agent-chosen"),)},
+        {"inputs": (InputFile("data.txt", b"one"), InputFile("data.txt", b"two"))},
+    ]
+    for call in calls:
+        with pytest.raises(SandboxError) as raised:
+            await run.sandbox.run(SandboxSpec(argv=("true",), **call))  # type: ignore[arg-type]
+        assert type(raised.value) is SandboxError
+        assert "/" not in str(raised.value), raised.value
+    with pytest.raises(ValueError, match="reserved"):
+        check_input_name(CA_INPUT)
 
 
 async def test_filling_tmp_stops_at_its_size(run: Runner) -> None:

@@ -74,3 +74,37 @@ def test_refused_entries_past_the_cap_are_only_counted(tmp_path: Path) -> None:
     assert len(quarantine.refused) == MAX_REFUSED + 1
     assert quarantine.refused[-1] == ("...", "300 more refused entries not listed")
     assert not quarantine.records
+
+
+PATH_TOO_LONG = """
+import os
+open("/out/keep.txt", "w").write("important")
+os.chdir("/out")
+for i in range(15):
+    name = chr(97 + i) * 255
+    os.mkdir(name)
+    os.chdir(name)
+open("f" * 255, "w").write("x")
+print("made")
+"""
+
+
+async def test_an_out_path_too_long_for_the_host_is_refused_and_the_rest_kept(run: Runner) -> None:
+    """Sixteen levels of 255-character names are a safe relative path, but no host path holds
+    them under the quarantine: that one file is refused with the reason, the verdict and the
+    other outputs come back."""
+    result = await run.py(PATH_TOO_LONG, outputs=OutputCaps(), call_id="c-too-long")
+    assert (result.verdict, result.stdout) == (Verdict.OK, b"made\n"), (result.detail, result.stderr[-500:])
+    assert [record.path for record in result.artifacts] == ["keep.txt"]
+    assert [why for _, why in result.refused] == ["path longer than 1024 bytes"]
+
+
+async def test_an_output_the_host_cannot_store_is_refused_not_raised(run: Runner) -> None:
+    """A second call of the same id finds its output's name taken in the quarantine: that output
+    is refused with the reason (naming no host path); the call still has its verdict and stdout."""
+    write = "open('/out/result.txt', 'w').write('hello'); print('wrote')"
+    first = await run.py(write, outputs=OutputCaps(), call_id="c-same-id")
+    again = await run.py(write, outputs=OutputCaps(), call_id="c-same-id")
+    assert [record.path for record in first.artifacts] == ["result.txt"]
+    assert (again.verdict, again.stdout, again.artifacts) == (Verdict.OK, b"wrote\n", ())
+    assert again.refused == (("result.txt", "could not be stored: File exists"),)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -12,8 +14,10 @@ from runner import (
     ContainerSandbox,
     EgressRule,
     InputFile,
+    OutputCaps,
     ResourceLimits,
     RunnerSettings,
+    SandboxError,
     SandboxSpec,
     SandboxUnavailable,
     Verdict,
@@ -124,6 +128,176 @@ async def test_used_containers_are_destroyed(box: ContainerSandbox) -> None:
             break
         await asyncio.sleep(0.1)
     assert len(running) <= 1
+
+
+LIMITS_THEN_ALLOCATE = """
+import os
+for v1, v2 in (("memory/memory.limit_in_bytes", "memory.max"), ("pids/pids.max", "pids.max")):
+    path = "/sys/fs/cgroup/" + (v1 if os.path.exists("/sys/fs/cgroup/" + v1) else v2)
+    print(open(path).read().strip(), end=" ")
+print(flush=True)
+b = bytearray(200 << 20)
+for i in range(0, len(b), 4096):
+    b[i] = 1
+print("allocated")
+"""
+
+
+async def test_each_docker_session_call_runs_under_its_own_limits(settings: RunnerSettings) -> None:
+    """A session's container is set to each call's limits: a later call allowed less than the
+    first gets less, and one allowed more again gets more."""
+    sandbox = ContainerSandbox(settings, "docker")
+    assert sandbox.check() is None
+    big, small = ResourceLimits(memory_mb=512, pids=256), ResourceLimits(memory_mb=64, pids=16)
+    try:
+        argv = ("python3", "-I", "-c", LIMITS_THEN_ALLOCATE)
+        runs = [await sandbox.run(SandboxSpec(argv=argv, limits=limits, session="s")) for limits in (big, small, big)]
+    finally:
+        await sandbox.aclose()
+    assert [(r.verdict, r.start) for r in runs] == [
+        (Verdict.OK, "cold"), (Verdict.MEMORY_LIMIT, "session"), (Verdict.OK, "session")
+    ], [(r.detail, r.stderr[-300:]) for r in runs]  # fmt: skip
+    seen = [f"{512 << 20} 256 ", f"{64 << 20} 16 ", f"{512 << 20} 256 "]
+    assert [r.stdout.decode().split("\n")[0] for r in runs] == seen
+
+
+async def test_a_gvisor_session_refuses_a_call_with_other_limits_and_keeps_serving_its_own(
+    settings: RunnerSettings,
+) -> None:
+    """runsc cannot change a running sandbox's limits: a session call that asks for others is
+    refused (never run under the first call's), and the session goes on for calls with its limits."""
+    sandbox = ContainerSandbox(settings, "gvisor")
+    assert sandbox.check() is None
+    big, small = ResourceLimits(memory_mb=512), ResourceLimits(memory_mb=64)
+    try:
+        first = await sandbox.run(SandboxSpec(argv=("true",), limits=big, session="s"))
+        with pytest.raises(SandboxError, match="gVisor cannot change"):
+            await sandbox.run(SandboxSpec(argv=("true",), limits=small, session="s"))
+        again = await sandbox.run(SandboxSpec(argv=("true",), limits=big, session="s"))
+    finally:
+        await sandbox.aclose()
+    assert [(r.verdict, r.start) for r in (first, again)] == [(Verdict.OK, "cold"), (Verdict.OK, "session")]
+
+
+def staging_dirs(settings: RunnerSettings) -> set[str]:
+    return {name for name in os.listdir(settings.container_staging_dir) if name.startswith("c-")}
+
+
+async def cancel_while_starting(box: ContainerSandbox, settings: RunnerSettings, session: str | None) -> None:
+    """Start a cold call and cancel it once its container is being made (its staging directory is there)."""
+    before = staging_dirs(settings)
+    call = asyncio.create_task(box.run(SandboxSpec(argv=("true",), session=session)))
+    while staging_dirs(settings) <= before:  # noqa: ASYNC110  (polling the file system)
+        await asyncio.sleep(0.005)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+
+
+async def test_a_call_cancelled_while_its_container_starts_leaves_nothing_behind(
+    box: ContainerSandbox, settings: RunnerSettings
+) -> None:
+    """The container finishes starting (a thread cannot be stopped) and is then removed with its
+    staging directory: soon after, or by `aclose` if that comes first."""
+    before = staging_dirs(settings)
+    await cancel_while_starting(box, settings, None)
+    await cancel_while_starting(box, settings, "s")
+    for _ in range(100):
+        if not sandbox_containers(box.owner) and staging_dirs(settings) == before:
+            break
+        await asyncio.sleep(0.1)
+    assert (sandbox_containers(box.owner), staging_dirs(settings) - before) == ([], set())
+    await cancel_while_starting(box, settings, None)
+    await box.aclose()
+    assert (sandbox_containers(box.owner), staging_dirs(settings) - before) == ([], set())
+
+
+CHILD_OOM = """
+import os
+pid = os.fork()
+if pid == 0:
+    b = bytearray(200 << 20)
+    for i in range(0, len(b), 4096):
+        b[i] = 1
+    os._exit(0)
+os.waitpid(pid, 0)
+print("parent fine")
+"""
+
+
+async def test_an_oom_kill_is_the_jobs_verdict_and_not_the_next_session_jobs(box: ContainerSandbox) -> None:
+    """A child the kernel killed at the memory limit makes the job's verdict memory_limit even
+    though the tool exited 0 (as on bwrap); the session's next job is not blamed for it."""
+    limits = ResourceLimits(memory_mb=128)
+    oom = await box.run(SandboxSpec(argv=("python3", "-I", "-c", CHILD_OOM), limits=limits, session="s"))
+    plain = await box.run(SandboxSpec(argv=("sh", "-c", "exit 3"), limits=limits, session="s"))
+    await box.close_session("s")
+    assert oom.verdict is Verdict.MEMORY_LIMIT, (oom.verdict, oom.detail, oom.stdout)
+    assert (plain.verdict, plain.exit_code) == (Verdict.NONZERO_EXIT, 3), plain.detail
+
+
+SCAN_OWN_MEMORY = r"""
+import os, re
+
+def main(secret=""):
+    found = set()
+    pattern = re.compile(rb"S3CRET-OF-JOB-ONE-[0-9a-f]{16}")
+    with open("/proc/self/maps") as maps, open("/proc/self/mem", "rb", 0) as mem:
+        for line in maps:
+            fields = line.split()
+            if "r" not in fields[1] or fields[-1] in ("[vvar]", "[vsyscall]", "[vvar_vclock]"):
+                continue
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            for at in range(start, end, 1 << 20):
+                try:
+                    mem.seek(max(at - 64, start))
+                    data = mem.read(min(end, at + (1 << 20)) - max(at - 64, start))
+                except (OSError, OverflowError):
+                    break
+                found.update(match.decode() for match in pattern.findall(data))
+    return sorted(found)
+"""
+
+
+async def test_a_session_python_job_finds_nothing_of_an_earlier_jobs_arguments_in_its_memory(
+    box: ContainerSandbox,
+) -> None:
+    """A python tool runs in a fork of the worker and can read all of its own memory: the
+    session's later jobs must be forked from a process that never held an earlier job's
+    arguments or environment (not even in freed memory)."""
+    secret, placeholder = (f"S3CRET-OF-JOB-ONE-{os.urandom(8).hex()}" for _ in range(2))
+    first = dataclasses.replace(job(SCAN_OWN_MEMORY, secret=secret), session="s", env={"CREDENTIAL": placeholder})
+    later = dataclasses.replace(job(SCAN_OWN_MEMORY), session="s")
+    results = [await box.run(first), await box.run(later)]
+    await box.close_session("s")
+    assert [r.start for r in results] == ["cold", "session"]
+    found = [parse_result(r.stdout) for r in results]
+    assert {secret, placeholder} <= set(found[0]), found  # the scan sees a job's own
+    assert found[1] == [], found
+
+
+async def test_a_session_call_gets_none_of_an_earlier_calls_outputs(box: ContainerSandbox) -> None:
+    """``/out`` is emptied after every session call, collected or not, however the tool left it
+    (nested deep, directories made read-only)."""
+    leave = """
+import os
+open("/out/first.txt", "w").write("one")
+path = "/out"
+for _ in range(200):
+    path += "/d"
+    os.mkdir(path)
+    open(path + "/f", "w").write("x")
+os.chmod("/out/d/d", 0o500)
+os.chmod("/out/d", 0)
+"""
+    look = "import os\nopen('/out/second.txt', 'w').write('two')\nprint(sorted(os.listdir('/out')))"
+    first = await box.run(SandboxSpec(argv=("python3", "-I", "-c", leave), session="s"))
+    second = await box.run(SandboxSpec(argv=("python3", "-I", "-c", look), session="s", outputs=OutputCaps(),
+                                       call_id="c-second"))  # fmt: skip
+    await box.close_session("s")
+    assert (first.verdict, second.verdict, second.start) == (Verdict.OK, Verdict.OK, "session"), second.stderr
+    assert second.stdout == b"['second.txt']\n"
+    assert [record.path for record in second.artifacts] == ["second.txt"]
 
 
 async def test_unbuilt_image_is_unavailable(settings: RunnerSettings) -> None:
