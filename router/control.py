@@ -230,6 +230,7 @@ class ControlPlane:
         )
 
     async def __aenter__(self) -> Self:
+        self.start()
         return self
 
     async def __aexit__(
@@ -306,7 +307,7 @@ class ControlPlane:
             )
         await self._share(tool, decision.policy_revision)
         self.registry.add(tool)
-        self._start_background()
+        self.start()
         log.info("tool_registered", tool=tool.spec.name, risk=tool.spec.risk, executor=tool.spec.executor.kind)
         return tool.spec
 
@@ -401,10 +402,14 @@ class ControlPlane:
         await self.store.create_session(session, await trusted_context_keys_async(list(session.trusted_context)))
         self._here.add(session.id)
         log.info("session_opened", session_id=session.id, agent=agent)
-        self._start_background()
+        self.start()
         return session.id
 
-    def _start_background(self) -> None:
+    def start(self) -> None:
+        """Start the background work on the running loop: the session sweeper and the policy
+        watcher (`STOCKADE_POLICY__WATCH_INTERVAL_S`). Entering the plane (``async with``) and the
+        HTTP app's start-up call it, so a router that serves no session yet still picks up a new
+        policy; calling it again does nothing."""
         loop = asyncio.get_running_loop()
         if self._sweeper is None:
             self._sweeper = loop.create_task(self._sweep_sessions())

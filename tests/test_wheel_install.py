@@ -5,9 +5,11 @@ docs/interfaces.md tells Claude Code and Cursor to start it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
+import shlex
 import shutil
 import stat
 import subprocess
@@ -221,6 +223,74 @@ def test_the_demo_runs_from_root_and_keeps_its_audit_log_in_the_state_directory(
     elsewhere.mkdir()
     assert installed.run("policy", "test", home=home, cwd=elsewhere).returncode == 0
     assert list(elsewhere.iterdir()) == []
+
+
+# -- the audit extra, as README.md installs it ---------------------------------------------
+
+
+def readme_install() -> str:
+    """The install command of README.md's "Install:" line."""
+    found = re.search(r"^Install: `([^`]+)`", (REPO / "README.md").read_text(), re.MULTILINE)
+    assert found is not None, "README.md has no `Install: `...`` line"
+    return found.group(1)
+
+
+@pytest.fixture(scope="module")
+def audit_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real audit log: a router's registrations, a session and decisions (written by the checkout)."""
+    from router import ControlPlane, Settings  # noqa: PLC0415  (the checkout's, only to write the log)
+    from router.settings import AuditSettings  # noqa: PLC0415
+
+    root = tmp_path_factory.mktemp("log")
+    path = root / "audit.jsonl"
+
+    async def record() -> None:
+        settings = Settings(audit=AuditSettings(path=path, signing_key=root / "audit-signing.key"))
+        async with ControlPlane.from_settings(settings) as plane:
+            await plane.register(python_tool("echo", ECHO))
+            session = await plane.open_session("agent-1", "alice@example.com")
+            await plane.decide(session, "echo", {"word": "hi"})
+
+    asyncio.run(record())
+    return path
+
+
+def test_the_readme_install_gives_a_stockade_whose_audit_queries_work(
+    audit_log: Path, home: Path, tmp_path: Path
+) -> None:
+    command = readme_install()
+    assert command.startswith("uv tool install ")
+    assert "[audit" in command  # the extras requirements.lock was compiled with (-c only constrains)
+    tools, bin_dir = tmp_path / "tools", tmp_path / "bin"
+    # As a user runs it in a checkout, into scratch tool directories; uv's own cache is shared.
+    env = {**os.environ, "UV_TOOL_DIR": str(tools), "UV_TOOL_BIN_DIR": str(bin_dir), "UV_PYTHON": sys.executable}
+    argv = [*uv(), *shlex.split(command)[1:]]
+    install = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=env, timeout=240, check=False)
+    assert install.returncode == 0, install.stdout + install.stderr
+
+    query = subprocess.run([str(bin_dir / "stockade"), "audit", "query", "--path", str(audit_log), "--json"],
+                           capture_output=True, text=True, cwd="/", timeout=120, check=False,
+                           env={"HOME": str(home), "PATH": f"{bin_dir}:/usr/bin:/bin", "LANG": "C.UTF-8"})  # fmt: skip
+    assert query.returncode == 0, query.stdout + query.stderr
+    events = [json.loads(line) for line in query.stdout.splitlines()]
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    assert [(e["tool"], e["outcome"]) for e in events if e["kind"] == "decision"] == [("echo", "allow")]
+
+
+def test_an_install_without_the_audit_extra_says_how_to_get_it(
+    installed: Installed, audit_log: Path, home: Path, tmp_path: Path
+) -> None:
+    venv = tmp_path / "venv"
+    checked([*uv(), "venv", "--quiet", "--python", sys.executable, "--python-preference", "only-system", venv])
+    checked([*uv(), "pip", "install", "--quiet", "--python", venv / "bin" / "python",
+             "-c", REPO / "requirements.lock", installed.wheel])  # fmt: skip
+    assert subprocess.run([str(venv / "bin" / "python"), "-c", "import duckdb"], capture_output=True,
+                          check=False).returncode != 0  # fmt: skip
+    query = Installed(installed.wheel, venv).run("audit", "query", "--path", str(audit_log), home=home)
+    assert query.returncode == 2, query.stdout + query.stderr
+    message = " ".join(query.stderr.split())
+    assert "stockade audit query needs DuckDB, the `audit` extra" in message
+    assert readme_install() in message
 
 
 # -- MCP, as docs/interfaces.md configures the clients -------------------------------------

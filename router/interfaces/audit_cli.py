@@ -84,7 +84,17 @@ def _arg_pairs(values: Sequence[str] | None) -> tuple[tuple[str, str], ...]:
 def register(audit_app: typer.Typer) -> None:  # noqa: PLR0915  (one closure per command, read top to bottom)
     """Add the auditor's read commands to ``audit_app`` (the CLI's ``audit`` group)."""
     # The CLI's shared helpers; imported here, once cli.py has defined them.
-    from router.interfaces.cli_common import AuditPath, JsonFlag, err, finite, out, verify_keys, visible  # noqa: PLC0415
+    from router.interfaces.cli_common import (  # noqa: PLC0415
+        AuditPath,
+        JsonFlag,
+        audit_engine_missing,
+        err,
+        finite,
+        out,
+        require_audit_engine,
+        verify_keys,
+        visible,
+    )
     from router.interfaces.cli_common import emit_json as _emit_json  # noqa: PLC0415
     from router.interfaces.cli_common import fail as _fail  # noqa: PLC0415
     from router.interfaces.cli_common import settings_of as _settings  # noqa: PLC0415
@@ -95,6 +105,23 @@ def register(audit_app: typer.Typer) -> None:  # noqa: PLR0915  (one closure per
         typer.Option(help="Only events at or after this ISO 8601 time, with its zone (2026-11-22T10:00:00Z)."),
     ]
     Until = Annotated[str | None, typer.Option(help="Only events at or before this ISO 8601 time.")]
+    # The filters `audit query` and `audit export` share (docs/audit.md, Filters): one definition each.
+    Session = Annotated[str | None, typer.Option(help="Only this session id.")]
+    Agent = Annotated[str | None, typer.Option(help="Only this agent.")]
+    Tool = Annotated[str | None, typer.Option(help="Only this tool.")]
+    Outcome = Annotated[str | None, typer.Option(help="Only this outcome (allow, deny, ok, timeout, ...).")]
+    DecisionId = Annotated[str | None, typer.Option("--decision-id", help="Only this decision.")]
+    Kind = Annotated[str | None, typer.Option(help="Only this kind (decision, execution, error, ...).")]
+    Principal = Annotated[str | None, typer.Option(help="Only events of this principal (the human).")]
+    Approver = Annotated[str | None, typer.Option(help="Only events naming this approver.")]
+    Credential = Annotated[str | None, typer.Option(help="Only events naming this credential.")]
+    Lease = Annotated[str | None, typer.Option(help="Only events naming this credential lease id.")]
+    EgressHost = Annotated[str | None, typer.Option("--egress-host", help="Only egress to this host.")]
+    Reason = Annotated[str | None, typer.Option(help="Only events with this reason or error code.")]
+    Taint = Annotated[str | None, typer.Option(help="Only calls decided in a session with this taint.")]
+    Arg = Annotated[
+        list[str] | None, typer.Option("--arg", help="Only calls whose argument KEY is VALUE (KEY=VALUE, repeatable).")
+    ]
 
     def log_path(ctx: typer.Context, path: Path | None) -> Path:
         target = path
@@ -113,6 +140,7 @@ def register(audit_app: typer.Typer) -> None:  # noqa: PLR0915  (one closure per
     def engine(ctx: typer.Context, path: Path | None) -> "AuditQuery":
         from router.audit.index import AuditQuery  # noqa: PLC0415  (DuckDB loads only when a command reads)
 
+        require_audit_engine(ctx.command_path)
         target = log_path(ctx, path)
         try:
             query = AuditQuery(target)
@@ -167,24 +195,21 @@ def register(audit_app: typer.Typer) -> None:  # noqa: PLR0915  (one closure per
         path: AuditPath = None,
         since: Since = None,
         until: Until = None,
-        session: Annotated[str | None, typer.Option(help="Only this session id.")] = None,
-        agent: Annotated[str | None, typer.Option(help="Only this agent.")] = None,
-        tool: Annotated[str | None, typer.Option(help="Only this tool.")] = None,
-        outcome: Annotated[str | None, typer.Option(help="Only this outcome (allow, deny, ok, timeout, ...).")] = None,
-        decision_id: Annotated[str | None, typer.Option("--decision-id", help="Only this decision.")] = None,
-        kind: Annotated[str | None, typer.Option(help="Only this kind (decision, execution, error, ...).")] = None,
-        principal: Annotated[str | None, typer.Option(help="Only events of this principal (the human).")] = None,
-        approver: Annotated[str | None, typer.Option(help="Only events naming this approver.")] = None,
-        credential: Annotated[str | None, typer.Option(help="Only events naming this credential.")] = None,
-        lease: Annotated[str | None, typer.Option(help="Only events naming this credential lease id.")] = None,
-        egress_host: Annotated[str | None, typer.Option("--egress-host", help="Only egress to this host.")] = None,
-        reason: Annotated[str | None, typer.Option(help="Only events with this reason or error code.")] = None,
-        taint: Annotated[str | None, typer.Option(help="Only calls decided in a session with this taint.")] = None,
+        session: Session = None,
+        agent: Agent = None,
+        tool: Tool = None,
+        outcome: Outcome = None,
+        decision_id: DecisionId = None,
+        kind: Kind = None,
+        principal: Principal = None,
+        approver: Approver = None,
+        credential: Credential = None,
+        lease: Lease = None,
+        egress_host: EgressHost = None,
+        reason: Reason = None,
+        taint: Taint = None,
         after_seq: Annotated[int | None, typer.Option("--after-seq", min=0, help="Only events after this seq.")] = None,
-        arg: Annotated[
-            list[str] | None,
-            typer.Option("--arg", help="Only calls whose argument KEY is VALUE (KEY=VALUE, repeatable)."),
-        ] = None,
+        arg: Arg = None,
         limit: Annotated[int | None, typer.Option(min=1, help="At most this many events.")] = None,
         as_json: Annotated[bool, typer.Option("--json", help="One event per line, as JSON (with its hash).")] = False,
     ) -> None:
@@ -378,6 +403,7 @@ def register(audit_app: typer.Typer) -> None:  # noqa: PLR0915  (one closure per
         from router.audit.index import follow as follow_log  # noqa: PLC0415
         from router.audit.index import index_log  # noqa: PLC0415
 
+        require_audit_engine(ctx.command_path)
         target = log_path(ctx, path)
 
         def progress(message: str) -> None:
@@ -421,18 +447,40 @@ def register(audit_app: typer.Typer) -> None:  # noqa: PLR0915  (one closure per
         until: Until = None,
         from_seq: Annotated[int | None, typer.Option("--from-seq", min=1, help="Only events from this seq on.")] = None,
         to_seq: Annotated[int | None, typer.Option("--to-seq", min=1, help="Only events up to this seq.")] = None,
+        session: Session = None,
+        agent: Agent = None,
+        tool: Tool = None,
+        outcome: Outcome = None,
+        decision_id: DecisionId = None,
+        kind: Kind = None,
+        principal: Principal = None,
+        approver: Approver = None,
+        credential: Credential = None,
+        lease: Lease = None,
+        egress_host: EgressHost = None,
+        reason: Reason = None,
+        taint: Taint = None,
+        arg: Arg = None,
         as_json: JsonFlag = False,
     ) -> None:
         """Export events with an inclusion proof for each against the log's latest signed
-        checkpoint (<FILE>.proof.json). Events the checkpoint does not cover yet are left out
-        (and said so): export again after the next checkpoint to include them."""
+        checkpoint (<FILE>.proof.json). The filters are those of `audit query` and go into the
+        proof's selection, which verification holds each record to. Events the checkpoint does
+        not cover yet are left out (and said so): export again after the next checkpoint to
+        include them."""
         from router.audit.export import export_events  # noqa: PLC0415
         from router.audit.index import EventFilter  # noqa: PLC0415
 
         if from_seq is not None and to_seq is not None and from_seq > to_seq:
             raise _fail(f"--from-seq {from_seq} is after --to-seq {to_seq}: swap them")
         start, end = since_until(since, until)
-        where = EventFilter(since=start, until=end, after_seq=None if from_seq is None else from_seq - 1, to_seq=to_seq)
+        where = EventFilter(
+            since=start, until=end, after_seq=None if from_seq is None else from_seq - 1, to_seq=to_seq,
+            session_id=session, agent=agent, tool=tool, outcome=outcome, decision_id=decision_id, kind=kind,
+            principal=principal, approver=approver, credential=credential, lease=lease, egress_host=egress_host,
+            reason=reason, taint=taint, args=_arg_pairs(arg),
+        )  # fmt: skip
+        require_audit_engine(ctx.command_path)
         target = log_path(ctx, path)
         signer = exporters_key(ctx, target)
         try:
@@ -508,6 +556,10 @@ def register(audit_app: typer.Typer) -> None:  # noqa: PLR0915  (one closure per
             raise _fail(f"{export}: no such export file")
         try:
             found = verify_export(export, key, proof)
+        except ModuleNotFoundError as exc:  # a Parquet export is read with DuckDB, the `audit` extra
+            if exc.name != "duckdb":
+                raise
+            raise _fail(audit_engine_missing(ctx.command_path)) from exc
         except OSError as exc:
             raise _fail(f"cannot read {exc.filename or export}: {exc.strerror or exc}") from exc
         if as_json:

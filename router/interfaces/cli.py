@@ -2,7 +2,8 @@
 
 Exit codes: 0 success; 1 the thing checked failed (a Rego test, a broken audit chain) or the
 request was refused (an approval that is not pending, or one's own); 2 bad usage or input that
-could not be read (a policy that does not load, an unreadable log, an unreachable store); 3
+could not be read (a policy that does not load, an unreadable log, an unreachable store), or an
+optional dependency the command needs that is not installed (DuckDB, the `audit` extra); 3
 `policy replay` refused a log whose hash chain is broken; 70 an internal error (a bug: an
 exception no command expected), shown as one line on stderr, with its traceback under --debug.
 """
@@ -30,7 +31,7 @@ from typer.core import TyperGroup
 from router.audit.chain import head_of
 from router.audit.layout import line_blocks, read_checkpoint_source
 from router.errors import AuditError, StockadeError
-from router.interfaces.cli_common import AuditPath, JsonFlag, err, out, tool_specs, verify_keys
+from router.interfaces.cli_common import AuditPath, JsonFlag, audit_engine_missing, err, out, tool_specs, verify_keys
 from router.interfaces.cli_common import audit_log as _audit_log
 from router.interfaces.cli_common import emit_json as _emit_json
 from router.interfaces.cli_common import fail as _fail
@@ -66,6 +67,11 @@ class _Commands(TyperGroup):
             if exc.errno == errno.EPIPE:  # stdout closed by `| head`: typer quiets it
                 raise
             _internal_error(ctx, exc)
+        except ModuleNotFoundError as exc:
+            if exc.name != "duckdb":
+                _internal_error(ctx, exc)
+            # The `audit` extra missing where no command checked for it first: the install's fault, not a bug.
+            raise _fail(audit_engine_missing("this command")) from exc
         except Exception as exc:  # the last line of defence: every other exception is reported
             _internal_error(ctx, exc)
 
@@ -85,8 +91,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     cls=_Commands,
-    epilog="Exit codes: 0 success; 1 the thing checked failed (or a request was refused); 2 bad usage or "
-    "unreadable input; 3 `policy replay` refused a log whose hash chain is broken; 70 an internal error.",
+    epilog="Exit codes: 0 success; 1 the thing checked failed (or a request was refused); 2 bad usage, "
+    "unreadable input, an unreachable store or a missing extra (`audit`); 3 `policy replay` refused a log whose "
+    "hash chain is broken; 70 an internal error.",
 )
 audit_app = typer.Typer(help="Verify and query the audit log.", no_args_is_help=True)
 app.add_typer(policy_app, name="policy")  # the security team's commands: router/interfaces/policy_cli.py
@@ -95,7 +102,8 @@ app.add_typer(audit_app, name="audit")
 sandbox_app = typer.Typer(help="Build the sandbox image and check which tiers work here.", no_args_is_help=True)
 app.add_typer(sandbox_app, name="sandbox")
 approvals_app = typer.Typer(
-    help="List, show and decide calls held for a human (needs the shared store: STOCKADE_STORE__URL).",
+    help="List, show and decide calls held for a human: in the shared store (STOCKADE_STORE__URL) or, with the "
+    "embedded store, through the running routers' local sockets.",
     no_args_is_help=True,
 )
 app.add_typer(approvals_app, name="approvals")
@@ -115,9 +123,9 @@ def main(
     """Configure logging (STOCKADE_LOG_LEVEL, STOCKADE_LOG_FORMAT) before any command runs; the
     rest of the settings are read by the commands that use them (`settings_of`).
 
-    Exit codes: 0 success; 1 the thing checked failed or the request was refused; 2 bad usage or
-    unreadable input; 3 `policy replay` refused a log whose hash chain is broken; 70 an internal
-    error (one line on stderr; the traceback with --debug)."""
+    Exit codes: 0 success; 1 the thing checked failed or the request was refused; 2 bad usage,
+    unreadable input, an unreachable store or a missing extra; 3 `policy replay` refused a log whose
+    hash chain is broken; 70 an internal error (one line on stderr; the traceback with --debug)."""
     del debug  # read from the context by `_Commands` when a command fails
     configure_from_environment()
 

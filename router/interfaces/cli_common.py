@@ -3,6 +3,7 @@ from the context, failing with an exit code, JSON output and time options."""
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import math
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.segment import Segment
 
 if TYPE_CHECKING:
@@ -129,9 +131,27 @@ def verify_keys(settings: Settings, public_key: Path | None) -> list[VerifyKey]:
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
-    """Print ``message`` as an error; the `typer.Exit` to raise (2: bad usage or input)."""
-    err.print(f"[red]error:[/red] {message}", markup=True)
+    """Print ``message`` as an error; the `typer.Exit` to raise (2: bad usage or input). The message
+    is text, never markup: a path, an install command (``'.[audit]'``) or a log's words keep their brackets."""
+    err.print(f"[red]error:[/red] {escape(message)}", markup=True)
     return typer.Exit(code)
+
+
+AUDIT_EXTRA = "uv tool install -c requirements.lock '.[audit,otel]'"
+"""How to install stockade with the `audit` extra (DuckDB) from a checkout, as README.md says."""
+
+
+def audit_engine_missing(command: str) -> str:
+    """Why ``command`` cannot run on this install (it has no DuckDB), and how to give it one."""
+    return (f"{command} needs DuckDB, the `audit` extra, which this stockade was installed without: in a "
+            f"checkout, reinstall with it: {AUDIT_EXTRA} (or pip install '.[audit]')")  # fmt: skip
+
+
+def require_audit_engine(command: str) -> None:
+    """Exit 2 naming the install command if DuckDB, which ``command`` reads the log with, is not
+    installed: an optional dependency missing is a fault of the install, not a bug (exit 70)."""
+    if importlib.util.find_spec("duckdb") is None:
+        raise fail(audit_engine_missing(command))
 
 
 def finite(value: Any) -> Any:

@@ -8,6 +8,7 @@ import contextlib
 import hashlib
 import json
 import socket
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -266,6 +267,31 @@ async def test_health_readiness_policy_status_and_openapi(api: tuple[httpx.Async
     schema = (await client.get("/openapi.json")).json()
     assert schema["openapi"].startswith("3.1")
     assert "/v1/sessions/{session_id}/calls" in schema["paths"]
+
+
+async def test_audit_queries_without_the_audit_extra_are_an_audited_503_naming_the_install(
+    api: tuple[httpx.AsyncClient, ControlPlane], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DuckDB is the optional `audit` extra: a router installed without it still serves calls, and
+    answers its auditors a problem saying what to install, never a 500 (README, Install)."""
+    client, plane = api
+    monkeypatch.setitem(sys.modules, "duckdb", None)  # what an install without the extra finds
+    answers = [
+        await client.get("/v1/audit/events", headers=auth("audit")),
+        await client.get("/v1/audit/events", headers={**auth("audit"), "Accept": "application/x-ndjson"}),
+        await client.get("/v1/audit/decisions/d-1", headers=auth("root")),
+    ]
+    for answer in answers:
+        assert (answer.status_code, answer.headers["content-type"]) == (503, "application/problem+json")
+        assert answer.json()["code"] == "audit.query_unavailable"
+        assert "uv tool install -c requirements.lock '.[audit,otel]'" in answer.json()["detail"]
+    refusals = [e for e in await plane.audit.query(AuditFilter(kind="error")) if e.outcome == "refused"]
+    assert [(e.agent, (e.result or {})["code"], (e.result or {})["request"]) for e in refusals] == [
+        ("audit", "audit.query_unavailable", "GET /v1/audit/events"),
+        ("audit", "audit.query_unavailable", "GET /v1/audit/events"),
+        ("root", "audit.query_unavailable", "GET /v1/audit/decisions/d-1"),
+    ]
+    assert (await client.get("/readyz")).status_code == 200  # calls are still decided and recorded
 
 
 # -- two routers ----------------------------------------------------------------------------

@@ -45,6 +45,15 @@ def test_help_lists_the_commands() -> None:
     assert "verify" in run("audit", "--help").stdout
 
 
+def test_the_top_level_help_says_what_exit_2_means_and_where_approvals_are_found() -> None:
+    """As README.md's Command line says: an unreachable store (and a missing extra) exit 2 too, and
+    `approvals` works with the embedded store through the running routers' sockets."""
+    shown = " ".join(run("--help").stdout.replace("│", " ").split())
+    assert "2 bad usage, unreadable input, an unreachable store or a missing extra (`audit`)" in shown
+    assert "needs the shared store" not in shown
+    assert "through the running routers' local sockets" in shown
+
+
 def test_policy_test_passes_on_the_shipped_policies() -> None:
     result = run("policy", "test")
     assert result.returncode == 0, result.stdout + result.stderr

@@ -570,6 +570,9 @@ def create_app(plane: ControlPlane, *, close_plane: bool = False) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        # The policy watcher and the session sweeper run from the server's start, not from the
+        # first session: a router nobody has called yet must still pick up a policy push.
+        plane.start()
         yield
         if close_plane:
             await plane.aclose()

@@ -11,6 +11,7 @@ the lines are not parsed to be answered.
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations, which name
 # types made inside `add_query_routes`.
 import asyncio
+import importlib.util
 import json
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -31,6 +32,7 @@ from router.audit.redis import STREAM
 from router.control import ControlPlane
 from router.errors import AuditError
 from router.interfaces.api.openapi import problems
+from router.interfaces.api.problems import problem
 from router.settings import ApiPrincipal
 
 if TYPE_CHECKING:
@@ -43,6 +45,10 @@ CONCURRENT_QUERIES = 2  # DuckDB uses two threads each: more would crowd out the
 MAX_PAGE = 100_000
 _REDIS_CHUNK = 1000  # stream entries per XRANGE
 _CHUNK_LINES = 500  # events per chunk of a streamed answer
+ENGINE_MISSING = (
+    "this router cannot query its audit log: DuckDB, the `audit` extra, is not installed with it; reinstall "
+    "stockade with the extra (in a checkout: uv tool install -c requirements.lock '.[audit,otel]')"
+)
 
 
 class AuditEventPage(BaseModel):
@@ -57,6 +63,10 @@ class AuditEventPage(BaseModel):
 
 # One --arg of the CLI: the argument's name, "=", the value it must have.
 _Arg = Annotated[str, Field(pattern=r"^[^=]+=[\s\S]*$", max_length=4096)]
+
+# The 503 of the query routes: the log cannot be read, or this install has no query engine.
+_UNAVAILABLE = (503, "the audit log cannot be read, or this router was installed without the `audit` extra "
+                "(DuckDB; audit.query_unavailable): retry later, or reinstall with it")  # fmt: skip
 
 _EVENTS_ANSWER: dict[int | str, dict[str, Any]] = {
     200: {
@@ -161,6 +171,14 @@ def add_query_routes(app: FastAPI, plane: ControlPlane, gate: "Gate") -> None:
     reader = _Reader(plane)
     Text = Annotated[str | None, Query(max_length=4096)]
 
+    async def engine_missing(request: Request) -> Response | None:
+        """The (audited) 503 problem for a query the JSONL log cannot answer here: DuckDB is an
+        optional dependency, and without it opening the index would fail as an internal error."""
+        if reader.on_redis or importlib.util.find_spec("duckdb") is not None:
+            return None
+        answer = problem(503, "audit.query_unavailable", "Audit queries unavailable", ENGINE_MISSING)
+        return await gate.turn_away(request, answer, f"audit.query_unavailable: {ENGINE_MISSING}")
+
     async def page(where: EventFilter, limit: int | None) -> list[tuple[int, str]]:
         """Up to ``limit`` selected events (seq, JSON text)."""
         async with reader.slots:
@@ -169,7 +187,7 @@ def add_query_routes(app: FastAPI, plane: ControlPlane, gate: "Gate") -> None:
             return await anyio.to_thread.run_sync(lambda: list(reader.lines(where, limit)))
 
     @app.get("/v1/audit/events", tags=["audit"], response_model=AuditEventPage,
-             responses={**_EVENTS_ANSWER, **problems(503)})  # fmt: skip
+             responses={**_EVENTS_ANSWER, **problems(_UNAVAILABLE)})  # fmt: skip
     async def list_audit_events(
         request: Request,
         _: Auditor,
@@ -185,6 +203,8 @@ def add_query_routes(app: FastAPI, plane: ControlPlane, gate: "Gate") -> None:
     ) -> Response:  # fmt: skip
         """Events matching every given filter, lowest seq first: a page with the cursor for the
         next one, or (``Accept: application/x-ndjson``) the page as a stream of JSON lines."""
+        if (missing := await engine_missing(request)) is not None:
+            return missing
         where = _filter(session_id, agent, tool, outcome, kind, decision_id, call_id, principal, approver, credential,
                         lease, egress_host, reason, taint, since, until, after_seq, arg)  # fmt: skip
         if NDJSON in request.headers.get("accept", ""):
@@ -220,9 +240,13 @@ def add_query_routes(app: FastAPI, plane: ControlPlane, gate: "Gate") -> None:
             log.error("audit_stream_failed", error=str(exc))
 
     @app.get("/v1/audit/decisions/{decision_id}", tags=["audit"], response_model=list[AuditEvent],
-             responses=problems(503))  # fmt: skip
-    async def get_decision_trail(decision_id: Annotated[str, PathParam(max_length=4096)], _: Auditor) -> Response:
+             responses=problems(_UNAVAILABLE))  # fmt: skip
+    async def get_decision_trail(
+        request: Request, decision_id: Annotated[str, PathParam(max_length=4096)], _: Auditor
+    ) -> Response:
         """Everything joined to one decision: request, approval, credentials, egress, execution."""
+        if (missing := await engine_missing(request)) is not None:
+            return missing
         found = await page(EventFilter(decision_id=decision_id), None)
         return Response(("[" + ",".join(text for _, text in found) + "]").encode(), media_type="application/json")
 
