@@ -150,9 +150,10 @@ class ApprovalBook:
         if not await self.record(decided, decided.status.value, peer):
             raise AuditError(f"the decision on approval {approval.id} could not be audited; it is still pending")
         if not await self._store.swap_approval(decided, ApprovalStatus.PENDING):
-            # On record, but another decision (itself on record) came first: say this one is not in force.
+            # On record, but another decision (itself on record) came first, or it expired by the
+            # store's clock (this router's may be behind): say this one is not in force.
             await self.record(decided, "not_applied", peer)
-            raise ApprovalError(f"approval {approval.id} was decided by someone else meanwhile")
+            raise ApprovalError(f"approval {approval.id} was decided by someone else, or expired, meanwhile")
         log.info("approval_decided", approval_id=approval.id, status=decided.status.value, approver=approver)
         return decided
 
@@ -179,12 +180,14 @@ class ApprovalBook:
         if approval.status is not ApprovalStatus.APPROVED:
             raise ApprovalError(f"approval {approval.id} is {approval.status.value}, not approved")
         used = approval.model_copy(update={"status": ApprovalStatus.USED})
-        if not await self._store.swap_approval(used, ApprovalStatus.APPROVED):
-            raise ApprovalError(f"approval {approval.id} was used by another call meanwhile")
+        if not await self._store.swap_approval(used, ApprovalStatus.APPROVED):  # the store's clock decides expiry
+            raise ApprovalError(f"approval {approval.id} was used by another call, or expired, meanwhile")
         return used
 
 
 def _as_of_now(approval: Approval) -> Approval:
+    """``approval`` as this router's clock sees it: for display and early refusal only. Whether it
+    may still be decided or redeemed is the store's word (`Store.swap_approval`), by its clock."""
     if approval.status in (ApprovalStatus.PENDING, ApprovalStatus.APPROVED) and time.time() > approval.expires_at:
         return approval.model_copy(update={"status": ApprovalStatus.EXPIRED})
     return approval

@@ -16,6 +16,17 @@ def compose_config(*args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
 
 
+def yaml_service(config: str, name: str) -> str:
+    """The lines of service ``name`` in docker-compose's normalised config."""
+    lines = config.splitlines()
+    start = lines.index(f"  {name}:")
+    end = next(
+        (i for i in range(start + 1, len(lines)) if lines[i].startswith("  ") and not lines[i].startswith("   ")),
+        len(lines),
+    )
+    return "\n".join(lines[start:end])
+
+
 def test_compose_file_is_valid_and_has_the_topology() -> None:
     checked = compose_config("-q")
     assert checked.returncode == 0, checked.stderr
@@ -25,6 +36,11 @@ def test_compose_file_is_valid_and_has_the_topology() -> None:
     assert "replicas: 2" in config
     assert "redis://redis:6379/0" in config
     assert "--appendonly" in config
+    # Redis may lose no acknowledged write: a used approval or a session's taint would come back.
+    redis = yaml_service(config, "redis")
+    assert "- always" in redis
+    assert "- everysec" not in redis
+    assert "- noeviction" in redis
     assert "STOCKADE_POLICY__ENGINE: opa" in config
     # OPA serves the mounted, watched policies/; the routers ask it and upload nothing.
     assert 'STOCKADE_POLICY__OPA_UPLOAD: "false"' in config

@@ -5,6 +5,9 @@ pending external reports, approvals, rate windows, credential leases and the pub
 verify minted tokens. `MemoryStore` keeps them in this process
 (the embedded default); `RedisStore` keeps them in Redis, so several routers act as one. Every
 method raises `StoreError` when the backend fails; the control plane then denies and audits.
+
+A session id not of `router.store.keys.is_session_id`'s shape names no session: reads and deletes
+answer as for one not open, and writes under it raise `InvalidCall`.
 """
 
 from __future__ import annotations
@@ -14,6 +17,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from policy.base import RateCounts
+from router.errors import InvalidCall
+from router.store.keys import is_session_id
+from router.wire import show
 
 if TYPE_CHECKING:
     from router.approvals import Approval, ApprovalStatus
@@ -62,6 +68,17 @@ class PendingExternal:
     # An argument of the call came only from untrusted content: the call was steered by it, and
     # its whole output is untrusted content (a trusted tool's, and declared trusted parts, alike).
     steered: bool = False
+
+
+def checked_session_id(session_id: str) -> str:
+    """``session_id``, if it is shaped as a session id (`router.store.keys.is_session_id`).
+
+    Raises:
+        InvalidCall: it is not (nothing is stored under it).
+    """
+    if not is_session_id(session_id):
+        raise InvalidCall(f"session id {show(session_id)} is not one the router makes (s- and 24 hex digits)")
+    return session_id
 
 
 class Store(Protocol):
@@ -142,7 +159,9 @@ class Store(Protocol):
 
     async def swap_approval(self, approval: Approval, expected: ApprovalStatus) -> bool:
         """Replace the stored approval with ``approval`` only if its status is still ``expected``:
-        two routers deciding or redeeming the same approval cannot both succeed."""
+        two routers deciding or redeeming the same approval cannot both succeed. A pending or
+        approved one past its ``expires_at`` by the store's own clock (not the caller's: a router
+        whose clock is behind must not redeem it) is never replaced."""
         ...
 
     async def put_lease(self, lease_id: str, record: str, ttl_s: float) -> None:

@@ -19,7 +19,8 @@ from router.approvals import Approval, ApprovalStatus
 from router.provenance import ProvenanceIndex
 from router.rates import PERIODS, RateCounter
 from router.rates import scopes as rate_scopes
-from router.store.base import CallContext, PendingExternal, SessionRecord
+from router.store.base import CallContext, PendingExternal, SessionRecord, checked_session_id
+from router.store.keys import is_session_id
 from router.wire import canonical_tool_name
 
 
@@ -46,13 +47,18 @@ class MemoryStore:
         self._tool_names: dict[str, str] = {}  # canonical name -> the name registered under it
 
     def _live(self, session_id: str, now: float) -> _Session | None:
-        session = self._sessions.get(session_id)
+        session = self._open(session_id)
         if session is not None and now - session.last_used > self._session_ttl_s:
             del self._sessions[session_id]
             return None
         return session
 
+    def _open(self, session_id: str) -> _Session | None:
+        """The session, idle or not; None for an id not shaped as one (as in Redis, it names none)."""
+        return self._sessions.get(session_id) if is_session_id(session_id) else None
+
     async def create_session(self, session: SessionRecord, provenance_keys: Collection[str]) -> None:
+        checked_session_id(session.id)
         entry = _Session(session, time.monotonic())
         entry.index.add_keys("user", provenance_keys)
         self._sessions[session.id] = entry
@@ -67,7 +73,7 @@ class MemoryStore:
         return session.record
 
     async def delete_session(self, session_id: str) -> bool:
-        return self._sessions.pop(session_id, None) is not None
+        return is_session_id(session_id) and self._sessions.pop(session_id, None) is not None
 
     async def live_sessions(self, session_ids: Collection[str]) -> set[str]:
         now = time.monotonic()
@@ -76,7 +82,7 @@ class MemoryStore:
     async def record_output(
         self, session_id: str, source: str, provenance_keys: Collection[str], *, taint: str | None
     ) -> None:
-        session = self._sessions.get(session_id)
+        session = self._open(session_id)
         if session is None:  # closed meanwhile: nothing more can be called in it
             return
         session.index.add_keys(source, provenance_keys)
@@ -120,12 +126,12 @@ class MemoryStore:
         return True
 
     async def expect_report(self, pending: PendingExternal) -> None:
-        session = self._sessions.get(pending.session_id)
+        session = self._sessions.get(checked_session_id(pending.session_id))
         if session is not None:
             session.pending[pending.call_id] = pending
 
     async def take_report(self, session_id: str, call_id: str) -> PendingExternal | None:
-        session = self._sessions.get(session_id)
+        session = self._open(session_id)
         return None if session is None else session.pending.pop(call_id, None)
 
     def _drop_old_approvals(self, now: float) -> None:
@@ -135,7 +141,7 @@ class MemoryStore:
     async def put_approval(self, approval: Approval, keep_s: float) -> str:
         now = time.time()
         self._drop_old_approvals(now)
-        session = self._sessions.get(approval.session_id)
+        session = self._sessions.get(checked_session_id(approval.session_id))
         if session is not None and (earlier := session.record.approvals.get(approval.binding)) is not None:
             entry = self._approvals.get(earlier)
             if entry is not None and entry[0].status is ApprovalStatus.PENDING and entry[0].expires_at > now:
@@ -158,6 +164,8 @@ class MemoryStore:
         entry = self._approvals.get(approval.id)
         if entry is None or entry[0].status is not expected:
             return False
+        if entry[0].status in (ApprovalStatus.PENDING, ApprovalStatus.APPROVED) and time.time() > entry[0].expires_at:
+            return False  # expired: no longer decided or redeemed (as in Redis)
         self._approvals[approval.id] = (approval, entry[1])
         return True
 

@@ -23,7 +23,8 @@ from router.provenance import MAX_SOURCES, USER
 from router.rates import BUCKETS, PERIODS
 from router.rates import scopes as rate_scopes
 from router.store import keys
-from router.store.base import CallContext, PendingExternal, SessionRecord
+from router.store.base import CallContext, PendingExternal, SessionRecord, checked_session_id
+from router.store.keys import is_session_id
 from router.wire import canonical_tool_name
 
 T = TypeVar("T")
@@ -93,9 +94,11 @@ return value
 # put drops up to 8 of its oldest ids whose approvals are gone (else, with approvals flowing and no
 # one listing them, it would grow for ever); an open session remembers the approval as the latest
 # for its binding ('approval:<binding>' in its hash). If it remembers one still pending and
-# unexpired, nothing is stored and that one's id is returned (identical calls held at once share
-# one approval); else the new id.
+# unexpired (by Redis's clock, TIME), nothing is stored and that one's id is returned (identical
+# calls held at once share one approval); else the new id.
 _PUT_APPROVAL = """
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
 for _, old in ipairs(redis.call('ZRANGE', KEYS[2], 0, 7)) do
   if redis.call('EXISTS', ARGV[6] .. old) == 0 then redis.call('ZREM', KEYS[2], old) end
 end
@@ -104,7 +107,7 @@ if earlier then
   local stored = redis.call('GET', ARGV[6] .. earlier)
   if stored then
     local found = cjson.decode(stored)
-    if found['status'] == 'pending' and tonumber(found['expires_at']) > tonumber(ARGV[2]) then return earlier end
+    if found['status'] == 'pending' and tonumber(found['expires_at']) > now then return earlier end
   end
 end
 redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[4])
@@ -137,11 +140,27 @@ return {entry, 1}
 """
 
 # KEYS: approval. ARGV: expected status, new JSON. Replaces the approval (keeping its TTL) only
-# if its status is still the expected one. Returns 1 if replaced.
+# if its status is still the expected one and, if pending or approved, it has not expired by
+# Redis's clock (TIME): a router whose clock is behind cannot decide or redeem an expired one.
+# Returns 1 if replaced.
 _SWAP_APPROVAL = """
 local current = redis.call('GET', KEYS[1])
-if not current or cjson.decode(current)['status'] ~= ARGV[1] then return 0 end
+if not current then return 0 end
+local found = cjson.decode(current)
+if found['status'] ~= ARGV[1] then return 0 end
+if found['status'] == 'pending' or found['status'] == 'approved' then
+  local clock = redis.call('TIME')
+  if tonumber(clock[1]) + tonumber(clock[2]) / 1000000 > tonumber(found['expires_at']) then return 0 end
+end
 redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL')
+return 1
+"""
+
+# KEYS: session, provenance, pending. Deletes the three only if the first is a session (a hash
+# with its agent), so no id can delete keys that are not a session's. Returns 1 if it was open.
+_DELETE_SESSION = """
+if redis.call('TYPE', KEYS[1])['ok'] ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'agent') == 0 then return 0 end
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
 return 1
 """
 
@@ -278,6 +297,7 @@ class RedisStore:
         self._endorse = self._redis.register_script(_ENDORSE)
         self._put_tool = self._redis.register_script(_PUT_TOOL)
         self._label = self._redis.register_script(_ADD_LABELS)
+        self._delete = self._redis.register_script(_DELETE_SESSION)
         self._subjects: dict[str, tuple[str, str]] = {}  # session id -> (agent, principal)
 
     async def _do(self, what: str, operation: Awaitable[T]) -> T:
@@ -287,6 +307,8 @@ class RedisStore:
             raise StoreError(f"store {self._where} failed to {what}: {exc}; check that Redis is up") from exc
 
     async def create_session(self, session: SessionRecord, provenance_keys: Collection[str]) -> None:
+        checked_session_id(session.id)
+
         async def run() -> None:
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.hset(keys.session(session.id), mapping={
@@ -304,6 +326,8 @@ class RedisStore:
         await self._do("open a session", run())
 
     async def load_session(self, session_id: str, *, agent: str | None = None) -> SessionRecord | None:
+        if not is_session_id(session_id):
+            return None
         session_keys = [keys.session(session_id), keys.provenance(session_id), keys.pending(session_id)]
         flat = await self._do("load a session", self._load(session_keys, [self._session_ttl_ms, agent or ""]))
         return None if flat is None else self._session(session_id, flat)
@@ -326,6 +350,8 @@ class RedisStore:
         self, session_id: str, tool: str, keys_by_arg: Mapping[str, Collection[str]], *, count: bool,
         agent: str | None = None,
     ) -> CallContext | None:  # fmt: skip
+        if not is_session_id(session_id):
+            return None
         wanted = sorted({k for arg_keys in keys_by_arg.values() for k in arg_keys})
         for _ in range(2):
             # A session's agent and principal never change: claimed by the caller or remembered,
@@ -362,15 +388,14 @@ class RedisStore:
         return CallContext(session=session, provenance=provenance, rates=RateCounts.model_validate(rates))
 
     async def delete_session(self, session_id: str) -> bool:
+        if not is_session_id(session_id):
+            return False
         self._subjects.pop(session_id, None)
-        removed = await self._do(
-            "close a session",
-            self._redis.delete(keys.session(session_id), keys.provenance(session_id), keys.pending(session_id)),
-        )
-        return bool(removed)
+        session_keys = [keys.session(session_id), keys.provenance(session_id), keys.pending(session_id)]
+        return bool(await self._do("close a session", self._delete(session_keys, [])))
 
     async def live_sessions(self, session_ids: Collection[str]) -> set[str]:
-        ordered = list(session_ids)
+        ordered = [s for s in session_ids if is_session_id(s)]
         if not ordered:
             return set()
 
@@ -386,20 +411,28 @@ class RedisStore:
     async def record_output(
         self, session_id: str, source: str, provenance_keys: Collection[str], *, taint: str | None
     ) -> None:
+        if not is_session_id(session_id):  # names no session: as for a closed one, nothing is kept
+            return
         args: list[Any] = [self._session_ttl_ms, source, MAX_SOURCES, taint or "", *provenance_keys]
         await self._do("index an output", self._record([keys.session(session_id), keys.provenance(session_id)], args))
 
     async def add_session_labels(self, session_id: str, labels: Collection[str]) -> bool:
+        if not is_session_id(session_id):
+            return False
         added = await self._do("label a session", self._label([keys.session(session_id)], sorted(labels)))
         return bool(added)
 
     async def endorse(self, session_id: str, call_id: str) -> str | None:
+        if not is_session_id(session_id):
+            return None
         found = await self._do(
             "endorse a source", self._endorse([keys.session(session_id), keys.provenance(session_id)], [call_id])
         )
         return found if isinstance(found, str) else None
 
     async def expect_report(self, pending: PendingExternal) -> None:
+        checked_session_id(pending.session_id)
+
         async def run() -> None:
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.hset(keys.pending(pending.session_id), pending.call_id, json.dumps({
@@ -412,6 +445,8 @@ class RedisStore:
         await self._do("remember an external call", run())
 
     async def take_report(self, session_id: str, call_id: str) -> PendingExternal | None:
+        if not is_session_id(session_id):
+            return None
         value = await self._do("take an external call", self._take([keys.pending(session_id)], [call_id]))
         if value is None:
             return None
@@ -426,6 +461,7 @@ class RedisStore:
         )
 
     async def put_approval(self, approval: Approval, keep_s: float) -> str:
+        checked_session_id(approval.session_id)
         keep_ms = max(1, int(keep_s * 1000))
         args: list[str | float] = [approval.id, approval.created_at, _approval_json(approval), keep_ms,
                                    approval.binding, keys.approval("")]  # fmt: skip

@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import json
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +123,34 @@ async def test_an_expired_approval_is_refused(tmp_path: Path, store_url: str | N
         await asyncio.sleep(0.3)
         with pytest.raises(ApprovalError, match="expired"):
             await plane.call(session, "drop_table", {"table": "users"}, approval_id=approval_id)
+
+
+async def test_a_router_whose_clock_is_behind_neither_decides_nor_redeems_an_expired_approval(
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A router 10 minutes behind (no NTP) saw an approval that had expired by every other clock
+    as approved, and ran the call. Redis's clock judges expiry, as it does for rate windows."""
+    settings = Settings(
+        audit=AuditSettings(path=tmp_path / "a.jsonl"), store=StoreSettings(url=redis_url), approval_ttl_s=0.3
+    )
+    async with ControlPlane.from_settings(settings) as plane:
+        session, approved_id = await held(plane)
+        await plane.approve(approved_id, "oncall@example.com")
+        pending_id = (await plane.call(session, "drop_table", {"table": "orders"})).approval_id
+        assert pending_id is not None
+        await asyncio.sleep(0.5)
+        real = time.time
+        monkeypatch.setattr(time, "time", lambda: real() - 600)  # this process only: Redis keeps its own clock
+        assert (await plane.get_approval(approved_id)).status is ApprovalStatus.APPROVED  # as this router sees it
+        with pytest.raises(ApprovalError, match="expired"):
+            await plane.call(session, "drop_table", {"table": "users"}, approval_id=approved_id)
+        with pytest.raises(ApprovalError, match="expired"):
+            await plane.approve(pending_id, "oncall@example.com")
+        monkeypatch.undo()
+        assert (await plane.get_approval(approved_id)).status is ApprovalStatus.EXPIRED
+        assert (await plane.get_approval(pending_id)).status is ApprovalStatus.EXPIRED
+        executions = await plane.audit.query(AuditFilter(kind="execution"))
+        assert [e.outcome for e in executions] == ["refused"]  # decided with it, then refused: nothing ran
 
 
 async def test_an_approval_never_overrides_a_deny(tmp_path: Path, store_url: str | None) -> None:

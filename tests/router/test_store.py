@@ -12,9 +12,11 @@ from pydantic import BaseModel, ConfigDict, create_model
 
 from policy.base import RATE_SCOPES, RateCounts
 from router.approvals import Approval, ApprovalStatus, binding
-from router.errors import StoreError
+from router.errors import InvalidCall, StoreError
 from router.rates import PERIODS
+from router.sessions import new_session
 from router.store import MemoryStore, PendingExternal, RedisStore, SessionRecord, Store, keys
+from router.store.keys import is_session_id
 from router.store.redis import _approval_json, redacted
 from tests.conftest import free_port
 
@@ -124,6 +126,66 @@ async def test_deleting_a_session_forgets_its_index_and_pending_reports(make: Ma
     assert await store.load_session("s-1") is None
 
 
+# Each names no session: another's sub-key, a pattern, odd lengths, a non-ASCII digit (Arabic-Indic one).
+HOSTILE_IDS = ["s-1:provenance", "s-1:pending", "s-1:*", "s-1 ", "s-", "1", "", "s-" + "a" * 65, "s-\u0661"]
+
+
+async def test_no_session_id_names_another_sessions_keys(make: MakeStore) -> None:
+    """Session ids come from callers: closing ``<id>:provenance`` deleted that session's
+    provenance index (a hard deny became an approval request), and ``<id>:pending`` its pending
+    reports. An id not shaped as one the router makes names no session, in either store."""
+    store = await make()
+    await store.create_session(record(), {"s:alice"})
+    await store.record_output("s-1", "untrusted:web:c-1", {"e:eve@evil.example"}, taint="untrusted_content")
+    pending = PendingExternal("s-1", "c-2", "d-2", "fetch")
+    await store.expect_report(pending)
+    for hostile in HOSTILE_IDS:
+        assert not is_session_id(hostile)
+        assert await store.delete_session(hostile) is False
+        assert await store.load_session(hostile) is None
+        assert await store.call_context(hostile, "send", {"to": {"e:eve@evil.example"}}, count=True) is None
+        assert await store.take_report(hostile, "c-2") is None
+        assert await store.endorse(hostile, "c-1") is None
+        assert await store.add_session_labels(hostile, {"x"}) is False
+        assert await store.live_sessions({hostile, "s-1"}) == {"s-1"}
+        await store.record_output(hostile, "tool:t:c-3", {"e:eve@evil.example"}, taint=None)  # ignored
+        with pytest.raises(InvalidCall, match="session id"):
+            await store.create_session(record(hostile), set())
+        with pytest.raises(InvalidCall, match="session id"):
+            await store.expect_report(PendingExternal(hostile, "c-4", "d-4", "fetch"))
+        with pytest.raises(InvalidCall, match="session id"):
+            await store.put_approval(approval().model_copy(update={"session_id": hostile}), keep_s=60)
+    assert await provenance(store, "s-1", {"to": {"e:eve@evil.example"}}) == {"to": ["untrusted:web:c-1"]}
+    loaded = await store.load_session("s-1")
+    assert loaded is not None
+    assert (loaded.taint, loaded.labels, loaded.call_count) == ({"untrusted_content"}, frozenset(), 0)
+    assert await store.take_report("s-1", "c-2") == pending
+
+
+def test_the_router_makes_session_ids_the_stores_take() -> None:
+    assert is_session_id(new_session("agent-1", "alice@example.com", []).id)
+    assert is_session_id("s-1")
+
+
+async def test_redis_closes_only_a_session(redis_url: str) -> None:
+    """Closing deletes a session's keys only if its hash is there (checked and deleted in one
+    script): an orphaned key, or a key of another kind at a session's name, is left alone."""
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    store = RedisStore(redis_url)
+    try:
+        client.hset(keys.pending("s-2"), "c-1", "{}")
+        client.set(keys.session("s-3"), "not a session")
+        assert await store.delete_session("s-2") is False
+        assert await store.delete_session("s-3") is False
+        assert client.exists(keys.pending("s-2"), keys.session("s-3")) == 2
+        await store.create_session(record("s-4"), {"s:alice"})
+        assert await store.delete_session("s-4") is True
+        assert client.exists(keys.session("s-4"), keys.provenance("s-4")) == 0
+    finally:
+        await store.aclose()
+        client.close()
+
+
 async def test_provenance_names_every_source_once_up_to_the_cap(make: MakeStore) -> None:
     store = await make()
     await store.create_session(record(), {"i:DE89370400440532013000"})
@@ -171,6 +233,21 @@ async def test_of_two_concurrent_redeems_exactly_one_wins(make: MakeStore) -> No
     used = approval(status=ApprovalStatus.USED)
     results = await asyncio.gather(*(store.swap_approval(used, ApprovalStatus.APPROVED) for _ in range(10)))
     assert sorted(results) == [False] * 9 + [True]
+
+
+async def test_an_expired_approval_is_never_decided_or_redeemed(make: MakeStore) -> None:
+    """Expiry is the store's to judge, by its own clock: a router whose clock is behind still sees
+    an expired approval as pending or approved, and must not decide or redeem it."""
+    store = await make()
+    past = time.time() - 60
+    for approval_id, status in (("a-approved", ApprovalStatus.APPROVED), ("a-pending", ApprovalStatus.PENDING)):
+        await store.put_approval(approval(approval_id, status).model_copy(update={"expires_at": past}), keep_s=60)
+    used = approval("a-approved", ApprovalStatus.USED)
+    assert await store.swap_approval(used, ApprovalStatus.APPROVED) is False
+    decided = approval("a-pending", ApprovalStatus.APPROVED)
+    assert await store.swap_approval(decided, ApprovalStatus.PENDING) is False
+    assert [(a.id, a.status) for a in await store.list_approvals()] == [
+        ("a-approved", ApprovalStatus.APPROVED), ("a-pending", ApprovalStatus.PENDING)]  # fmt: skip
 
 
 async def test_approvals_are_listed_oldest_first_and_dropped_after_their_keep_time(make: MakeStore) -> None:
