@@ -3,10 +3,21 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictStr,
+    StringConstraints,
+    ValidationError,
+)
 
 
 class _Frozen(BaseModel):
@@ -155,43 +166,93 @@ class Outcome(StrEnum):
     REQUIRE_APPROVAL = "require_approval"
 
 
+def _json_number(value: Any) -> Any:
+    """Let only a JSON number through: pydantic's lax mode would take ``"512"``, ``"inf"`` and
+    ``true`` as numbers, and a decision is policy's word, not something to guess at."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"must be a JSON number, not {type(value).__name__}")
+    return value
+
+
+Number = Annotated[float, BeforeValidator(_json_number), Field(allow_inf_nan=False)]
+"""A finite JSON number (an integer is one too)."""
+
+Integer = Annotated[int, BeforeValidator(_json_number)]
+"""A JSON integer; a float with no fraction (``512.0``, what arithmetic in Rego may give) is taken as one."""
+
+# The most any obligation may ask for: far above what a tool needs, finite so that no value
+# (1e308, a number past 64 bits) reaches the runner, the store or a credential issuer.
+MAX_TIMEOUT_S = 86_400
+MAX_MEMORY_MB = 1 << 20  # 1 TiB
+MAX_CPUS = 1024
+MAX_PIDS = 1 << 22
+MAX_OUTPUT_BYTES = 1 << 40
+MAX_CREDENTIAL_TTL_S = 86_400  # what `router.credentials` configures at most (max_ttl_s)
+
+_HOST_LABEL = r"(?!-)[a-z0-9-]{1,63}(?<!-)"
+_HOSTNAME = re.compile(rf"^{_HOST_LABEL}(\.{_HOST_LABEL})*$")
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+def _egress_host(host: str) -> str:
+    """A host as the egress proxy compares it (lower case, no trailing dot), if it is one DNS
+    name or IPv4 address: never a wildcard, an empty string, a ``host:port``, a URL or whitespace."""
+    normal = host.lower().removesuffix(".")
+    if len(normal) > 253 or not _HOSTNAME.fullmatch(normal):
+        raise ValueError(f"{host[:80]!r} is not a host name (no wildcard, port, scheme, path or whitespace)")
+    return normal
+
+
+def _http_method(method: str) -> str:
+    normal = method.upper()
+    if normal not in HTTP_METHODS:
+        raise ValueError(f"{method[:20]!r} is not an HTTP method ({', '.join(sorted(HTTP_METHODS))})")
+    return normal
+
+
+EgressHost = Annotated[StrictStr, AfterValidator(_egress_host)]
+HttpMethod = Annotated[StrictStr, AfterValidator(_http_method)]
+
+
 class Reason(_Frozen):
     """A stable, documented reason code with a human message (the message is for the audit log)."""
 
-    code: str = Field(min_length=1, max_length=128)
-    message: str = ""
+    code: StrictStr = Field(min_length=1, max_length=128)
+    message: StrictStr = ""
 
 
 class Limits(_Frozen):
     """Resource limits for one run. An absent field falls back to the tool's default only up to
     the router's built-in one (`runner.ResourceLimits`); past that the call is refused."""
 
-    timeout_s: float | None = Field(default=None, gt=0)
-    memory_mb: int | None = Field(default=None, gt=0)
-    cpus: float | None = Field(default=None, gt=0)
-    pids: int | None = Field(default=None, gt=0)
-    output_bytes: int | None = Field(default=None, gt=0)
+    timeout_s: Number | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S)
+    memory_mb: Integer | None = Field(default=None, gt=0, le=MAX_MEMORY_MB)
+    cpus: Number | None = Field(default=None, gt=0, le=MAX_CPUS)
+    pids: Integer | None = Field(default=None, gt=0, le=MAX_PIDS)
+    output_bytes: Integer | None = Field(default=None, gt=0, le=MAX_OUTPUT_BYTES)
 
 
 class EgressRule(_Frozen):
     """One host the call may reach through the egress proxy."""
 
-    host: str
-    port: int = Field(ge=1, le=65535)
-    methods: list[str] = Field(default_factory=list)
+    host: EgressHost
+    port: Integer = Field(ge=1, le=65535)
+    methods: list[HttpMethod] = Field(default_factory=list)
 
 
-class CredentialGrant(CredentialRequest):
+class CredentialGrant(_Frozen):
     """A credential policy grants to this call: the request, with its lifetime."""
 
-    ttl_s: int = Field(default=60, gt=0)
+    name: StrictStr = Field(min_length=1)
+    scopes: list[StrictStr] = Field(default_factory=list)
+    ttl_s: Integer = Field(default=60, gt=0, le=MAX_CREDENTIAL_TTL_S)
 
 
 class SandboxObligation(_Frozen):
     """Constraints policy puts on where the call runs: the weakest tier allowed, and whether the
     call runs in the session's own sandbox or a fresh one (``None``: as the tool asks)."""
 
-    min_tier: str | None = None
+    min_tier: StrictStr | None = None
     mode: Literal["fresh", "session"] | None = None
 
 
@@ -233,19 +294,50 @@ class Decision(_Frozen):
 POLICY_ERROR = "policy.error"
 
 
-def to_decision(value: Any, revision: str) -> Decision:
+def to_decision(value: Any, revision: str, reasons: Mapping[str, str] | None = None) -> Decision:
     """The entrypoint's JSON value (None: undefined) as a `Decision`; anything malformed is a
-    deny (``policy.error``). Every engine validates through here, so they fail alike."""
+    deny (``policy.error``). Every engine validates through here, so they fail alike.
+
+    Malformed: not the shape of `Decision` (strictly: a number written as a string is not a
+    number), a deny or require_approval naming no reason and, given ``reasons`` (the loaded
+    ``data.stockade.reasons``: code → outcome), a code not in it, or a deny or require_approval
+    carrying a code the catalog gives another outcome (a deny a human could approve away).
+    """
     if value is None:
         return deny(POLICY_ERROR, "data.stockade.decision is undefined for this input", revision=revision)
     if not isinstance(value, dict):
         return deny(POLICY_ERROR, f"decision is a {type(value).__name__}, not an object", revision=revision)
+    if "policy_revision" in value:
+        return deny(POLICY_ERROR, "malformed decision at policy_revision: the router sets it, not policy",
+                    revision=revision)  # fmt: skip
     try:
-        return Decision.model_validate({**value, "policy_revision": revision})
+        decision = Decision.model_validate({**value, "policy_revision": revision})
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         return deny(POLICY_ERROR, f"malformed decision at {where}: {first['msg']}", revision=revision)
+    problem = _reason_problem(decision, reasons)
+    if problem is not None:
+        return deny(POLICY_ERROR, f"malformed decision at reasons: {problem}", revision=revision)
+    return decision
+
+
+def _reason_problem(decision: Decision, catalog: Mapping[str, str] | None) -> str | None:
+    """What is wrong with the decision's reasons, if anything (`to_decision`)."""
+    if decision.outcome is not Outcome.ALLOW and not decision.reasons:
+        return f"a {decision.outcome.value} decision names no reason: give one from data.stockade.reasons"
+    if catalog is None:
+        return None
+    for code in decision.reason_codes:
+        outcome = catalog.get(code)
+        if outcome is None:
+            return f"code {code[:128]!r} is not in data.stockade.reasons: catalogue it, or give a catalogued code"
+        if decision.outcome is not Outcome.ALLOW and outcome != decision.outcome.value:
+            return (
+                f"code {code!r} is catalogued as {outcome}, given in a {decision.outcome.value} decision: "
+                "give it where the catalog says, or catalogue another code"
+            )
+    return None
 
 
 def deny(code: str, message: str, *, revision: str = "") -> Decision:

@@ -5,7 +5,9 @@ Works from regorus's AST of each module (``Engine.get_ast_as_json``), not from t
 
 - load, parse and compile errors (the compiled path, ``regorus.Program``, is what decides);
 - every call of a builtin regorus does not provide, each call site (the compiler stops at the
-  first), and builtins refused here: ``http.send`` and network lookups (stockade decides offline;
+  first); a literal or ``data`` argument that makes a builtin fail on every call (a regex
+  pattern that does not compile, `policy.builtins`), which the engine refuses to load; and
+  builtins refused here: ``http.send`` and network lookups (stockade decides offline;
   OPA would make the call), ``print`` outside tests (the compiled path lacks it); warnings for
   non-deterministic ones (``time.now_ns``: use ``input.now``, or replay cannot reproduce it);
 - every ``input.*`` reference checked against `policy.schema.input_schema` (per tool when tool
@@ -38,6 +40,7 @@ from typing import Any, Literal
 import regorus
 from pydantic import BaseModel, ValidationError
 
+from policy.builtins import argument_problems
 from policy.bundle import PolicyBundle, load_bundle
 from policy.errors import PolicyBundleError
 from policy.schema import Catalog, ReasonCatalog, args_by_tool, data_schema, input_schema, rate_windows
@@ -516,9 +519,19 @@ class _Checker:
         for module in self.modules:
             self.visit_module(module)
         self.compile()
+        self.check_builtin_arguments()
         self.check_data()
         self.check_reasons()
         self.check_conventions()
+
+    def check_builtin_arguments(self) -> None:
+        """Calls in the rules whose literal or ``data`` argument makes them fail on every call (a
+        regex pattern that does not compile, a size that does not parse): the engine refuses to
+        load such a policy (`policy.builtins.argument_problems`)."""
+        rules = [(module.path, module.ast) for module in self.modules if not module.is_test]
+        for problem in argument_problems(rules, self.bundle.data):
+            self.report(problem.file, problem.line, problem.col, "builtin.bad_argument",
+                        f"{problem.message}; the engine refuses to load the policy")  # fmt: skip
 
     # Regal's conventions (the linter itself does not install here): metadata, entrypoint, lines
 

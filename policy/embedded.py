@@ -14,6 +14,13 @@ any other outcome is confirmed on the interpreter (one per thread, reused: ~0.15
 raises, or decides differently, the call is denied with ``policy.error``. An error can
 therefore never pass for "no reason", and every decision that lets a call through was reached
 by both engines, which also keeps them honest about each other in production.
+
+A few builtins are undefined on bad input even on the strict interpreter (``units.parse_bytes``
+of ``"5B"``, ``regex.replace`` with a pattern that does not compile, ...): the interpreter is
+`policy.builtins.strict_interpreter`, on which those raise too, and a literal or data argument
+that makes one fail on every call refuses the load (`policy.builtins`). A load also validates the
+catalog and the reason catalog (`policy.schema.validate_data`), and each decision's reason codes
+are checked against the latter (`policy.base.to_decision`).
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import asyncio
 import json
 import re
 import threading
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,9 +37,11 @@ import regorus
 import structlog
 
 from policy.base import POLICY_ERROR, Decision, Outcome, PolicyInput, deny, to_decision
+from policy.builtins import argument_problems, strict_interpreter
 from policy.bundle import PolicyBundle, digest_of, load_configured
 from policy.config import PolicySettings
 from policy.errors import PolicyBundleError, as_bundle_error
+from policy.schema import validate_data
 from policy.status import LoadStatus
 
 log = structlog.get_logger(__name__)
@@ -48,26 +57,43 @@ def _is_panic(exc: BaseException) -> bool:
 @dataclass(frozen=True, slots=True)
 class _Loaded:
     """One compiled generation of the policy; swapped as a whole on reload. ``program`` and
-    ``interpreter`` are None once the engine is closed."""
+    ``interpreter`` are None once the engine is closed. ``reasons``: the reason catalog (code →
+    outcome) decisions are checked against; None if the policy has none."""
 
     bundle: PolicyBundle
     program: Any
     interpreter: Any
     generation: int
+    reasons: Mapping[str, str] | None = None
 
 
 def _compile_steps(bundle: PolicyBundle, entrypoint: str, generation: int) -> Generator[None, None, _Loaded]:
     """Compile ``bundle`` a module at a time: each ``next`` does one step (a module parsed, the
     data added, the program compiled). regorus holds the GIL for each call, so a reload on the
-    event loop yields between steps: the longest pause is one step, not the whole policy."""
+    event loop yields between steps: the longest pause is one step, not the whole policy.
+
+    Refused (`PolicyBundleError`), besides what does not compile: a catalog or reason catalog
+    the schema refuses (`policy.schema.validate_data`), and a builtin call whose literal or data
+    argument makes it fail on every call (`policy.builtins.argument_problems`)."""
+    reasons = validate_data(bundle)
     try:
-        interpreter = regorus.Engine()
+        interpreter = strict_interpreter()
         for path, text in bundle.modules:
             interpreter.add_policy(path, text)
             yield
         interpreter.add_data_json(bundle.data_json)
         yield
+        decision_paths = {path for path, _ in bundle.decision_modules}
+        asts = [(entry["source"]["file"], entry["ast"]) for entry in json.loads(interpreter.get_ast_as_json())]
+        problems = argument_problems([(path, tree) for path, tree in asts if path in decision_paths], bundle.data)
+        if problems:
+            raise PolicyBundleError(f"policy in {bundle.root} has builtin calls that fail on every call: "
+                                    + "; ".join(str(problem) for problem in problems[:5]))  # fmt: skip
+        yield
         program = regorus.Program.compile_from_modules(bundle.data_json, bundle.decision_modules, [entrypoint])
+    except PolicyBundleError:
+        interpreter = program = None  # as below: the traceback must not keep the half-built engine alive
+        raise
     except BaseException as exc:
         if not (isinstance(exc, Exception) or _is_panic(exc)):
             raise
@@ -75,7 +101,7 @@ def _compile_steps(bundle: PolicyBundle, entrypoint: str, generation: int) -> Ge
         # unsendable, and one freed later by the collector on another thread raises there.
         interpreter = program = None
         raise PolicyBundleError(f"policy in {bundle.root} does not compile: {_without_backtrace(exc)}") from exc
-    return _Loaded(bundle=bundle, program=program, interpreter=interpreter, generation=generation)
+    return _Loaded(bundle=bundle, program=program, interpreter=interpreter, generation=generation, reasons=reasons)
 
 
 def _step(steps: Generator[None, None, _Loaded]) -> _Loaded | None:
@@ -194,7 +220,7 @@ class EmbeddedEngine:
         except _EvaluationFailed as exc:
             return deny(POLICY_ERROR, str(exc), revision=revision)
         value = _value(raw)  # parsed once: the decision and the comparison both use it
-        decision = to_decision(value, revision)
+        decision = to_decision(value, revision, loaded.reasons)
         if decision.outcome is Outcome.DENY:
             return decision
         try:
@@ -276,7 +302,7 @@ class EmbeddedEngine:
         # regorus objects are unsendable: they must be dropped on the thread that made them. Drop
         # them here, now, rather than whenever (and wherever) the garbage collector gets to them.
         with self._lock:
-            self._loaded = _Loaded(self._loaded.bundle, None, None, -1)
+            self._loaded = _Loaded(self._loaded.bundle, None, None, -1, self._loaded.reasons)
             self._local = threading.local()
 
 

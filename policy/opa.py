@@ -8,7 +8,8 @@ its first decision and on every reload, then asks ``POST /v1/data/stockade/decis
 ``opa_upload`` off, the server has loaded the same directory itself (mounted and watched, as in
 compose.yaml) and the engine only asks. Every failure (unreachable, slow, refused upload,
 undefined or malformed decision) is a deny with ``policy.error``, as in the embedded engine,
-whose decisions are the reference.
+whose decisions are the reference. As there, a load or reload refuses a catalog the schema refuses
+(`policy.schema.validate_data`), and decisions are checked against the reason catalog.
 
 OPA's REST API has no atomic multi-module swap, so the engine makes the switch atomic for its own
 decisions: none is evaluated while an upload is in progress (a decision waits for it, up to
@@ -34,6 +35,7 @@ from policy.base import POLICY_ERROR, Decision, PolicyInput, deny, to_decision
 from policy.bundle import PolicyBundle, digest_of, load_configured
 from policy.config import PolicySettings
 from policy.errors import PolicyBundleError, PolicyError, as_bundle_error
+from policy.schema import validate_data
 from policy.status import LoadStatus
 
 log = structlog.get_logger(__name__)
@@ -99,6 +101,7 @@ class OpaEngine:
     def __init__(self, settings: PolicySettings) -> None:
         self._settings = settings
         self._bundle = load_configured(settings)
+        self._reasons = validate_data(self._bundle)  # the reason catalog decisions are checked against
         self._status = LoadStatus.first(str(settings.dir), self._bundle.revision)
         parts = urlsplit(settings.opa_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -214,6 +217,7 @@ class OpaEngine:
             await self._ensure_served()
             async with self._gate.deciding(self._settings.opa_timeout_s):
                 revision = self._bundle.revision  # the one evaluated, if a reload finished meanwhile
+                reasons = self._reasons
                 if self._settings.opa_upload and self._served is not self._bundle:
                     raise PolicyError("the policy on the server is unknown after a failed upload")
                 answer: Any = await self._client.query_rule(
@@ -224,11 +228,12 @@ class OpaEngine:
             return deny(POLICY_ERROR, f"OPA at {self._settings.opa_url} failed: {type(exc).__name__}: {exc}"[:300],
                         revision=revision)  # fmt: skip
         value = answer.get("result") if isinstance(answer, dict) else None
-        return to_decision(value, revision)
+        return to_decision(value, revision, reasons)
 
     async def reload(self) -> str:
         try:
             bundle = load_configured(self._settings)
+            reasons = validate_data(bundle)
         except Exception as exc:  # any failure to load is a refusal: recorded, audited, old policy kept
             refused = as_bundle_error(exc, self._settings.dir)
             self._status = self._status.failed(str(refused), digest_of(self._settings.dir))
@@ -237,7 +242,7 @@ class OpaEngine:
                 raise
             raise refused from exc
         if not self._settings.opa_upload:  # the server watches the same files and reloads them itself
-            old, self._bundle = self._bundle, bundle
+            old, self._bundle, self._reasons = self._bundle, bundle, reasons
             self._status = self._status.loaded(bundle.revision)
             log.info("policy_reloaded", revision=bundle.revision, previous=old.revision, served_by="opa")
             return bundle.revision
@@ -255,7 +260,7 @@ class OpaEngine:
                 self._status = self._status.failed(f"OPA at {self._settings.opa_url} refused the policy: {exc}",
                                                    bundle.revision)  # fmt: skip
                 raise PolicyBundleError(f"OPA at {self._settings.opa_url} refused the policy: {exc}") from exc
-            self._bundle = bundle
+            self._bundle, self._reasons = bundle, reasons
             self._status = self._status.loaded(bundle.revision)
         log.info("policy_reloaded", revision=bundle.revision, previous=old.revision)
         return bundle.revision

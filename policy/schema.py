@@ -13,14 +13,16 @@
 from __future__ import annotations
 
 import copy
+import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel, StrictInt, create_model
+from pydantic import BaseModel, ConfigDict, Field, RootModel, StrictInt, ValidationError, create_model
 
 from policy import base
 from policy.bundle import PolicyBundle
+from policy.errors import PolicyBundleError
 
 # The windows the router counts, by scope and period (used only until `policy.base.RATE_WINDOWS`
 # exists: the router's list is the truth).
@@ -118,6 +120,38 @@ class ReasonCatalog(RootModel[dict[ReasonCode, ReasonEntry]]):
     """``data.stockade.reasons``: every reason code a rule (or the router) may give."""
 
     model_config = ConfigDict(strict=True)
+
+
+def validate_data(bundle: PolicyBundle) -> dict[str, str] | None:
+    """Check ``data.stockade.catalog`` against `Catalog` and ``data.stockade.reasons`` against
+    `ReasonCatalog`, each where the bundle has it, as every engine loads a policy: a catalog the
+    rules misread fails open (a rate limit of ``"120"`` compares as text, and no window ever
+    fires), so such a policy is refused, and a reload keeps the old one. Returns the reason
+    catalog as code → outcome, which decisions are checked against (`policy.base.to_decision`);
+    None if the bundle has none.
+
+    Raises:
+        PolicyBundleError: a value the schema refuses, named by its path under ``data``.
+    """
+    stockade = bundle.data.get("stockade", {})
+    if not isinstance(stockade, dict):
+        raise PolicyBundleError(f"{bundle.root}: data.stockade is a {type(stockade).__name__}, not an object")
+    for key, model in (("catalog", Catalog), ("reasons", ReasonCatalog)):
+        if key not in stockade:
+            continue
+        try:
+            model.model_validate(stockade[key])
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(("data.stockade", key, *(str(part) for part in first["loc"])))
+            got = f" (it is {json.dumps(first['input'])[:80]})" if "input" in first else ""
+            raise PolicyBundleError(
+                f"{bundle.root}: {where}: {first['msg']}{got}; fix the data.json that sets it "
+                "(`stockade policy check` names its line)"
+            ) from exc
+    if "reasons" not in stockade:
+        return None
+    return {code: entry["outcome"] for code, entry in stockade["reasons"].items()}
 
 
 def input_schema(tools: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:

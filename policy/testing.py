@@ -44,7 +44,7 @@ import copy
 import json
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,11 +52,10 @@ from typing import Any
 import regorus
 
 from policy.base import POLICY_ERROR, to_decision
+from policy.builtins import strict_interpreter
 from policy.bundle import PolicyBundle, load_bundle
 from policy.errors import PolicyBundleError
-
-_PACKAGE = re.compile(r"^package\s+([A-Za-z0-9_.\[\]\"-]+)", re.MULTILINE)
-_TEST_RULE = re.compile(r"^(test_[A-Za-z0-9_]+)\b", re.MULTILINE)
+from policy.schema import validate_data
 
 _ENTRYPOINT = "data.stockade.decision"
 _UNDEFINED = "<undefined>"  # what both engines return (JSON-encoded) for an undefined rule
@@ -177,7 +176,11 @@ def run_rego_tests(
         PolicyBundleError: the directory cannot be loaded or parsed.
     """
     bundle = load_bundle(root, max_bytes=max_bytes)
-    engine = regorus.Engine()
+    try:
+        reasons = validate_data(bundle)
+    except PolicyBundleError:  # the engine refuses to load it, and `policy check` says where; the tests still run
+        reasons = None
+    engine = strict_interpreter()  # the interpreter production confirms decisions on (`policy.builtins`)
     engine.set_gather_prints(True)
     try:
         for path, text in bundle.modules:
@@ -187,14 +190,14 @@ def run_rego_tests(
         raise PolicyBundleError(f"policy in {root} does not parse: {without_backtrace(exc)}") from exc
     tests = [
         (path, name, rule)
-        for path, name, rule in _test_rules(bundle)
+        for path, name, rule in test_rules(bundle, engine)
         if select is None or select.search(rule) or select.search(f"{path}::{name}")
     ]
     if not tests:
         return []
     recorder = _Recorder()
     instrumented = _instrument(bundle, engine, recorder)
-    replayer = _Replayer(bundle, engine, entrypoint)
+    replayer = _Replayer(bundle, engine, entrypoint, reasons)
     prober = Prober(engine)
     results: list[RegoTestResult] = []
     for path, name, rule in tests:
@@ -233,19 +236,39 @@ def run_rego_tests(
     return results
 
 
-def _test_rules(bundle: PolicyBundle) -> list[tuple[str, str, str]]:
-    """(file, test name, rule path) of every test, in file order."""
+def test_rules(bundle: PolicyBundle, engine: Any) -> list[tuple[str, str, str]]:
+    """(file, test name, rule path) of every test, in file order: each rule named ``test_*``
+    (not a function) in any module ``engine`` holds, as ``opa test`` finds them. Read from the
+    AST, so neither indentation nor the file's name hides one: a test not found is a test that
+    never fails."""
+    order = {path: index for index, (path, _) in enumerate(bundle.modules)}
+    entries = sorted(json.loads(engine.get_ast_as_json()), key=lambda e: order.get(e["source"]["file"], len(order)))
     found: list[tuple[str, str, str]] = []
-    for path, text in bundle.modules:
-        if not path.endswith("_test.rego"):
-            continue
-        package = _PACKAGE.search(text)
+    for entry in entries:
+        path, tree = str(entry["source"]["file"]), entry["ast"]
+        package = _ref_path(tree["package"]["refr"])
         if package is None:
-            raise PolicyBundleError(f"{path}: no package declaration")
-        found.extend(
-            (path, name, f"data.{package.group(1)}.{name}") for name in dict.fromkeys(_TEST_RULE.findall(text))
-        )
+            raise PolicyBundleError(f"{path}: its package path is not static; name it a.b.c")
+        names: dict[str, None] = {}
+        for rule in tree.get("rules", []):
+            kind, body = next(iter(rule.items()))
+            heads: dict[str, dict[str, Any]] = (body.get("head") or {}) if kind == "Spec" else {}
+            head_kind, head = next(iter(heads.items()), ("", {}))
+            prefix = _static_prefix(head["refr"]) if head.get("refr") is not None else ()
+            if head_kind != "Func" and len(prefix) == 1 and prefix[0].startswith("test_"):
+                names[prefix[0]] = None
+        found.extend((path, name, _rule_ref(("data", *package, name))) for name in names)
     return found
+
+
+def _rule_ref(parts: tuple[str, ...]) -> str:
+    """A rule path as Rego writes it: ``data.a.b``, a part that is no identifier as ``["a-b"]``."""
+    return parts[0] + "".join(
+        f".{part}" if _IDENTIFIER.fullmatch(part) else f"[{json.dumps(part)}]" for part in parts[1:]
+    )
+
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 # -- instrumenting the test modules -------------------------------------------------------
@@ -323,7 +346,7 @@ def _instrument(bundle: PolicyBundle, engine: Any, recorder: _Recorder) -> _Inst
             result.failed[path] = str(exc)
             rewritten = text
         modules.append((path, rewritten))
-    instrumented = regorus.Engine()
+    instrumented = strict_interpreter()
     instrumented.set_gather_prints(True)  # the test's prints were shown from its first run
     instrumented.add_extension(_RECORD, 4, recorder)
     for path, text in modules:
@@ -731,7 +754,7 @@ def _replay(
         disagreement, agreed = replayer.compare(where, input_json, data_json)
         if disagreement is not None:
             disagreements.append(disagreement)
-        elif agreed is not _BOTH_FAILED and (why := _malformed(agreed)) is not None:
+        elif agreed is not _BOTH_FAILED and (why := _malformed(agreed, replayer.reasons)) is not None:
             malformed.append(f"{where}: {why}")
     return len(feeds), disagreements, malformed, not_replayed
 
@@ -739,10 +762,10 @@ def _replay(
 _BOTH_FAILED = object()  # `_Replayer.compare`'s agreed value when both engines raised
 
 
-def _malformed(value: Any) -> str | None:
+def _malformed(value: Any, reasons: Mapping[str, str] | None = None) -> str | None:
     """Why production would deny a decision both engines agree on with ``policy.error``
-    (`policy.base.to_decision`), or None when it would take it as it is."""
-    decision = to_decision(value, "")
+    (`policy.base.to_decision`, with the reason catalog), or None when it would take it as it is."""
+    decision = to_decision(value, "", reasons)
     if decision.reason_codes != [POLICY_ERROR]:
         return None
     if isinstance(value, dict) and value.get("outcome") == "deny":
@@ -816,8 +839,11 @@ def _json(value: Any) -> str:
 class _Replayer:
     """Decides inputs on the RVM and on the interpreter as the embedded engine does in production."""
 
-    def __init__(self, bundle: PolicyBundle, engine: Any, entrypoint: str) -> None:
+    def __init__(
+        self, bundle: PolicyBundle, engine: Any, entrypoint: str, reasons: Mapping[str, str] | None = None
+    ) -> None:
         self.bundle = bundle
+        self.reasons = reasons  # the reason catalog production checks decisions against
         self._engine = engine  # every module and the data: what production's interpreter holds
         self._entrypoint = entrypoint
         self._program: Any = None

@@ -30,19 +30,19 @@ from typing import Any, TypeVar
 import regorus
 
 from policy.base import Outcome, PolicyInput
+from policy.builtins import strict_interpreter
 from policy.bundle import PolicyBundle, load_bundle
 from policy.config import PolicySettings
 from policy.embedded import EmbeddedEngine
 from policy.errors import PolicyBundleError
 from policy.testing import (
-    _PACKAGE,
-    _TEST_RULE,
     Prober,
     _decoded,
     _head_name,
     _is_panic,
     _message,
     _static_prefix,
+    test_rules,
     without_backtrace,
 )
 
@@ -76,16 +76,13 @@ def coverage(root: Path, *, max_bytes: int = 1 << 20, select: re.Pattern[str] | 
     coverage of the non-test files."""
     bundle = load_bundle(root, max_bytes=max_bytes)
     engine = _engine(bundle, coverage=True)
-    for path, text in bundle.modules:
-        if path.endswith("_test.rego") and (package := _PACKAGE.search(text)):
-            for name in dict.fromkeys(_TEST_RULE.findall(text)):
-                rule = f"data.{package.group(1)}.{name}"
-                if select is not None and not (select.search(rule) or select.search(f"{path}::{name}")):
-                    continue
-                try:
-                    engine.eval_rule(rule)
-                except RuntimeError:
-                    continue
+    for path, name, rule in test_rules(bundle, engine):
+        if select is not None and not (select.search(rule) or select.search(f"{path}::{name}")):
+            continue
+        try:
+            engine.eval_rule(rule)
+        except RuntimeError:
+            continue
     engine.take_prints()
     report = json.loads(engine.get_coverage_report_as_json())
     return [
@@ -620,7 +617,7 @@ test_{area}_other_tools_are_not_denied_by_it if {{
 
 
 def _engine(bundle: PolicyBundle, *, coverage: bool = False) -> Any:
-    engine = regorus.Engine()
+    engine = strict_interpreter()  # as production's: builtins undefined on bad input raise (`policy.builtins`)
     engine.set_gather_prints(True)  # print() in the policy must not land on stdout (--json)
     if coverage:
         engine.set_enable_coverage(True)

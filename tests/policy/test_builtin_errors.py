@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from policy import EmbeddedEngine, Outcome, PolicyInput, PolicySettings
+from policy import EmbeddedEngine, Outcome, PolicyBundleError, PolicyInput, PolicySettings
 from policy.base import POLICY_ERROR
 from router import ControlPlane, Settings
 from router.settings import AuditSettings
@@ -58,7 +58,18 @@ def _policy_with_deny_rules(tmp_path: Path) -> Path:
         for name, (body, _, _) in ERROR_CLASSES.items()
     )
     (root / "stockade" / "team.rego").write_text("package stockade\n\n" + rules)
+    catalogue(root, {f"team.{name}": "deny" for name in ERROR_CLASSES})
     return root
+
+
+def catalogue(root: Path, outcomes: dict[str, str]) -> None:
+    """Add reason codes to a policy copy's catalog (stockade/reasons/data.json), as a team adding a rule does."""
+    path = root / "stockade" / "reasons" / "data.json"
+    reasons = json.loads(path.read_text())
+    reasons.update(
+        {code: {"outcome": outcome, "message": code, "runbook": "a test's"} for code, outcome in outcomes.items()}
+    )
+    path.write_text(json.dumps(reasons))
 
 
 @pytest.fixture
@@ -95,6 +106,7 @@ async def test_an_error_in_an_allow_path_rule_denies(tmp_path: Path) -> None:
         'package stockade\n\napproval_reasons contains {"code": "team.big", "message": "big"} if {\n'
         "\tto_number(input.args.amount) > 1000\n}\n"
     )
+    catalogue(root, {"team.big": "require_approval"})
     engine = EmbeddedEngine(PolicySettings(dir=root))
     decision = await engine.decide(_input({"amount": "9999 EUR"}))
     assert (decision.outcome, decision.reason_codes) == (Outcome.DENY, [POLICY_ERROR])
@@ -147,3 +159,102 @@ async def test_a_call_whose_policy_errors_never_runs_and_the_denial_is_audited(
     decisions = [e for e in events if e["kind"] == "decision" and e["decision_id"] == result.decision_id]
     assert [(d["outcome"], d["result"]["reasons"][0]["code"]) for d in decisions] == [("deny", POLICY_ERROR)]
     assert result.decision_id not in {e["decision_id"] for e in events if e["kind"] == "execution"}
+
+
+# Builtins regorus leaves undefined on bad input even on its strict interpreter (policy.builtins):
+# (rule body over input.args, arguments it is undefined for, arguments under which it is simply false)
+UNDEFINED_CLASSES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
+    "units_parse_bytes_b_suffix": (
+        'units.parse_bytes(input.args.size) > units.parse_bytes("100MB")',
+        {"size": "5000000000B"},
+        {"size": "50MB"},
+    ),
+    "units_parse_bytes_unknown_unit": (
+        'units.parse_bytes(input.args.size) > units.parse_bytes("100MB")',
+        {"size": "5XB"},
+        {"size": "50MB"},
+    ),
+    "units_parse_unknown_unit": ("units.parse(input.args.n) > 1000", {"n": "5GB"}, {"n": "5"}),
+    "regex_replace_bad_pattern": (
+        'contains(regex.replace(input.args.cmd, input.args.strip, ""), "rm -rf")',
+        {"cmd": "rm -rf /", "strip": "[\"']("},
+        {"cmd": "ls", "strip": "[\"']"},
+    ),
+    "uuid_parse_not_a_uuid": (
+        "uuid.parse(input.args.id).version != 4",
+        {"id": "zz"},
+        {"id": "6ba7b810-9dad-41d1-80b4-00c04fd430c8"},
+    ),
+    "json_patch_bad_operation": (
+        'json.patch({"admin": false}, input.args.ops).admin == false',
+        {"ops": [{"op": "nope", "path": "/admin"}]},
+        {"ops": [{"op": "replace", "path": "/admin", "value": True}]},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNDEFINED_CLASSES))
+async def test_a_builtin_undefined_on_bad_input_in_a_deny_rule_denies_with_policy_error(
+    tmp_path: Path, name: str
+) -> None:
+    """regorus returns undefined, not an error, for these even when strict: the rule would vanish
+    and the call be allowed. The interpreter that confirms every allow makes them raise."""
+    body, failing, benign = UNDEFINED_CLASSES[name]
+    root = copy_policies(tmp_path)
+    (root / "stockade" / "team.rego").write_text(
+        f'package stockade\n\ndeny_reasons contains {{"code": "team.refused", "message": "refused"}} if {body}\n'
+    )
+    catalogue(root, {"team.refused": "deny"})
+    engine = EmbeddedEngine(PolicySettings(dir=root))
+    assert (await engine.decide(_input(benign))).outcome is Outcome.ALLOW, "the rule must be false, not broken"
+    decision = await engine.decide(_input(failing))
+    assert (decision.outcome, decision.reason_codes) == (Outcome.DENY, [POLICY_ERROR])
+    assert "the builtin is undefined" in decision.reasons[0].message
+
+
+async def test_a_size_in_bytes_with_a_b_suffix_cannot_slip_past_a_size_cap(tmp_path: Path) -> None:
+    """The reviewer's case: a cap on ``units.parse_bytes`` is enforced for every spelling of a size."""
+    root = copy_policies(tmp_path)
+    (root / "stockade" / "team.rego").write_text(
+        'package stockade\n\ndeny_reasons contains {"code": "team.too_big", "message": "over 100MB"} if {\n'
+        '\tunits.parse_bytes(input.args.size) > units.parse_bytes("100MB")\n}\n'
+    )
+    catalogue(root, {"team.too_big": "deny"})
+    engine = EmbeddedEngine(PolicySettings(dir=root))
+    outcomes = {size: (await engine.decide(_input({"size": size}))).reason_codes
+                for size in ["50MB", "5GB", "5000000000", "5000000000B", "5000000000b", "5GiB", "5XB"]}  # fmt: skip
+    assert outcomes == {
+        "50MB": [], "5GB": ["team.too_big"], "5000000000": ["team.too_big"], "5GiB": ["team.too_big"],
+        "5000000000B": [POLICY_ERROR], "5000000000b": [POLICY_ERROR], "5XB": [POLICY_ERROR],
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("rule", "data"),
+    [
+        ('normalized := regex.replace(input.args.cmd, "[\\"\'](", "")', None),
+        ('normalized := regex.replace(input.args.cmd, data.team.strip, "")', {"strip": "[\"'("}),
+        ('too_big if units.parse_bytes(input.args.size) > units.parse_bytes("100XB")', None),
+    ],
+    ids=["literal_pattern", "pattern_from_data", "literal_size"],
+)
+async def test_a_builtin_argument_that_fails_every_call_refuses_the_policy_and_a_reload_keeps_the_old(
+    tmp_path: Path, rule: str, data: dict[str, Any] | None
+) -> None:
+    """A pattern that does not compile, or a size that does not parse, written in the rule or in
+    data.json, fails every call that reaches it: the policy does not load, naming the call."""
+    root = copy_policies(tmp_path)
+    if data is not None:
+        (root / "team").mkdir()
+        (root / "team" / "data.json").write_text(json.dumps(data))
+    team = root / "stockade" / "team.rego"
+    team.write_text(f"package stockade\n\n{rule}\n")
+    with pytest.raises(PolicyBundleError, match=r"stockade/team\.rego:3:\d+: (regex\.replace|units\.parse_bytes)"):
+        EmbeddedEngine(PolicySettings(dir=root))
+    team.unlink()
+    engine = EmbeddedEngine(PolicySettings(dir=root))
+    before = engine.revision
+    team.write_text(f"package stockade\n\n{rule}\n")
+    with pytest.raises(PolicyBundleError, match="fail on every call"):
+        await engine.reload()
+    assert engine.revision == before

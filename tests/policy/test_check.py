@@ -472,3 +472,22 @@ def test_what_the_warning_warns_of_happens_in_production(tmp_path: Path, reader:
         "tool": {"name": "t", "capabilities": [], "risk": "low", "limits": {}}, "now": "2026-11-27T10:00:00Z",
     }))  # fmt: skip
     assert (decision.outcome.value, decision.reason_codes) == (expected, ["policy.error"] if expected == "deny" else [])
+
+
+def test_a_regex_pattern_that_does_not_compile_is_an_error_in_the_rule_or_in_data(tmp_path: Path) -> None:
+    """regorus leaves regex.replace undefined for a bad pattern, so the rule vanishes: written as a
+    literal or in data.json, the pattern fails every call, and the check says where."""
+    root = first_day(tmp_path)
+    (root / "team" / "data.json").write_text(json.dumps({**json.loads((root / "team" / "data.json").read_text()),
+                                                         "strip": "[\"'("}))  # fmt: skip
+    rule = root / "stockade" / "normalise.rego"
+    rule.write_text(
+        "package stockade\n\n"
+        'from_literal := regex.replace(input.args.cmd, "[\\"\'](", "")\n\n'
+        'from_data := regex.replace(input.args.cmd, data.team.strip, "")\n\n'
+        'fine := regex.replace(input.args.cmd, "[\\"\']", "")\n\n'
+        'too_big if units.parse_bytes(input.args.size) > units.parse_bytes("100XB")\n'
+    )
+    found = [(p.file, p.line) for p in check_policy(root) if p.code == "builtin.bad_argument"]
+    assert found == [(str(rule), 3), (str(rule), 5), (str(rule), 9)]
+    assert all(p.severity == "error" for p in check_policy(root) if p.code == "builtin.bad_argument")

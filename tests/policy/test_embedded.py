@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -278,3 +279,110 @@ async def test_a_closed_engine_denies(engine: EmbeddedEngine) -> None:
     await engine.aclose()
     decision = await engine.decide(make_input())
     assert (decision.outcome, decision.reason_codes) == (Outcome.DENY, ["policy.error"])
+
+
+@pytest.mark.parametrize(
+    ("file", "edit", "named"),
+    [
+        ("data.json", lambda d: d["catalog"]["rate_limits"].update(session_per_minute="120"),
+         "data.stockade.catalog.rate_limits.session_per_minute"),
+        ("data.json", lambda d: d["catalog"]["limits"]["max"].update(memory_mb="1024"),
+         "data.stockade.catalog.limits.max.memory_mb"),
+        ("reasons/data.json", lambda d: d["rate.exceeded"].update(outcome="denied"),
+         "data.stockade.reasons.rate.exceeded.outcome"),
+    ],
+    ids=["rate_limit_as_a_string", "limit_max_as_a_string", "reason_outcome_misspelt"],
+)  # fmt: skip
+async def test_a_catalog_the_schema_refuses_is_not_loaded_and_a_reload_keeps_the_old_policy(
+    tmp_path: Path, file: str, edit: Any, named: str
+) -> None:
+    """A typo in the catalog fails open (the rule compares "120" as text and no window fires):
+    the engine refuses it at startup and on reload, naming the field, and keeps deciding."""
+    root = tmp_path / "policies"
+    shutil.copytree(REPO / "policies", root)
+    engine = EmbeddedEngine(PolicySettings(dir=root))
+    flood = make_input().model_copy(update={"rate": RateCounts(session_per_minute=1000)})
+    assert (await engine.decide(flood)).reason_codes == ["rate.exceeded"]
+    data_file = root / "stockade" / file
+    data = json.loads(data_file.read_text())
+    edit(data)
+    data_file.write_text(json.dumps(data))
+    with pytest.raises(PolicyBundleError, match=re.escape(named)):
+        await engine.reload()
+    assert (await engine.decide(flood)).reason_codes == ["rate.exceeded"]
+    with pytest.raises(PolicyBundleError, match=re.escape(named)):
+        EmbeddedEngine(PolicySettings(dir=root))
+
+
+# The decision is whatever the input carries: what a buggy or hostile rule could compute.
+ECHO = "package stockade\n\ndecision := input.args.decision\n"
+ALLOW = {"outcome": "allow", "reasons": []}
+
+
+@pytest.mark.parametrize(
+    "decision",
+    [
+        {**ALLOW, "obligations": {"limits": {"memory_mb": "512"}}},
+        {**ALLOW, "obligations": {"limits": {"pids": True}}},
+        {**ALLOW, "obligations": {"limits": {"timeout_s": "inf"}}},
+        {**ALLOW, "obligations": {"limits": {"timeout_s": 1e308}}},
+        {**ALLOW, "obligations": {"limits": {"memory_mb": 10**30}}},
+        {**ALLOW, "obligations": {"credentials": [{"name": "gh", "scopes": [], "ttl_s": 10**12}]}},
+        {**ALLOW, "obligations": {"credentials": [{"name": "gh", "scopes": [], "ttl_s": "60"}]}},
+        {**ALLOW, "obligations": {"egress": [{"host": "*", "port": 443}]}},
+        {**ALLOW, "obligations": {"egress": [{"host": "", "port": 443}]}},
+        {**ALLOW, "obligations": {"egress": [{"host": "evil.example:8443", "port": 443}]}},
+        {**ALLOW, "obligations": {"egress": [{"host": " a.example\n", "port": 443}]}},
+        {**ALLOW, "obligations": {"egress": [{"host": "a.example", "port": 443, "methods": ["*"]}]}},
+        {"outcome": "require_approval", "reasons": []},
+        {"outcome": "deny", "reasons": []},
+    ],
+    ids=["memory_as_string", "pids_true", "timeout_inf_string", "timeout_1e308", "memory_past_64_bits",
+         "ttl_unbounded", "ttl_as_string", "host_wildcard", "host_empty", "host_with_port", "host_whitespace",
+         "method_wildcard", "approval_without_reason", "deny_without_reason"],
+)  # fmt: skip
+async def test_a_decision_policy_could_not_mean_is_denied_as_malformed(
+    tmp_path: Path, decision: dict[str, Any]
+) -> None:
+    engine = EmbeddedEngine(PolicySettings(dir=write_policy(tmp_path, ECHO)))
+    decided = await engine.decide(make_input().model_copy(update={"args": {"decision": decision}}))
+    assert (decided.outcome, decided.reason_codes) == (Outcome.DENY, ["policy.error"])
+    assert "malformed decision" in decided.reasons[0].message
+
+
+async def test_well_formed_obligations_are_taken_as_policy_wrote_them(tmp_path: Path) -> None:
+    engine = EmbeddedEngine(PolicySettings(dir=write_policy(tmp_path, ECHO)))
+    obligations = {"limits": {"memory_mb": 512.0, "timeout_s": 5},
+                   "egress": [{"host": "API.Example.com.", "port": 443, "methods": ["get"]}],
+                   "credentials": [{"name": "gh", "scopes": ["repo"], "ttl_s": 300}]}  # fmt: skip
+    decided = await engine.decide(
+        make_input().model_copy(update={"args": {"decision": {**ALLOW, "obligations": obligations}}})
+    )
+    assert decided.outcome is Outcome.ALLOW, decided.reasons
+    assert decided.obligations.limits.memory_mb == 512
+    assert [(e.host, e.methods) for e in decided.obligations.egress] == [("api.example.com", ["GET"])]
+
+
+@pytest.mark.parametrize(
+    ("rule", "args"),
+    [
+        # catalogued as a deny, given as an approval reason: a human could approve a deny away
+        ('approval_reasons contains {"code": "rate.exceeded", "message": "over"} if input.args.n > 10', {"n": 11}),
+        # built at run time, in no catalog: whatever it spells reaches the agent
+        ('approval_reasons contains {"code": concat(".", ["team", input.args.kind]), "message": "m"} '
+         "if input.args.kind", {"kind": "x"}),
+        ('deny_reasons contains {"code": sprintf("team.%s", [input.args.kind]), "message": "m"} if input.args.kind',
+         {"kind": "secret_value"}),
+    ],
+    ids=["deny_code_as_approval", "computed_approval_code", "computed_deny_code"],
+)  # fmt: skip
+async def test_a_reason_code_the_catalog_does_not_give_for_that_outcome_is_denied_as_malformed(
+    tmp_path: Path, rule: str, args: dict[str, Any]
+) -> None:
+    root = tmp_path / "policies"
+    shutil.copytree(REPO / "policies", root)
+    (root / "stockade" / "team.rego").write_text(f"package stockade\n\n{rule}\n")
+    engine = EmbeddedEngine(PolicySettings(dir=root))
+    decided = await engine.decide(make_input().model_copy(update={"args": args}))
+    assert (decided.outcome, decided.reason_codes) == (Outcome.DENY, ["policy.error"])
+    assert "data.stockade.reasons" in decided.reasons[0].message or "catalogued as deny" in decided.reasons[0].message

@@ -308,7 +308,7 @@ REPLAY_POLICY = """package stockade
 
 import data.stockade.catalog
 
-default decision := {"outcome": "deny", "reasons": []}
+default decision := {"outcome": "deny", "reasons": [{"code": "policy.default_deny", "message": "no rule allows it"}]}
 
 # What the decision saw goes out in a reason's message: a well-formed decision, as production needs.
 decision := {"outcome": "allow", "reasons": [

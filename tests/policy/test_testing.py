@@ -103,3 +103,17 @@ def test_a_well_formed_decision_passes(tmp_path: Path) -> None:
                  'd.outcome == "allow"')  # fmt: skip
     [result] = run_rego_tests(root)
     assert (result.passed, result.replayed, result.malformed) == (True, 1, ())
+
+
+def test_every_test_rule_runs_however_it_is_indented_and_whatever_its_file_is_named(tmp_path: Path) -> None:
+    """`opa test` runs each ``test_*`` rule of every module: one the runner does not find is a
+    failing test reported as success."""
+    root = copy_policies(tmp_path)
+    (root / "stockade" / "team_test.rego").write_text(
+        "package stockade_test\n\n test_an_indented_failing_test if false\n\ntest_ok if true\n"
+    )
+    (root / "stockade" / "team_tests.rego").write_text("package stockade_test\n\ntest_in_a_tests_file if false\n")
+    results = {r.name: r.passed for r in run_rego_tests(root) if r.file.startswith("stockade/team")}
+    assert results == {"test_an_indented_failing_test": False, "test_ok": True, "test_in_a_tests_file": False}
+    run = subprocess.run([STOCKADE, "policy", "test", "--dir", str(root)], capture_output=True, text=True, check=False)
+    assert run.returncode == 1, run.stdout
