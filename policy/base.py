@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Mapping
 from enum import StrEnum
@@ -189,14 +190,22 @@ MAX_PIDS = 1 << 22
 MAX_OUTPUT_BYTES = 1 << 40
 MAX_CREDENTIAL_TTL_S = 86_400  # what `router.credentials` configures at most (max_ttl_s)
 
-_HOST_LABEL = r"(?!-)[a-z0-9-]{1,63}(?<!-)"
+# Labels as hosts are named in practice, not only as RFC 1123 allows: "_" too (compose service
+# names, SRV-style names), which the proxy compares like any other character.
+_HOST_LABEL = r"(?!-)[a-z0-9_-]{1,63}(?<!-)"
 _HOSTNAME = re.compile(rf"^{_HOST_LABEL}(\.{_HOST_LABEL})*$")
 HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
 def _egress_host(host: str) -> str:
-    """A host as the egress proxy compares it (lower case, no trailing dot), if it is one DNS
-    name or IPv4 address: never a wildcard, an empty string, a ``host:port``, a URL or whitespace."""
+    """A host as the egress proxy compares it (lower case, no trailing dot; an IPv6 address in its
+    compressed form, without brackets), if it is one DNS name or IP address: never a wildcard, an
+    empty string, a ``host:port``, a URL or whitespace."""
+    if ":" in host:  # only an IPv6 literal has one: a host:port is refused below
+        try:
+            return ipaddress.IPv6Address(host.removeprefix("[").removesuffix("]")).compressed
+        except ValueError:
+            pass
     normal = host.lower().removesuffix(".")
     if len(normal) > 253 or not _HOSTNAME.fullmatch(normal):
         raise ValueError(f"{host[:80]!r} is not a host name (no wildcard, port, scheme, path or whitespace)")

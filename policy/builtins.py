@@ -16,6 +16,8 @@ Two defences, one at each depth:
   raises when it is undefined. The embedded engine confirms every decision that is not a deny on
   this interpreter, and ``stockade policy test`` runs tests on it, so bad input is an evaluation
   error and the call is denied with ``policy.error``; good input gets the builtin's own value.
+  (An argument regorus cannot hand to Python, an integer past 64 bits inside an array given to
+  ``array.slice``, makes that call an error too: denied, never allowed.)
   A rule that must tell bad input apart guards the call (``regex.match`` on the argument first,
   ``regex.is_valid`` on a pattern), so the builtin only ever sees what it can use.
 - `argument_problems`: a call whose argument is a literal or a ``data`` value is checked when the
@@ -43,6 +45,8 @@ UNDEFINED_ON_BAD_INPUT: Mapping[str, tuple[int, str]] = {
     "json.patch": (2, "has an operation that does not apply"),
     "time.add_date": (4, "goes past the dates it can represent"),
     "array.slice": (3, "has an index that is not an integer, or too large"),
+    "bits.lsh": (2, "shifts by more than it can represent"),
+    "bits.rsh": (2, "shifts by more than it can represent"),
 }
 """Each builtin regorus (and upstream, as of this writing) leaves undefined on bad input in
 strict mode too: its arity, and what is wrong with the input when it is undefined."""
@@ -85,25 +89,57 @@ class _Plain(threading.local):
         self.engine.add_policy("builtins.rego", f"package {_PACKAGE}\n\n" + "\n".join(rules) + "\n")
 
     def evaluate(self, name: str, args: Sequence[Any]) -> Any:
-        """The builtin's value for ``args`` (None: undefined). Raises what the builtin raises."""
+        """The builtin's value for ``args`` (`UNDEFINED` if it has none). Raises what it raises."""
         self.engine.set_input(list(args))
-        return self.engine.eval_rule(f"data.{_PACKAGE}.{_rule(name)}")
+        rule = f"data.{_PACKAGE}.{_rule(name)}"
+        try:
+            value = self.engine.eval_rule(rule)
+        except RuntimeError as exc:
+            if "not an i64" not in str(exc):
+                raise
+            # A number past 64 bits, which regorus cannot give Python as an int: its JSON has it.
+            return _sendable(json.loads(self.engine.eval_rule_as_json(rule)))
+        if value is None and self.engine.eval_rule_as_json(rule) != "null":
+            return UNDEFINED  # (eval_rule gives None for undefined and for null alike)
+        return value
 
 
 _plain = _Plain()
+
+UNDEFINED: Any = object()
+"""What `_Plain.evaluate` gives for a builtin with no value."""
 
 
 class UndefinedBuiltin(ValueError):
     """A builtin was undefined for its arguments: an evaluation error, never "no value"."""
 
 
+_I64 = range(-(1 << 63), 1 << 63)
+
+
+def _sendable(value: Any) -> Any:
+    """``value`` as an extension may return it: regorus takes integers of 64 bits only, and gives
+    a larger one as a float itself (``units.parse("100E")`` is 1e+20), so the same goes back."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return value if value in _I64 else float(value)
+    if isinstance(value, list):
+        return [_sendable(item) for item in value]
+    if isinstance(value, dict):
+        return {_sendable(key): _sendable(item) for key, item in value.items()}
+    if isinstance(value, set | frozenset):
+        return {_sendable(item) for item in value}
+    return value
+
+
 def _raising(name: str, why: str) -> Callable[..., Any]:
     def call(*args: Any) -> Any:
         value = _plain.evaluate(name, args)
-        if value is None:
+        if value is UNDEFINED:
             shown = ", ".join(json.dumps(arg, default=str)[:60] for arg in args)
             raise UndefinedBuiltin(f"{name}({shown}) {why}: the builtin is undefined")
-        return value
+        return _sendable(value)
 
     return call
 
@@ -159,8 +195,8 @@ def argument_problems(asts: Sequence[tuple[str, Any]], data: Mapping[str, Any]) 
             try:
                 value = _plain.evaluate(name, values)
             except Exception:  # a builtin error here is the problem being reported
-                value = None
-            if value is None:
+                value = UNDEFINED
+            if value is UNDEFINED:
                 shown = ", ".join(json.dumps(v)[:60] for v in values)
                 problems.append(ArgumentProblem(path, line, col, f"{name}({shown}) {UNDEFINED_ON_BAD_INPUT[name][1]}: "
                                                 "it is undefined, so every call fails"))  # fmt: skip

@@ -874,9 +874,14 @@ def _destination(method: str, target: str) -> tuple[str, int, str]:
 
 
 def _host(host: str) -> str:
+    """The host as rules name it: lower case, no trailing dot, an IPv6 address compressed (the
+    policy writes ``2001:db8::1`` for ``2001:DB8:0::1`` too)."""
     host = host.lower().rstrip(".")
     if not host or len(host) > 253:
         raise _Refused(400, "bad host")
+    if ":" in host:
+        with contextlib.suppress(ValueError):
+            return ipaddress.IPv6Address(host).compressed
     return host
 
 

@@ -185,6 +185,19 @@ UNDEFINED_CLASSES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
         {"id": "zz"},
         {"id": "6ba7b810-9dad-41d1-80b4-00c04fd430c8"},
     ),
+    # A benign value past 64 bits: the extension gives it back as regorus would (a float), not an error.
+    "units_parse_unknown_unit_or_past_64_bits": ("units.parse(input.args.n) > 1e21", {"n": "5W"}, {"n": "100E"}),
+    "array_slice_bad_index": (
+        "count(array.slice(input.args.a, 0, input.args.i)) > 1",
+        {"a": [1, 2], "i": 0.5},
+        {"a": [1, 2], "i": 1},
+    ),
+    "bits_lsh_huge_shift": (
+        "bits.lsh(input.args.x, input.args.n) > 1000",
+        {"x": 10**12, "n": 10**12},
+        {"x": 1, "n": 5},
+    ),
+    "bits_rsh_huge_shift": ("bits.rsh(input.args.x, input.args.n) > 1000", {"x": -1, "n": 10**12}, {"x": 1, "n": 5}),
     "json_patch_bad_operation": (
         'json.patch({"admin": false}, input.args.ops).admin == false',
         {"ops": [{"op": "nope", "path": "/admin"}]},

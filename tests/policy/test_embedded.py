@@ -353,14 +353,17 @@ async def test_a_decision_policy_could_not_mean_is_denied_as_malformed(
 async def test_well_formed_obligations_are_taken_as_policy_wrote_them(tmp_path: Path) -> None:
     engine = EmbeddedEngine(PolicySettings(dir=write_policy(tmp_path, ECHO)))
     obligations = {"limits": {"memory_mb": 512.0, "timeout_s": 5},
-                   "egress": [{"host": "API.Example.com.", "port": 443, "methods": ["get"]}],
+                   "egress": [{"host": "API.Example.com.", "port": 443, "methods": ["get"]},
+                              {"host": "[2001:DB8:0::1]", "port": 443}, {"host": "::1", "port": 8080},
+                              {"host": "my_svc.internal", "port": 80}],
                    "credentials": [{"name": "gh", "scopes": ["repo"], "ttl_s": 300}]}  # fmt: skip
     decided = await engine.decide(
         make_input().model_copy(update={"args": {"decision": {**ALLOW, "obligations": obligations}}})
     )
     assert decided.outcome is Outcome.ALLOW, decided.reasons
     assert decided.obligations.limits.memory_mb == 512
-    assert [(e.host, e.methods) for e in decided.obligations.egress] == [("api.example.com", ["GET"])]
+    assert [e.host for e in decided.obligations.egress] == ["api.example.com", "2001:db8::1", "::1", "my_svc.internal"]
+    assert decided.obligations.egress[0].methods == ["GET"]
 
 
 @pytest.mark.parametrize(

@@ -239,6 +239,46 @@ async def test_unlisted_hosts_and_ports_are_refused(
     assert [r.allowed for r in records] == [False, False, False]
 
 
+async def test_an_ipv6_rule_matches_the_address_however_the_sandbox_spells_it(tmp_path: Path) -> None:
+    """Policy writes an IPv6 rule compressed (``::1``); a request naming the same address spelt out
+    or in capitals is the same destination, allowed by that rule (and nothing else is)."""
+
+    class Server(http.server.ThreadingHTTPServer):
+        address_family = socket.AF_INET6
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"v6")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    upstream = Server(("::1", 0), Handler)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    port = upstream.server_address[1]
+    records: list[EgressRecord] = []
+
+    async def keep(record: EgressRecord) -> None:
+        records.append(record)
+
+    server = EgressProxy(tmp_path / "egress.sock", [EgressRule("::1", port, ("GET",))], keep)
+    await server.start()
+    try:
+        for spelt in ("[::1]", "[0:0:0:0:0:0:0:1]", "[0000::0001]"):
+            reply = await send(server, f"GET http://{spelt}:{port}/ HTTP/1.1\r\nHost: {spelt}:{port}\r\n\r\n".encode())
+            assert reply.startswith(b"HTTP/1.1 200"), (spelt, reply[:200])
+        reply = await send(server, f"GET http://[::2]:{port}/ HTTP/1.1\r\nHost: [::2]:{port}\r\n\r\n".encode())
+        assert reply.startswith(b"HTTP/1.1 403")
+    finally:
+        await server.aclose()
+        upstream.shutdown()
+        upstream.server_close()
+    assert [(r.host, r.allowed) for r in records] == [("::1", True)] * 3 + [("::2", False)]
+
+
 async def test_allowlisted_name_resolving_to_a_private_address_is_refused(
     proxy: tuple[EgressProxy, list[EgressRecord]], http_upstream: int
 ) -> None:
