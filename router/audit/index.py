@@ -34,6 +34,7 @@ import fcntl
 import hashlib
 import itertools
 import json
+import math
 import os
 import re
 import shutil
@@ -50,7 +51,7 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
-from router.audit.chain import head_of, line_hash
+from router.audit.chain import canonical, head_of, line_hash
 from router.audit.layout import LogLayout, Part, complete_lines, write_json_atomically
 from router.errors import AuditError
 from router.text import escape_invalid_text
@@ -341,8 +342,10 @@ class EventFilter:
     """A reason code (``provenance.untrusted_destination``) or error code."""
     taint: str | None = None
     args: tuple[tuple[str, str], ...] = ()
-    """``(key, value)``: the call's argument ``key`` (recorded in ``input.args``) is ``value``
-    (strings as they are; other JSON values as their compact JSON text)."""
+    """``(key, value)``: the call's argument ``key`` (recorded in ``input.args``) is ``value``: a
+    string argument when it is that text; a number when ``value`` is a JSON number equal to it
+    (``1e16`` is ``10000000000000000``); any other JSON value when ``value`` is it as JSON text
+    (``true``, ``null``, ``{"a":[1]}``; keys in any order). See `_ArgValue`."""
 
 
 _EQUAL = ("session_id", "agent", "tool", "outcome", "decision_id", "kind", "call_id", "principal", "approver",
@@ -364,6 +367,99 @@ def _recorded(text: str) -> str:
 def _arg_pointer(key: str) -> str:
     """The JSON pointer (RFC 6901) of argument ``key``: any key, with no way to leave ``input.args``."""
     return "/input/args/" + key.replace("~", "~0").replace("/", "~1")
+
+
+@dataclass(frozen=True, slots=True)
+class _ArgValue:
+    """What an argument filter's value (`EventFilter.args`) selects, worked out once for both
+    engines. A string argument must be ``text``. A number must equal ``number`` (Python's exact
+    ``==`` of an int and a float). Any other JSON value must be ``json``, the value as the log
+    writes it (`canonical`: keys sorted, text UTF-8 cannot hold escaped). None: the filter's value
+    is not such a JSON value, so no argument of that kind is selected."""
+
+    text: str
+    number: int | float | None = None
+    json: str | None = None
+
+    def sql(self, pointer: str) -> tuple[str, list[Any]]:
+        """The condition on ``events`` with its parameters (`where_sql`). DuckDB gives an argument as
+        JSON text of its own (``10000000000000000.0`` for ``1e+16``, ``1e-7`` for ``1e-07``, an integer
+        beyond 64 bits as written), so it is compared with the texts DuckDB makes of the value
+        (``json_extract(?, '$')``); a string's is quoted, so it matches no other type. One JSON parse
+        a row, as for a value that is not JSON."""
+        texts: list[str] = []  # SQL for each JSON text, as DuckDB writes it, of an argument this selects
+        params: list[Any] = []
+        beyond = ""
+        if self.number is not None:
+            if isinstance(self.number, int) or self.number.is_integer():
+                texts.append("?")
+                params.append(str(int(self.number)))
+            as_float = _as_float(self.number)
+            if as_float is not None and math.isfinite(as_float):
+                spelled = [repr(as_float)] if as_float != 0 else ["0.0", "-0.0"]  # -0.0 == 0.0
+                texts += ["CAST(json_extract(?, '$') AS VARCHAR)"] * len(spelled)
+                params += spelled
+            elif as_float is not None:  # out of a float's range: DuckDB keeps the text as written (1E400)
+                beyond = (" OR (TRY_CAST(json_extract_string(event, ?) AS DOUBLE) = ? AND json_type(event, ?) = "
+                          "'DOUBLE' AND NOT regexp_full_match(json_extract_string(event, ?), '-?[0-9]+'))")  # fmt: skip
+        elif self.json is not None:
+            texts.append("CAST(json_extract(?, '$') AS VARCHAR)")
+            params.append(self.json)
+        if not texts and not beyond:
+            return "json_extract_string(event, ?) = ?", [pointer, self.text]
+        condition = f"CAST(json_extract(event, ?) AS VARCHAR) = ANY([to_json(CAST(? AS VARCHAR)), {', '.join(texts)}])"
+        if beyond:
+            return f"({condition}{beyond})", [pointer, self.text, *params, pointer, self.number, pointer, pointer]
+        return condition, [pointer, self.text, *params]
+
+    def selects(self, args: Any, key: str) -> bool:
+        """Whether argument ``key`` of ``args`` (parsed ``input.args``) is this value: `sql`, in Python."""
+        if not isinstance(args, dict) or key not in args:
+            return False
+        given = args[key]
+        if isinstance(given, str):
+            return given == self.text
+        if isinstance(given, (int, float)) and not isinstance(given, bool):
+            return self.number is not None and given == self.number
+        return self.json is not None and _json_text(given) == self.json
+
+
+def _arg_value(value: str) -> _ArgValue:
+    """What the filter value ``value`` selects (`_ArgValue`)."""
+    text = _recorded(value)
+    try:
+        parsed = json.loads(value, parse_constant=_no_constant)
+    except (ValueError, RecursionError):  # not JSON (NaN and Infinity, a 5000-digit integer, among them)
+        return _ArgValue(text)
+    if isinstance(parsed, str):
+        return _ArgValue(text)
+    if isinstance(parsed, (int, float)) and not isinstance(parsed, bool):
+        return _ArgValue(text, number=parsed)
+    try:
+        return _ArgValue(text, json=canonical(escape_invalid_text(parsed, "", [])))
+    except (ValueError, RecursionError):  # a number out of a float's range inside: the log cannot hold it
+        return _ArgValue(text)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _as_float(number: float) -> float | None:
+    """The float equal to ``number`` (an int or a float), if there is one."""
+    try:
+        as_float = float(number)
+    except OverflowError:
+        return None
+    return as_float if as_float == number else None
+
+
+def _json_text(value: Any) -> str | None:
+    """A parsed value as compact JSON text, in the order it was written; None: it has no JSON text."""
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except ValueError:  # a float the log wrote out of range (1E400) inside an object or list
+        return None
 
 
 def where_sql(where: EventFilter) -> tuple[str, list[Any]]:
@@ -395,8 +491,9 @@ def where_sql(where: EventFilter) -> tuple[str, list[Any]]:
             terms.append(f"list_contains({column}, ?)")
             params.append(_recorded(value))
     for key, value in where.args:
-        terms.append("json_extract_string(event, ?) = ?")
-        params += [_arg_pointer(_recorded(key)), _recorded(value)]
+        term, values = _arg_value(value).sql(_arg_pointer(_recorded(key)))
+        terms.append(term)
+        params += values
     return (" AND ".join(terms) or "true"), params
 
 
@@ -422,7 +519,7 @@ def matches(row: dict[str, Any], where: EventFilter) -> bool:
     if where.args:
         args = _at(json.loads(row["event"]), "input", "args")
         for key, value in where.args:
-            if not isinstance(args, dict) or _text(args.get(_recorded(key))) != _recorded(value):
+            if not _arg_value(value).selects(args, _recorded(key)):
                 return False
     return True
 

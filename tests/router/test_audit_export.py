@@ -359,6 +359,34 @@ def test_a_filtered_export_holds_only_matching_events(tmp_path: Path, log_copy: 
     assert (check.ok, check.seq, check.problem) == (False, seq, f"seq {seq} does not match the selection's filter")
 
 
+@pytest.mark.parametrize(
+    "value",
+    [
+        "1e16",
+        "10000000000000000.0",
+        "-0",
+        "1e-7",
+        "null",
+        "1.5e+300",
+        '{"c": {"d": -0.0}, "b": [1e16, "ü"], "a": null}',
+    ],
+)
+def test_an_export_filtered_by_an_argument_holds_its_events_and_verifies(
+    tmp_path: Path, log_copy: Log, value: str
+) -> None:
+    """The export selects with the index and its verifier with the Python twin: however an argument
+    is written (DuckDB writes 1e+16 as 10000000000000000.0), both select the same events."""
+    where = EventFilter(args=(("v", value),))
+    target = tmp_path / "v.jsonl"
+    done = export_events(log_copy.path, target, where=where)
+    want = expected(log_copy.path, where)
+    assert done.events > 0
+    assert [json.loads(line)["seq"] for line in target.read_bytes().splitlines()] == want[: done.events]
+    assert done.events + done.left_out == len(want)
+    check = verify_export(target, public_key(log_copy))
+    assert (check.ok, check.problem, check.events) == (True, "", done.events)
+
+
 def test_csv_cells_that_a_spreadsheet_would_run_are_quoted_and_still_verify(tmp_path: Path, log_copy: Log) -> None:
     events = [
         AuditEvent.model_validate({"decision_id": f"f-{i}", "timestamp": "2026-03-12T10:00:00.000000Z",

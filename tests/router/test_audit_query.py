@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 from router.audit import AuditEvent, JsonlAuditLog, line_hash
 from router.audit import index as audit_index
 from router.audit import jsonl as audit_jsonl
+from router.audit.chain import canonical
 from router.audit.checkpoint import SigningKey
 from router.audit.factory import BackgroundIndexer, log_options
 from router.audit.index import (
@@ -40,6 +41,7 @@ from router.audit.index import (
     index_dir_of,
     index_log,
     index_sealed,
+    matches,
     promote,
     snapshot_active,
 )
@@ -57,6 +59,22 @@ HOSTILE = [
     "back\\slash", "%_like*", "a=b=c", "x" * 4096,
 ]  # fmt: skip
 BIG = "B" * (1 << 20)  # a 1 MiB argument, in one event
+# Argument ``v`` of each call in turn: JSON values whose text DuckDB writes otherwise than Python
+# (exponents, -0.0, integers beyond 64 bits, floats in objects), null, and strings that look like them.
+ARG_VALUES: list[Any] = [
+    1e16, 10**16, 1e-07, 1.5e300, -0.0, 0.0, 0, 2**64 + 1, 10**30, 9007199254740993, 123456789.123456789, -1,
+    None, True, False, {"b": [1e16, "ü"], "a": None, "c": {"d": -0.0}}, [1, 2.5, {"x": "y/z"}], [], {},
+    "1e+16", "null", "true", '{"a":null}', "",
+]  # fmt: skip
+# What an auditor may type for them: other spellings of the same numbers, keys in another order, not JSON.
+ARG_SPELLINGS = [
+    "1e+16", "1e16", "1E16", "10000000000000000", "10000000000000000.0", "1e-07", "1e-7", "1.0E-7", "1.5e+300",
+    "1.5e300", "-0.0", "-0", "0", "0.0", "18446744073709551617", "1.8446744073709552e19", "1e+30", "1e30",
+    "1000000000000000000000000000000", "9007199254740993", "9007199254740992", "123456789.12345679", "-1", "-1.0",
+    "null", " null", "true", "false", '{"a":null,"b":[1e+16,"ü"],"c":{"d":-0.0}}',
+    '{"c": {"d": -0.0}, "b": [10000000000000000.0, "\\u00fc"], "a": null}', '[1,2.5,{"x":"y/z"}]', "[]", "{}",
+    '"1e+16"', '{"a":null}', "", "NaN", "Infinity", "1e400", "[1,",
+]  # fmt: skip
 AGENTS = ["agent-a", "agent-b", "agent-'c", "agent-d"]
 PRINCIPALS = ["alice@example.com", "o'brien@example.com", "bob@example.com"]
 APPROVERS = ["oncall@example.com", "o'brien", "sec-lead"]
@@ -76,6 +94,7 @@ class Calls:
     def __init__(self, seed: int) -> None:
         self.rng = random.Random(seed)  # noqa: S311  (seeded: the same log every run)
         self.at = START
+        self.calls = 0
 
     def _id(self) -> str:
         return str(uuid.UUID(int=self.rng.getrandbits(128), version=4))
@@ -93,6 +112,8 @@ class Calls:
                                     "text": rng.choice(HOSTILE)}  # fmt: skip
             if big and n == 0:
                 args["text"] = BIG
+            args["v"] = ARG_VALUES[self.calls % len(ARG_VALUES)]  # not drawn: the log is the same otherwise
+            self.calls += 1
             credentials = [{"name": "bank", "scopes": ["pay"], "ttl_s": 60}] if tool == "pay" else (
                 [{"name": "gh'token", "scopes": ["read"], "ttl_s": 30}] if tool == "github" else [])  # fmt: skip
             outcome, reasons = "allow", []
@@ -340,9 +361,27 @@ def scan_selects(document: dict[str, Any], where: EventFilter) -> bool:
             return False
     args = _get(given_input, "args")
     for key, value in where.args:
-        if not isinstance(args, dict) or _as_text(args.get(recorded(key))) != recorded(value):
+        if not isinstance(args, dict) or recorded(key) not in args or not is_value(args[recorded(key)], value):
             return False
     return True
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def is_value(given: Any, value: str) -> bool:
+    """Whether an argument the log holds is the filter's ``value`` (docs/audit.md): a string is the
+    text; a number is numerically equal; anything else is equal as JSON."""
+    if isinstance(given, str):
+        return given == recorded(value)
+    try:
+        wanted = json.loads(value, parse_constant=lambda name: {}["not JSON: " + name])
+    except (ValueError, KeyError):
+        return False
+    if _number(given) or _number(wanted):
+        return _number(given) and _number(wanted) and given == wanted
+    return not isinstance(wanted, str) and json.dumps(given, sort_keys=True) == json.dumps(wanted, sort_keys=True)
 
 
 def expected(path: Path, where: EventFilter) -> list[int]:
@@ -380,8 +419,9 @@ def filters(docs: list[dict[str, Any]]) -> st.SearchStrategy[EventFilter]:
         "egress_host": of(["api.github.com", "www.example.org", "evil'.test"]),
         "reason": of(["approval.high_risk", "provenance.untrusted_destination", "tool.denied'x", "call.invalid"]),
         "taint": of(["untrusted_content"]),
-        "args": st.lists(st.sampled_from(args) | st.tuples(st.sampled_from(["to", "text", "n", "a'b"]),
-                                                             st.sampled_from(HOSTILE)), max_size=2).map(tuple),
+        "args": st.lists(st.sampled_from(args) | st.tuples(st.just("v"), st.sampled_from(ARG_SPELLINGS))
+                         | st.tuples(st.sampled_from(["to", "text", "n", "v", "a'b"]), st.sampled_from(HOSTILE)),
+                         max_size=2).map(tuple),
     }  # fmt: skip
     return st.fixed_dictionaries({}, optional=fields).map(lambda chosen: EventFilter(**chosen))
 
@@ -400,6 +440,12 @@ def docs(audit_log: Log) -> list[dict[str, Any]]:
     return documents(audit_log.path)
 
 
+@pytest.fixture(scope="module")
+def rows(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each event's row as the Python twin makes it (`promote`), for `matches`."""
+    return [row for d in docs if (row := promote(d["_line"])) is not None]
+
+
 def test_the_log_under_test_has_every_part_an_engine_reads(audit_log: Log, engine: AuditQuery) -> None:
     """Indexed segments over several days, a sealed segment not indexed, and an active segment."""
     parts = LogLayout(audit_log.path).parts()
@@ -415,13 +461,50 @@ def test_the_log_under_test_has_every_part_an_engine_reads(audit_log: Log, engin
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 @given(data=st.data())
 def test_every_filter_selects_what_a_scan_of_the_lines_selects(
-    audit_log: Log, engine: AuditQuery, docs: list[dict[str, Any]], data: st.DataObject
+    audit_log: Log, engine: AuditQuery, docs: list[dict[str, Any]], rows: list[dict[str, Any]], data: st.DataObject
 ) -> None:
+    """The index (SQL), its Python twin (the Redis path, an export's verifier) and a scan agree."""
     where = data.draw(filters(docs))
     limit = data.draw(st.none() | st.integers(1, 50))
     found = [seq for (seq,) in engine.events(where, limit=limit, columns=("seq",))]
     want = [d["seq"] for d in docs if scan_selects(d, where)]
     assert found == (want if limit is None else want[:limit])
+    assert [row["seq"] for row in rows if matches(row, where)] == want
+
+
+def _seqs(engine: AuditQuery, where: EventFilter) -> list[int]:
+    return [seq for (seq,) in engine.events(where, columns=("seq",))]
+
+
+def test_an_argument_is_selected_by_its_value_however_it_is_written(
+    engine: AuditQuery, docs: list[dict[str, Any]], rows: list[dict[str, Any]]
+) -> None:
+    """A number by its value, whatever its spelling (DuckDB writes 1e+16 as 10000000000000000.0);
+    null, true and objects as JSON; a string as its text. The index and its twin agree."""
+    holds = {d["seq"]: canonical(d["input"]["args"]["v"]) for d in docs if "v" in (_get(d, "input", "args") or {})}
+    assert sorted(set(holds.values())) == sorted({canonical(v) for v in ARG_VALUES})
+    big, obj = [1e16, 10**16, "1e+16"], {"b": [1e16, "ü"], "a": None, "c": {"d": -0.0}}
+    selects = {
+        "1e+16": big, "1e16": big[:2], "1E16": big[:2], "10000000000000000": big[:2],
+        "10000000000000000.0": big[:2], "1e-07": [1e-07], "1e-7": [1e-07], "1.0E-7": [1e-07], "1.5e+300": [1.5e300],
+        "1.5e300": [1.5e300], "-0.0": [-0.0, 0.0, 0], "-0": [-0.0, 0.0, 0], "0": [-0.0, 0.0, 0],
+        "0.0": [-0.0, 0.0, 0],
+        "18446744073709551617": [2**64 + 1], "1.8446744073709552e19": [], "1e30": [], "1e+30": [],
+        "1000000000000000000000000000000": [10**30], "9007199254740993": [9007199254740993], "9007199254740992": [],
+        "123456789.12345679": [123456789.123456789], "-1": [-1], "-1.0": [-1], "null": [None, "null"], " null": [None],
+        "true": [True, "true"], "false": [False], '{"a":null,"b":[1e+16,"ü"],"c":{"d":-0.0}}': [obj],
+        '{"c": {"d": -0.0}, "b": [10000000000000000.0, "\\u00fc"], "a": null}': [obj], "[]": [[]], "{}": [{}],
+        '[1,2.5,{"x":"y/z"}]': [[1, 2.5, {"x": "y/z"}]], '"1e+16"': [], '{"a":null}': ['{"a":null}'], "": [""],
+        "NaN": [], "Infinity": [], "1e400": [], "[1,": [],
+    }  # fmt: skip
+    assert set(selects) == set(ARG_SPELLINGS)
+    for value, wanted in selects.items():
+        where = EventFilter(args=(("v", value),))
+        want = [seq for seq, held in holds.items() if held in {canonical(w) for w in wanted}]
+        assert len(want) >= len(wanted), value
+        assert _seqs(engine, where) == want, value
+        assert [row["seq"] for row in rows if matches(row, where)] == want, value
+        assert [d["seq"] for d in docs if scan_selects(d, where)] == want, value
 
 
 def test_each_event_is_found_as_written_with_its_hash(engine: AuditQuery, docs: list[dict[str, Any]]) -> None:
