@@ -291,6 +291,13 @@ def test_an_install_without_the_audit_extra_says_how_to_get_it(
     message = " ".join(query.stderr.split())
     assert "stockade audit query needs DuckDB, the `audit` extra" in message
     assert readme_install() in message
+    # The writer, sealing a segment, starts no indexer that could only fail (at every seal).
+    spawn = "from pathlib import Path; from router.audit.index import spawn_indexer; print(spawn_indexer(Path(%r)))"
+    started = subprocess.run([str(venv / "bin" / "python"), "-c", spawn % str(audit_log)], capture_output=True,
+                             text=True, cwd="/", env=installed.env(home), timeout=60, check=False)  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    assert started.stdout.split()[-1] == "None"
+    assert "audit_indexer_not_started" in started.stdout + started.stderr
 
 
 # -- MCP, as docs/interfaces.md configures the clients -------------------------------------

@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 import fcntl
 import hashlib
+import importlib.util
 import itertools
 import json
 import math
@@ -1024,7 +1025,12 @@ def spawn_indexer(audit_path: Path) -> subprocess.Popen[bytes] | None:
     """Start ``python -m router.audit.index <audit_path>`` in its own session, niced, unless an
     indexer holds the lock (that one is told to look again); returns at once, with the process
     started (None when none was), for the caller to reap. For the writer, after it seals a segment:
-    no DuckDB in the caller's process, nothing waited for."""
+    no DuckDB in the caller's process, nothing waited for. None, too, where DuckDB (the `audit`
+    extra) is not installed: an indexer could only fail, at every seal."""
+    if importlib.util.find_spec("duckdb") is None:
+        _log().warning("audit_indexer_not_started", path=str(audit_path),
+                       error="DuckDB (the audit extra) is not installed")  # fmt: skip
+        return None
     index_dir = index_dir_of(audit_path)
     try:
         index_dir.mkdir(parents=True, exist_ok=True)
