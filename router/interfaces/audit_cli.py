@@ -120,7 +120,12 @@ def register(audit_app: typer.Typer) -> None:  # noqa: PLR0915  (one closure per
     Reason = Annotated[str | None, typer.Option(help="Only events with this reason or error code.")]
     Taint = Annotated[str | None, typer.Option(help="Only calls decided in a session with this taint.")]
     Arg = Annotated[
-        list[str] | None, typer.Option("--arg", help="Only calls whose argument KEY is VALUE (KEY=VALUE, repeatable).")
+        list[str] | None,
+        typer.Option(
+            "--arg",
+            help="Only calls whose argument KEY is VALUE (KEY=VALUE, repeatable): a string by its text, "
+            "a number by its value (1e16 = 10000000000000000), other JSON as JSON (null, true).",
+        ),
     ]
 
     def log_path(ctx: typer.Context, path: Path | None) -> Path:

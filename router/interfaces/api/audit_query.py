@@ -198,7 +198,8 @@ def add_query_routes(app: FastAPI, plane: ControlPlane, gate: "Gate") -> None:
         taint: Annotated[str | None, Query(max_length=4096, description="a session taint label")] = None,
         since: Instant | None = None, until: Instant | None = None,
         after_seq: Annotated[int | None, Query(ge=0, description="only events after this seq (the cursor)")] = None,
-        arg: Annotated[list[_Arg] | None, Query(description="KEY=VALUE: the call's argument KEY is VALUE")] = None,
+        arg: Annotated[list[_Arg] | None, Query(description="KEY=VALUE: the call's argument KEY is VALUE (a string "
+                                                "by its text, a number by its value, other JSON as JSON)")] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 1000,
     ) -> Response:  # fmt: skip
         """Events matching every given filter, lowest seq first: a page with the cursor for the
