@@ -379,8 +379,14 @@ class ContainerSandbox:
             response = api.post(f"{api.base_url}/v{api.api_version}/containers/{box.id}/update", json=update)
             response.raise_for_status()
         except requests.exceptions.HTTPError as exc:
-            message = exc.response.text.strip()[:300] if exc.response is not None else str(exc)
-            raise SandboxError(f"could not set the session's container to this call's limits: {message}") from exc
+            # Docker's text names the container and runc's internals: logged, not handed to the caller.
+            log.warning("sandbox_session_relimit_refused", tier=self.tier,
+                        error=(exc.response.text.strip() if exc.response is not None else str(exc))[:500])  # fmt: skip
+            raise SandboxError(
+                f"the session's container could not be set to this call's limits ({cls.memory_mb} MiB, {cls.pids} "
+                "pids): it holds more than they allow (its /tmp counts); the session's container and its /tmp "
+                "are discarded, and its next call starts afresh"
+            ) from exc
         except Exception as exc:
             raise _translate(exc) from exc
         box.cls = cls
@@ -536,6 +542,16 @@ class ContainerSandbox:
             if self._inflight == 0:
                 self._idle.set()
 
+    def _drop(self, box: _Box, session: str | None) -> None:
+        """Destroy ``box`` like a used one, first taking it out of its session: a job cut short
+        there (cancelled, or failed mid-exchange) may still be running, and a later job sent to it
+        would get that job's frames as its reply. Its socket is shut at once for the same reason."""
+        if session is not None and self._sessions.get(session) is box:
+            self._sessions.pop(session)
+        with contextlib.suppress(OSError):
+            box.sock.shutdown(socket.SHUT_RDWR)
+        self._destroy(box)
+
     async def _run_counted(self, spec: SandboxSpec) -> RunResult:
         started = time.perf_counter()
         spec, ca = with_interception(spec)
@@ -569,7 +585,7 @@ class ContainerSandbox:
             if proxy is not None:
                 await proxy.aclose()
             if not keep:
-                self._destroy(box)
+                self._drop(box, spec.session)
             elif spec.session is not None and (box.sock.fileno() < 0):
                 self._sessions.pop(spec.session, None)
         wall = time.perf_counter() - started
@@ -591,10 +607,7 @@ class ContainerSandbox:
             quarantine, artifacts, refused = str(q.directory), tuple(q.records), refused + tuple(q.refused)
         result = _verdict(reader, worker_err, timed_out, state, spec.limits, wall, self.tier)
         if keep and (timed_out or died or reader.reply.over_cap):
-            # A session box that failed is not reused: it goes like a used one (its attach socket too).
-            if self._sessions.get(spec.session or "") is box:
-                self._sessions.pop(spec.session or "")
-            self._destroy(box)
+            self._drop(box, spec.session)  # a session box that failed is not reused
         return RunResult(
             result.verdict, result.exit_code, result.stdout, result.stderr, result.usage, self.tier, result.detail,
             start=how, inputs=inputs, artifacts=artifacts, refused=refused, quarantine=quarantine,

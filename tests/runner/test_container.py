@@ -212,6 +212,21 @@ async def test_a_call_cancelled_while_its_container_starts_leaves_nothing_behind
     assert (sandbox_containers(box.owner), staging_dirs(settings) - before) == ([], set())
 
 
+async def test_a_session_call_cancelled_mid_job_never_hands_its_reply_to_the_next_call(box: ContainerSandbox) -> None:
+    """The cancelled job may still be running in the session's container: the next call must get
+    its own output (from a fresh container), never the cancelled job's frames."""
+    first = await box.run(SandboxSpec(argv=("sh", "-c", "echo call-1"), session="s"))
+    assert first.stdout == b"call-1\n"
+    cut = asyncio.create_task(box.run(SandboxSpec(argv=("sh", "-c", "sleep 3; echo CANCELLED"), session="s")))
+    await asyncio.sleep(1)
+    cut.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cut
+    replies = [await box.run(SandboxSpec(argv=("sh", "-c", f"echo call-{n}"), session="s")) for n in (3, 4)]
+    await box.close_session("s")
+    assert [(r.verdict, r.stdout) for r in replies] == [(Verdict.OK, b"call-3\n"), (Verdict.OK, b"call-4\n")]
+
+
 CHILD_OOM = """
 import os
 pid = os.fork()
