@@ -127,6 +127,7 @@ NOT_OVER_HTTP = {
     "record_refusal": "the API's own door",
     "readiness": "GET /readyz, for orchestrators",
     "readiness_problems": "GET /readyz, for orchestrators",
+    "start": "the server starts its own background work (sweeper, policy watcher)",
 }
 # The clients' methods that may have no ControlPlane namesake (in process: plane.audit.query()).
 CLIENT_ONLY = {"list_tools", "audit_events", "decision_trail", "close"}
