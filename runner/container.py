@@ -310,6 +310,8 @@ class ContainerSandbox:
         # `env -i`: the worker starts with an empty environment (Docker always sets PATH and
         # HOSTNAME); each job brings its tool's environment.
         command = ["env", "-i", self._settings.python, "-I", "-S", "-c", WORKER, "session" if session else "pool"]
+        container: Any = None
+        handle: Any = None
         try:
             container = client.containers.create(
                 cls.image, command=command, user="65534:65534",
@@ -328,7 +330,14 @@ class ContainerSandbox:
             handle = container.attach_socket(params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
             container.start()
         except Exception as exc:
-            remove_tree(staging)
+            # Docker timing out under load, say: what was made so far goes now (an attach socket
+            # left open, a container left created), not at the next sweep.
+            raw_sock = getattr(handle, "_sock", None)
+            if container is not None:
+                self._destroy_now(_Box(container.id or "", raw_sock if isinstance(raw_sock, socket.socket)
+                                       else socket.socket(), staging, handle, cls))  # fmt: skip
+            else:
+                remove_tree(staging)
             raise _translate(exc) from exc
         raw = getattr(handle, "_sock", None)  # the SDK wraps the hijacked connection's socket
         if not isinstance(raw, socket.socket):
@@ -393,8 +402,9 @@ class ContainerSandbox:
 
     def _destroy_now(self, box: _Box) -> None:
         # The SDK's wrapper holds a makefile reference: the socket's fd closes only when both do.
-        with contextlib.suppress(OSError):
-            box.handle.close()
+        if box.handle is not None:  # (None: the container was made, its attach failed)
+            with contextlib.suppress(OSError):
+                box.handle.close()
         with contextlib.suppress(OSError):
             box.sock.close()
         with contextlib.suppress(Exception):
