@@ -204,6 +204,7 @@ def argument_problems(asts: Sequence[tuple[str, Any]], data: Mapping[str, Any]) 
 
 
 def _kind(node: Any) -> tuple[str, dict[str, Any]]:
+    """A regorus AST node's kind (``Call``, ``RefDot``, ...) and body; ``("", {})`` for anything else."""
     if isinstance(node, dict) and len(node) == 1:
         kind, body = next(iter(node.items()))
         if isinstance(body, dict):
@@ -212,15 +213,18 @@ def _kind(node: Any) -> tuple[str, dict[str, Any]]:
 
 
 def _where(body: Mapping[str, Any]) -> tuple[int, int]:
+    """The line and column of a node's body."""
     span = body.get("span") or {}
     return int(span.get("line", 0)), int(span.get("col", 0))
 
 
 def _start(node: Any) -> tuple[int, int]:
-    """Where a reference begins (a reference's own span is its last step's)."""
+    """Where an expression begins (a reference's span is its last step's)."""
     kind, body = _kind(node)
     if kind in ("RefDot", "RefBrack"):
         return _start(body["refr"])
+    if kind == "Call":
+        return _start(body["fcn"])
     return _where(body)
 
 

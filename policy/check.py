@@ -40,7 +40,7 @@ from typing import Any, Literal
 import regorus
 from pydantic import BaseModel, ValidationError
 
-from policy.builtins import argument_problems
+from policy.builtins import _kind, _start, _where, argument_problems  # the AST readers both use
 from policy.bundle import PolicyBundle, load_bundle
 from policy.errors import PolicyBundleError
 from policy.schema import Catalog, ReasonCatalog, args_by_tool, data_schema, input_schema, rate_windows
@@ -181,29 +181,6 @@ class _Module:
 
     def text(self, span: Mapping[str, Any]) -> str:
         return self.source[int(span["start"]) : int(span["end"])].decode(errors="replace")
-
-
-def _kind(node: Any) -> tuple[str, dict[str, Any]]:
-    if isinstance(node, dict) and len(node) == 1:
-        kind, body = next(iter(node.items()))
-        if isinstance(body, dict):
-            return kind, body
-    return "", {}
-
-
-def _where(body: Mapping[str, Any]) -> tuple[int, int]:
-    span = body.get("span") or {}
-    return int(span.get("line", 0)), int(span.get("col", 0))
-
-
-def _start(node: Any) -> tuple[int, int]:
-    """Where an expression begins (a reference's span is its last step's)."""
-    kind, body = _kind(node)
-    if kind in ("RefDot", "RefBrack"):
-        return _start(body["refr"])
-    if kind == "Call":
-        return _start(body["fcn"])
-    return _where(body)
 
 
 def _flatten(node: Any) -> tuple[str, int, int, list[_Seg], list[Any]] | None:
