@@ -228,17 +228,24 @@ def _start(node: Any) -> tuple[int, int]:
     return _where(body)
 
 
-def _calls(node: Any) -> Iterator[dict[str, Any]]:
-    """The body of every ``Call`` node under ``node``."""
+def _walk(node: Any) -> Iterator[Any]:
+    """Every AST node (a one-key dict of a kind) under ``node``, ``node`` first."""
     if isinstance(node, dict):
-        kind, body = _kind(node)
-        if kind == "Call":
-            yield body
+        if _kind(node)[0]:
+            yield node
         for value in node.values():
-            yield from _calls(value)
+            yield from _walk(value)
     elif isinstance(node, list):
         for item in node:
-            yield from _calls(item)
+            yield from _walk(item)
+
+
+def _calls(node: Any) -> Iterator[dict[str, Any]]:
+    """The body of every ``Call`` node under ``node``."""
+    for item in _walk(node):
+        kind, body = _kind(item)
+        if kind == "Call":
+            yield body
 
 
 def _path(node: Any) -> list[str] | None:

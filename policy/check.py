@@ -40,7 +40,7 @@ from typing import Any, Literal
 import regorus
 from pydantic import BaseModel, ValidationError
 
-from policy.builtins import _kind, _start, _where, argument_problems  # the AST readers both use
+from policy.builtins import _kind, _start, _walk, _where, argument_problems  # the AST readers both use
 from policy.bundle import PolicyBundle, load_bundle
 from policy.errors import PolicyBundleError
 from policy.schema import Catalog, ReasonCatalog, args_by_tool, data_schema, input_schema, rate_windows
@@ -1377,17 +1377,6 @@ def _children(body: Mapping[str, Any]) -> Iterator[Any]:
         for item in value if isinstance(value, list) else [value]:
             if _kind(item)[0]:
                 yield item
-
-
-def _walk(node: Any) -> Iterator[Any]:
-    if isinstance(node, dict):
-        if _kind(node)[0]:
-            yield node
-        for value in node.values():
-            yield from _walk(value)
-    elif isinstance(node, list):
-        for item in node:
-            yield from _walk(item)
 
 
 def _vars(node: Any) -> Iterator[str]:
