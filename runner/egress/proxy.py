@@ -76,9 +76,9 @@ _HOP_BY_HOP = {
     b"te", b"trailer", b"transfer-encoding", b"upgrade",
 }  # fmt: skip
 _MAX_HEAD = 64 * 1024
-_MAX_BODY = 16 << 20
 _CHUNK = 65536
 _INFLATABLE = {b"gzip", b"x-gzip", b"deflate"}
+_METHOD_OVERRIDES = {b"x-http-method-override", b"x-http-method", b"x-method-override"}
 _CLOSE_GRACE_S = 1.0
 _BUFFERED_MAX = 1 << 20  # a scrubbed body up to this keeps a Content-Length (rewritten); longer ones go chunked
 # Connections a sandbox may hold open to its call's proxy at once. The proxy runs in the router's
@@ -390,7 +390,7 @@ class EgressProxy:
                 # No request yet, so none is recorded: an idle connection is not one.
                 await _send_error(conn, writer, 408, f"send the request within {self._head_timeout:g} s")
                 return
-            if request.method.upper() == b"CONNECT":
+            if request.method == b"CONNECT":
                 # What the client sends after its CONNECT must reach whatever serves the tunnel:
                 # TLS, if the proxy intercepts. Read on, and a TLS hello sent early (or between
                 # the 200 and the switch to TLS, which uvloop's turn order makes likely) lands in
@@ -439,10 +439,11 @@ class EgressProxy:
     async def _route(self, request: h11.Request, exchange: _Exchange) -> _Route:
         """Check ``request`` against the rules and open its upstream connection, or `_Refused`."""
         _check_framing(request)
-        exchange.method = method = request.method.decode("ascii", "replace").upper()
+        # Methods are case-sensitive (RFC 9110 §9.1): checked, recorded and forwarded as sent.
+        exchange.method = method = request.method.decode("ascii", "replace")
         exchange.host, exchange.port, target = _destination(method, request.target.decode("ascii", "replace"))
         host, port = exchange.host, exchange.port
-        rule = self._rule(method, host, port)
+        rule = self._rule(method, host, port, request.headers)
         # A credential goes only into what the proxy sends over TLS it verified itself (inside an
         # intercepted CONNECT); into plain HTTP only if its operator allowed that, and never to 443:
         # plain text to a TLS port is a request the sandbox shaped to read on the wire.
@@ -463,12 +464,12 @@ class EgressProxy:
             raise _Refused(502, f"upstream {host}:{port} unreachable: {exc.__class__.__name__}") from exc
         return _Route(rule, target, injections, intercept, up_reader, up_writer)
 
-    def _rule(self, method: str, host: str, port: int) -> EgressRule:
+    def _rule(self, method: str, host: str, port: int, headers: Sequence[tuple[bytes, bytes]]) -> EgressRule:
         """The rule allowing ``method`` to ``host:port`` (a CONNECT is checked inside, if at all), or `_Refused`."""
         for rule in self._rules:
             if rule.host == host and rule.port == port:
                 if method != "CONNECT":
-                    _check_method(rule, method)
+                    _check_method(rule, method, headers)
                 return rule
         raise _Refused(403, f"egress to {host}:{port} is not in this call's allowlist")
 
@@ -552,11 +553,11 @@ class EgressProxy:
             except TimeoutError as exc:  # a tunnel held open, idle, is a connection slot taken
                 raise _Refused(408, f"send the request within {self._head_timeout:g} s") from exc
             _check_framing(request)
-            exchange.method = request.method.decode("ascii", "replace").upper()
+            exchange.method = request.method.decode("ascii", "replace")
             target = request.target.decode("ascii", "replace")
             if not target.startswith("/"):
                 raise _Refused(400, "inside the tunnel, send origin-form targets (/path)")
-            _check_method(route.rule, exchange.method)
+            _check_method(route.rule, exchange.method, request.headers)
         except _Refused as refused:
             await _send_error(inner, writer, refused.status, refused.reason)
             exchange.allowed = False
@@ -579,10 +580,8 @@ class EgressProxy:
     ) -> None:
         """Send ``request`` upstream with its credentials, and its response back, scrubbed of
         them. Raises `_Refused` only before anything was sent back."""
-        body = await _read_body(conn, reader, self._idle_timeout)
         injections = self._credentials(request.headers, route.injections, exchange, tls=route.intercept)
         upstream = h11.Connection(h11.CLIENT)
-        # The body is framed by what we send, never by the client's claims.
         # Host names the rule's authority, whatever the client wrote (as a proxy must, RFC 9112
         # §3.2.2): a credential for a shared front (a CDN, an ingress) never reaches another tenant.
         default_port = 443 if route.intercept else 80
@@ -596,13 +595,9 @@ class EgressProxy:
             headers = [(k, v) for k, v in headers if k.lower() != b"accept-encoding"]
             headers.append((b"accept-encoding", b"identity"))
         headers.append((b"connection", b"close"))
-        if body or request.method.upper() in (b"POST", b"PUT", b"PATCH"):
-            headers.append((b"content-length", str(len(body)).encode()))
+        headers.extend(_framing(request))
         try:
             data = upstream.send(h11.Request(method=request.method, target=route.target.encode(), headers=headers))
-            if body:
-                data += upstream.send(h11.Data(data=body))
-            data += upstream.send(h11.EndOfMessage())
         except h11.LocalProtocolError:
             # h11 quotes the header it refuses, with the credential put into it: nothing of its
             # text is kept (no chained exception either). Only an injected value can make the
@@ -611,8 +606,8 @@ class EgressProxy:
             raise _Refused(502, "the request is invalid with its credentials put in (a header h11 refuses); "
                                 f"nothing was sent (injected: {injected})") from None  # fmt: skip
         route.up_writer.write(data)
-        await route.up_writer.drain()
         exchange.up = len(data)
+        await _stream_body(conn, reader, upstream, route.up_writer, exchange, self._idle_timeout)
         try:
             await self._relay(upstream, conn, route.up_reader, writer, scrubber, exchange)
         finally:
@@ -789,24 +784,64 @@ def _transport(writer: asyncio.StreamWriter) -> asyncio.ReadTransport:
     return cast("asyncio.ReadTransport", writer.transport)
 
 
-def _check_method(rule: EgressRule, method: str) -> None:
-    """`_Refused` unless ``rule`` grants ``method`` (a rule listing no methods grants any)."""
-    if rule.methods and method not in rule.methods:
+def _check_method(rule: EgressRule, method: str, headers: Sequence[tuple[bytes, bytes]]) -> None:
+    """`_Refused` unless ``rule`` grants ``method`` (a rule listing no methods grants any), exactly
+    as written (``get`` is not ``GET``), and the request asks for no other method in a header."""
+    if not rule.methods:
+        return
+    if method not in rule.methods:
+        hint = " (methods are case-sensitive)" if method.upper() in rule.methods else ""
         raise _Refused(403, f"method {method} to {rule.host}:{rule.port} is not allowed (allowed: "
-                            f"{', '.join(rule.methods)})")  # fmt: skip
+                            f"{', '.join(rule.methods)}){hint}")  # fmt: skip
+    # Many frameworks serve the method one of these headers names instead of the request's own:
+    # a grant of GET alone would otherwise let a DELETE through.
+    for name, _ in headers:
+        if name.lower() in _METHOD_OVERRIDES:
+            raise _Refused(403, f"header {name.decode('ascii', 'replace')} asks for another method, and "
+                                f"{rule.host}:{rule.port} allows only {', '.join(rule.methods)}")  # fmt: skip
 
 
-async def _read_body(conn: h11.Connection, reader: asyncio.StreamReader, idle_s: float) -> bytes:
-    """The request's body, up to the proxy's cap."""
-    body = bytearray()
+def _framing(request: h11.Request) -> list[tuple[bytes, bytes]]:
+    """The header that frames ``request``'s body upstream: the length the client declared (h11
+    holds both sides to it), chunked if the client chunked (the only coding h11 accepts), and an
+    explicit zero for a POST, PUT or PATCH without one (some servers wait for a body otherwise)."""
+    for name, value in request.headers:
+        if name.lower() == b"content-length":
+            return [(b"content-length", str(int(value)).encode())]
+        if name.lower() == b"transfer-encoding":
+            return [(b"transfer-encoding", b"chunked")]
+    return [(b"content-length", b"0")] if request.method in (b"POST", b"PUT", b"PATCH") else []
+
+
+async def _stream_body(
+    conn: h11.Connection,
+    reader: asyncio.StreamReader,
+    upstream: h11.Connection,
+    up_writer: asyncio.StreamWriter,
+    exchange: _Exchange,
+    idle_s: float,
+) -> None:
+    """Send the request's body upstream as it arrives, a read at a time with backpressure: the
+    proxy runs in the router's process, and a body held whole (connections x body size) would let
+    a tool make the router hold what it likes. Trailers are dropped. `_Refused` if the client's
+    framing breaks or the upstream stops taking it (nothing was sent back yet)."""
     while True:
         event = await _next_event(conn, reader, idle_s)
         if isinstance(event, h11.Data):
-            body += event.data
-            if len(body) > _MAX_BODY:
-                raise _Refused(413, "request body over the proxy's cap")
+            data = upstream.send(h11.Data(data=event.data))
         elif isinstance(event, h11.EndOfMessage):
-            return bytes(body)
+            data = upstream.send(h11.EndOfMessage())
+        else:  # nothing else comes between a request's head and its end
+            raise _Refused(400, f"unexpected {type(event).__name__} in the request body")
+        try:
+            up_writer.write(data)
+            await up_writer.drain()
+        except OSError as exc:
+            raise _Refused(502, f"upstream {exchange.host}:{exchange.port} stopped taking the request body: "
+                                f"{exc.__class__.__name__}") from None  # fmt: skip
+        exchange.up += len(data)
+        if isinstance(event, h11.EndOfMessage):
+            return
 
 
 def _inject(

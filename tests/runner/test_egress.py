@@ -460,6 +460,55 @@ async def test_https_methods_outside_the_grant_are_refused_inside_the_tunnel_and
     assert intercepting.records[0].injected == ("api-key",)
 
 
+async def test_a_method_in_another_case_or_asked_for_in_a_header_gets_past_no_grant(
+    proxy: tuple[EgressProxy, list[EgressRecord]], http_upstream: int, tmp_path: Path
+) -> None:
+    """Methods are case-sensitive, and the proxy checks, records and forwards them as sent: under
+    a GET-only grant, ``get`` and ``gEt`` are refused, as is a GET carrying a method-override
+    header (which many frameworks serve instead of the method); where the rule lists no methods,
+    ``get`` is forwarded and recorded as ``get``."""
+    server, records = proxy
+    host = f"files.internal.test:{http_upstream}"
+    attempts = [f"get http://{host}/a HTTP/1.1\r\nHost: {host}\r\n\r\n",
+                f"gEt http://{host}/a HTTP/1.1\r\nHost: {host}\r\n\r\n",
+                f"GET http://{host}/a HTTP/1.1\r\nHost: {host}\r\nX-HTTP-Method-Override: DELETE\r\n\r\n"]  # fmt: skip
+    replies = [await send(server, attempt.encode()) for attempt in attempts]
+    assert [reply[:12] for reply in replies] == [b"HTTP/1.1 403"] * 3
+    assert b"case-sensitive" in replies[0]
+    assert b"x-http-method-override asks for another method" in replies[2]
+    assert [(r.method, r.allowed) for r in records] == [("get", False), ("gEt", False), ("GET", False)]
+
+    seen: list[EgressRecord] = []
+
+    async def keep(record: EgressRecord) -> None:
+        seen.append(record)
+
+    anything = EgressProxy(tmp_path / "any.sock", [EgressRule("open.internal.test", http_upstream)], keep,
+                           hosts={"open.internal.test": "127.0.0.1"})  # fmt: skip
+    await anything.start()
+    try:
+        host = f"open.internal.test:{http_upstream}"
+        reply = await send(anything, f"get http://{host}/b HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+    finally:
+        await anything.aclose()
+    assert reply.startswith(b"HTTP/1.1 501")
+    assert b"Unsupported method ('get')" in reply  # the upstream's own answer: it got `get`, as sent
+    assert [(r.method, r.allowed, r.status) for r in seen] == [("get", True, 501)]
+
+
+async def test_inside_tls_a_method_in_another_case_or_asked_for_in_a_header_reaches_nothing(
+    intercepting: Intercepting, https_upstream: HttpsUpstream
+) -> None:
+    """The same holds for a request intercepted inside TLS: nothing refused reaches the upstream."""
+    trusted = intercepting.ca.cert_pem
+    inner = [inner_request("get"), inner_request("GET").replace(b"\r\n\r\n", b"\r\nX-Method-Override: DELETE\r\n\r\n")]
+    tunnelled = [(await https_via(intercepting.proxy, https_upstream.port, trusted, r))[1] for r in inner]
+    assert [reply[:12] for reply in tunnelled] == [b"HTTP/1.1 403"] * 2
+    assert https_upstream.seen == []
+    assert [(r.method, r.allowed, r.intercepted) for r in intercepting.records] == [("get", False, True),
+                                                                                    ("GET", False, True)]  # fmt: skip
+
+
 async def test_a_second_request_pipelined_inside_the_tunnel_never_reaches_the_upstream(
     intercepting: Intercepting, https_upstream: HttpsUpstream
 ) -> None:

@@ -308,3 +308,64 @@ async def test_a_malformed_request_is_refused_on_record_and_raises_nowhere(tmp_p
     assert reply.startswith(b"HTTP/1.1 400"), reply
     assert [(r.allowed, r.status) for r in records] == [(False, 400)]
     assert seen == []
+
+
+async def test_a_request_body_streams_upstream_and_is_never_held_whole(tmp_path: Path) -> None:
+    """The proxy runs in the router's process: a body it held whole (16 MiB on each of 32
+    connections, trickled forever) would let one tool make the router hold half a GiB. The body
+    goes upstream as it arrives: the upstream has the first MiB while the client still holds the
+    rest back, and a chunked body arrives chunked, whole; each record counts the bytes sent."""
+    arrived = asyncio.Event()
+    got: dict[str, bytes] = {}
+
+    async def upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        name = head.split(b" ")[1].decode()
+        body = b""
+        while not body.endswith(b"0\r\n\r\n") and len(body) < 3 << 20:
+            chunk = await reader.read(1 << 16)
+            if not chunk:
+                break
+            body += chunk
+            if len(body) >= 1 << 20:
+                arrived.set()
+        got[name] = head + body
+        writer.write(OK)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(upstream, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    records: list[EgressRecord] = []
+
+    async def keep(record: EgressRecord) -> None:
+        records.append(record)
+
+    proxy = EgressProxy(tmp_path / "p.sock", [EgressRule("b.test", port)], keep, hosts={"b.test": "127.0.0.1"})
+    await proxy.start()
+    try:
+        reader, writer = await asyncio.open_unix_connection(str(proxy.path))
+        writer.write(f"POST http://b.test:{port}/sized HTTP/1.1\r\nHost: b.test\r\nContent-Length: {3 << 20}\r\n\r\n"
+                     .encode() + b"x" * (1 << 20))  # fmt: skip
+        await asyncio.wait_for(arrived.wait(), 10)  # the first MiB is upstream; two are still to come
+        assert "/sized" not in got
+        writer.write(b"x" * (2 << 20))
+        assert (await asyncio.wait_for(reader.read(), 10)).endswith(b"ok")
+        writer.close()
+
+        reader, writer = await asyncio.open_unix_connection(str(proxy.path))
+        writer.write(f"POST http://b.test:{port}/chunked HTTP/1.1\r\nHost: b.test\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     "5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n".encode())  # fmt: skip
+        assert (await asyncio.wait_for(reader.read(), 10)).endswith(b"ok")
+        writer.close()
+    finally:
+        await proxy.aclose()
+        server.close()
+        await server.wait_closed()
+    (sized_head, _, sized_body), (chunked_head, _, chunked_body) = (got[n].partition(b"\r\n\r\n") for n in got)
+    assert f"content-length: {3 << 20}".encode() in sized_head.lower()
+    assert sized_body == b"x" * (3 << 20)
+    assert b"transfer-encoding: chunked" in chunked_head.lower()
+    assert (b"hello" in chunked_body, chunked_body.endswith(b"0\r\n\r\n")) == (True, True)
+    assert [(r.method, r.status) for r in records] == [("POST", 200), ("POST", 200)]
+    assert records[0].bytes_up > 3 << 20
