@@ -17,6 +17,7 @@ import json
 import secrets
 import time
 import unicodedata
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -93,6 +94,32 @@ class ApprovalBook:
             return False
         return True
 
+    async def refuse(
+        self, approver: str, verb: str, approval: Approval | object, code: str, message: str,
+        peer: Mapping[str, Any] | None = None,
+    ) -> None:  # fmt: skip
+        """Audit a decision refused before it was made, as `ControlPlane.record_refusal` records a
+        request refused at the door (``kind: error``, outcome ``refused``, ``result.code``), with
+        the approver as the caller and, for a known ``approval``, its session. Never raises: the
+        refusal stands whether or not the log took it (a failure is logged)."""
+        known = approval if isinstance(approval, Approval) else None
+        approval_id = known.id if known is not None else approval[:128] if isinstance(approval, str) else show(approval)
+        result: dict[str, Any] = {
+            "code": code, "request": f"{verb} approval {approval_id}"[:300], "message": message[:2000],
+            "approver": approver[:300], "approval_id": approval_id,
+        }  # fmt: skip
+        if peer is not None:
+            result["peer"] = dict(peer)
+        log.info("request_refused", who=approver[:300], code=code, approval_id=approval_id)
+        try:
+            await self._audit.append(AuditEvent(
+                kind="error", decision_id=str(uuid.uuid4()), timestamp=timestamp(), agent=approver[:300],
+                outcome="refused", session_id=known.session_id if known is not None else None,
+                tool=known.tool if known is not None else None, labels=self._labels, result=result,
+            ))  # fmt: skip
+        except AuditError as exc:
+            log.error("audit_append_failed", error=str(exc), kind="error", code=code)
+
     async def open(
         self, *, decision_id: str, session_id: str, agent: str, principal: str, tool: str, canonical_args: str,
         reasons: list[dict[str, str]], inputs: Sequence[Mapping[str, Any]] = (),
@@ -130,19 +157,29 @@ class ApprovalBook:
 
         Raises:
             ApprovalError: unknown, not pending (decided, used, expired), or the approver is the
-                agent that asked (compared as `identity`: ``Claude`` is ``claude``), or another
-                decision came first (this one is then on record as
-                ``not_applied`` too).
+                agent that asked (compared as `identity`: ``Claude`` is ``claude``): each refused
+                on record first (`refuse`: ``approval.not_found``, ``approval.not_pending``,
+                ``approval.self_decision``); or another decision came first (this one is then on
+                record as ``not_applied`` too).
             AuditError: the decision could not be audited; it was not made (still pending).
             StoreError: the store failed while the decision was being made: it is on record, and
                 may or may not be in force (`get` says).
         """
-        approval = await self.get(approval_id)
+        verb = "approve" if approve else "deny"
+        try:
+            approval = await self.get(approval_id)
+        except ApprovalError as exc:
+            await self.refuse(approver, verb, approval_id, "approval.not_found", str(exc), peer=peer)
+            raise
         if approval.status is not ApprovalStatus.PENDING:
-            raise ApprovalError(f"approval {approval.id} is {approval.status.value}, not pending")
+            message = f"approval {approval.id} is {approval.status.value}, not pending"
+            await self.refuse(approver, verb, approval, "approval.not_pending", message, peer=peer)
+            raise ApprovalError(message)
         if not identity(approver) or same_identity(approver, approval.agent):
-            raise ApprovalError(f"approval {approval.id} cannot be decided by {show(approver)}: "
-                                "the requesting agent never approves its own calls")  # fmt: skip
+            message = (f"approval {approval.id} cannot be decided by {show(approver)}: "
+                       "the requesting agent never approves its own calls")  # fmt: skip
+            await self.refuse(approver, verb, approval, "approval.self_decision", message, peer=peer)
+            raise ApprovalError(message)
         decided = approval.model_copy(update={
             "status": ApprovalStatus.APPROVED if approve else ApprovalStatus.DENIED,
             "approver": approver, "note": note[:2000], "decided_at": time.time(),

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import hashlib
@@ -26,7 +27,7 @@ import re
 import secrets
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -111,6 +112,23 @@ _now = timestamp
 
 def _text(data: bytes) -> str:
     return data.decode("utf-8", errors="replace")
+
+
+# Set while an interface that records its own refusal of a session it keeps (MCP: session.lost,
+# on that session's trail) calls the plane, or while it does its own housekeeping (renewing,
+# closing its sessions): the plane then leaves ``session.not_found`` unrecorded, not twice.
+_SESSION_REFUSAL_RECORDED = contextvars.ContextVar("stockade_session_refusal_recorded", default=False)
+
+
+@contextlib.contextmanager
+def session_refusals_recorded_by_caller() -> Iterator[None]:
+    """Within: a session that is not open raises `SessionNotFound` unrecorded; the caller records
+    the refusal (or, for its own housekeeping, there is none to record)."""
+    token = _SESSION_REFUSAL_RECORDED.set(True)
+    try:
+        yield
+    finally:
+        _SESSION_REFUSAL_RECORDED.reset(token)
 
 
 class _Call:
@@ -394,7 +412,8 @@ class ControlPlane:
         gave (their request, addresses, accounts); values from it have provenance ``user``.
 
         Raises:
-            InvalidCall: a bad agent or principal name, or trusted_context not a list of strings.
+            InvalidCall: a bad agent or principal name, or trusted_context not a list of strings
+                (its problems name the field: ``principal``, ``trusted_context[3]``).
             StoreError: the store cannot be written.
         """
         check_text(trusted_context, "trusted_context")
@@ -457,11 +476,15 @@ class ControlPlane:
     async def close_session(self, session_id: str, *, agent: str | None = None) -> None:
         """Close a session: its pending external calls can no longer be reported, and its own
         sandboxes, if any, are destroyed (on other routers, by their sweepers). ``agent``: as for
-        `decide` (only the session's agent may close it)."""
+        `decide` (only the session's agent may close it).
+
+        Raises:
+            SessionNotFound: not open (unknown, closed, expired), or another agent's (audited).
+        """
         if agent is not None:
             await self._load_session(session_id, agent)
         if not isinstance(session_id, str) or not await self.store.delete_session(session_id):
-            raise SessionNotFound(f"no open session {show(session_id)}")
+            raise await self._not_found(session_id, agent, "unknown, closed, or expired")
         self._here.discard(session_id)
         for sandbox in self.sandboxes.values():
             await sandbox.close_session(session_id)
@@ -569,7 +592,7 @@ class ControlPlane:
                 confirmation could not (then it is in force, on record as ``requested``).
             StoreError: the store failed (recorded; whether it took effect is then unknown).
         """
-        session = await self._load_session(session_id)
+        session = await self._load_session(session_id, who=by)
         check_text([call_id, by, note], "endorsement")
 
         def event(outcome: str, **result: Any) -> AuditEvent:
@@ -906,7 +929,9 @@ class ControlPlane:
         # Each checked value is looked up in the same store step, under a name no argument has.
         lookup: dict[str, Collection[str]] = {**keys, **{f"{_ITEM}{i}": v.keys for i, v in enumerate(checked)}}
         context = await self._from_store(
-            session_id, lambda sid: self.store.call_context(sid, spec.name, lookup, count=count_call, agent=agent)
+            session_id,
+            lambda sid: self.store.call_context(sid, spec.name, lookup, count=count_call, agent=agent),
+            who=agent,
         )
         await self._check_owner(context.session, agent)
         call = _Call(context.session, tool, args, canonical_args)
@@ -942,36 +967,47 @@ class ControlPlane:
             return
         call.arg_keys.update(await supplied_keys_async(call.args))
 
-    async def _load_session(self, session_id: object, agent: str | None = None) -> SessionRecord:
+    async def _load_session(
+        self, session_id: object, agent: str | None = None, *, who: str | None = None
+    ) -> SessionRecord:
         """The open session ``session_id`` (renewed), if ``agent`` (when given) is its agent.
-        Raises as `_from_store`."""
-        session = await self._from_store(session_id, functools.partial(self.store.load_session, agent=agent))
+        ``who``: the caller, for the record of a refusal, when it is not ``agent`` (an approver,
+        an admin). Raises as `_from_store`."""
+        session = await self._from_store(
+            session_id, functools.partial(self.store.load_session, agent=agent), who=who or agent
+        )
         await self._check_owner(session, agent)
         return session
 
     async def _check_owner(self, session: SessionRecord, agent: str | None) -> None:
         """A session is its agent's alone: to another (authenticated) caller it does not exist."""
         if agent is not None and session.agent != agent:
-            await self.record_refusal(agent, f"session {session.id}", "another agent's session")
-            raise self._not_found(session.id)  # word for word what an unknown session gets
+            raise await self._not_found(session.id, agent, "another agent's session")
 
-    def _not_found(self, session_id: str) -> SessionNotFound:
+    async def _not_found(self, session_id: object, who: str | None, why: str) -> SessionNotFound:
         """The one answer for a session that is not open, or not the caller's (its existence is
-        not revealed)."""
+        not revealed), on record first (``session.not_found``, ``why`` in the record only): an
+        unknown, a closed and another agent's session cost the same, and each leaves a trace
+        (unless its caller records it: `session_refusals_recorded_by_caller`)."""
+        if not _SESSION_REFUSAL_RECORDED.get():
+            await self.record_refusal(who, f"session {show(session_id, 300)}", why, code=SessionNotFound.code)
         return SessionNotFound(
             f"no open session {show(session_id)} (unknown, closed, or idle for longer than "
             f"{self.settings.session_idle_ttl_s:g}s); open one with open_session()"
         )
 
-    async def _from_store(self, session_id: object, load: Callable[[str], Awaitable[_T | None]]) -> _T:
-        """``load(session_id)``, which is None if the session is not open.
+    async def _from_store(
+        self, session_id: object, load: Callable[[str], Awaitable[_T | None]], *, who: str | None = None
+    ) -> _T:
+        """``load(session_id)``, which is None if the session is not open. ``who``: the caller,
+        for the record of a refusal.
 
         Raises:
-            SessionNotFound: unknown, closed, or idle for longer than the session TTL.
+            SessionNotFound: unknown, closed, or idle for longer than the session TTL (audited).
             StoreError: the store failed (audited: nothing can be decided without the session).
         """
         if not isinstance(session_id, str) or not 0 < len(session_id) <= 256:
-            raise SessionNotFound(f"no open session {show(session_id)}; open one with open_session()")
+            raise await self._not_found(session_id, who, "not a session id")
         try:
             loaded = await load(session_id)
         except StoreError as exc:
@@ -983,7 +1019,7 @@ class ControlPlane:
             raise
         if loaded is None:
             self._here.discard(session_id)
-            raise self._not_found(session_id)
+            raise await self._not_found(session_id, who, "unknown, closed, or expired")
         self._here.add(session_id)
         return loaded
 

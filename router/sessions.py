@@ -7,7 +7,7 @@ from __future__ import annotations
 import secrets
 from datetime import UTC, datetime
 
-from router.errors import InvalidCall
+from router.errors import FieldProblem, InvalidCall
 from router.store.base import SessionRecord
 from router.tools import show
 
@@ -22,10 +22,13 @@ MAX_CONTEXT_BYTES = 256 << 10
 
 def _check_name(field_name: str, value: object) -> str:
     if not isinstance(value, str) or not value.strip() or len(value) > _MAX_NAME or not value.isprintable():
-        raise InvalidCall(
-            f"{field_name} must be a non-empty printable string of at most {_MAX_NAME} characters, got {show(value)}"
-        )
+        problem = f"must be a non-empty printable string of at most {_MAX_NAME} characters, got {show(value)}"
+        raise InvalidCall(f"{field_name} {problem}", [FieldProblem(field_name, problem)])
     return value
+
+
+def _context_problem(problem: str) -> InvalidCall:
+    return InvalidCall(f"trusted_context {problem}", [FieldProblem("trusted_context", problem)])
 
 
 def new_session(agent: object, principal: object, trusted_context: object) -> SessionRecord:
@@ -36,13 +39,13 @@ def new_session(agent: object, principal: object, trusted_context: object) -> Se
             at most 1000 strings of at most `MAX_CONTEXT_BYTES` in all (UTF-8).
     """
     if not isinstance(trusted_context, list) or not all(isinstance(i, str) for i in trusted_context):
-        raise InvalidCall("trusted_context must be a list of strings")
+        raise _context_problem("must be a list of strings")
     if len(trusted_context) > _MAX_CONTEXT_ITEMS:
-        raise InvalidCall(f"trusted_context has {len(trusted_context)} items; at most {_MAX_CONTEXT_ITEMS}")
+        raise _context_problem(f"has {len(trusted_context)} items; at most {_MAX_CONTEXT_ITEMS}")
     size = sum(len(item.encode("utf-8", "surrogatepass")) for item in trusted_context)
     if size > MAX_CONTEXT_BYTES:
-        raise InvalidCall(
-            f"trusted_context holds {size} bytes of text; at most {MAX_CONTEXT_BYTES} (UTF-8) in all: give the "
+        raise _context_problem(
+            f"holds {size} bytes of text; at most {MAX_CONTEXT_BYTES} (UTF-8) in all: give the "
             "user's request and the values they named, not whole documents (let a tool read those)"
         )
     return SessionRecord(

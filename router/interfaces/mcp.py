@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import re
 import unicodedata
@@ -46,10 +47,10 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router.approvals import Approval, ApprovalStatus
-from router.control import VERSION, ControlPlane
+from router.control import VERSION, ControlPlane, session_refusals_recorded_by_caller
 from router.errors import InvalidCall, SessionNotFound, StockadeError, ToolNotFound
 from router.interfaces import bearer
 from router.results import ToolResult
@@ -81,8 +82,15 @@ _ELICIT_SCHEMA: dict[str, Any] = {
 
 
 def is_loopback(host: str) -> bool:
-    """Whether ``host`` is an address only this machine can reach."""
-    return host in _LOOPBACK or host.startswith("127.")
+    """Whether ``host`` is an address only this machine can reach: ``localhost``, or a loopback
+    IP literal (127.0.0.0/8, ::1). Never a name that merely starts like one (``127.evil.example``
+    resolves wherever its owner likes)."""
+    if host in _LOOPBACK:
+        return True
+    try:
+        return ipaddress.ip_address(host.removeprefix("[").removesuffix("]")).is_loopback
+    except ValueError:
+        return False
 
 
 def rebinding_guard(host: str, tokens: Mapping[bytes, str]) -> TransportSecuritySettings | None:
@@ -208,7 +216,7 @@ class _Sessions:
         self._closed[key] = session.id
         while len(self._closed) > _MAX_CLOSED:
             del self._closed[next(iter(self._closed))]
-        with contextlib.suppress(StockadeError):  # already expired, or lost
+        with contextlib.suppress(StockadeError), session_refusals_recorded_by_caller():  # already expired, or lost
             await self._plane.close_session(session.id)
         log.info("mcp_session_closed", session_id=session.id)
 
@@ -222,7 +230,8 @@ class _Sessions:
                 if session.lost:
                     continue
                 try:
-                    await self._plane.renew_session(session.id, agent=session.agent)
+                    with session_refusals_recorded_by_caller():  # the next call records session.lost
+                        await self._plane.renew_session(session.id, agent=session.agent)
                 except SessionNotFound:
                     session.lost = True
                     log.error("mcp_session_lost", session_id=session.id)
@@ -272,6 +281,14 @@ def build_server(
         name, args = params.name, dict(params.arguments or {})
         if session.lost:
             return await _refuse_lost(plane, session, name)
+        # A session found not open is refused below as session.lost, on its trail: recorded once.
+        with session_refusals_recorded_by_caller():
+            return await call(ctx, session, name, args, params)
+
+    async def call(
+        ctx: ServerRequestContext[Any, Any], session: _Session, name: str, args: dict[str, Any],
+        params: types.CallToolRequestParams,
+    ) -> types.CallToolResult | types.InputRequiredResult:  # fmt: skip
         try:
             try:
                 spec = (await plane.tool(name)).spec
@@ -508,6 +525,69 @@ def require_bearer(
                 await send({"type": "http.response.body", "body": body})
                 return
             scope = {**scope, "user": AuthenticatedUser(AccessToken(token="", client_id=name, scopes=[]))}
+            if plane is not None:
+                audited = _Audited(send, plane, name, scope)
+                await app(scope, receive, audited.send)
+                await audited.flush()
+                return
         await app(scope, receive, send)
 
     return guarded
+
+
+# What the SDK's session manager means by each refusal it answers by itself (anything else 4xx: mcp.refused).
+_SDK_REFUSALS = {
+    400: "mcp.bad_request",  # not JSON-RPC, a bad or missing header
+    404: "mcp.session_not_found",  # an unknown, closed or another token's Mcp-Session-Id
+    405: "mcp.method_not_allowed",
+    406: "mcp.not_acceptable",
+    413: "request.too_large",
+    415: "mcp.unsupported_media_type",
+}
+
+
+class _Audited:
+    """``send``, for a request the SDK serves as ``agent``: a 4xx it answers (the SDK's session
+    manager refuses by itself, past `require_bearer`) is on record before the client gets it.
+    The answer's start is held until its first body part, whose JSON-RPC error message (if
+    any) goes into the record; `flush` sends a start the SDK never followed with a body."""
+
+    def __init__(self, send: Send, plane: ControlPlane, agent: str, scope: Scope) -> None:
+        self._send, self._plane, self._agent, self._scope = send, plane, agent, scope
+        self._held: Message | None = None
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start" and 400 <= message["status"] < 500:
+            self._held = message
+            return
+        if self._held is not None and message["type"] == "http.response.body":
+            await self._release(message.get("body", b""))
+        await self._send(message)
+
+    async def flush(self) -> None:
+        if self._held is not None:
+            await self._release(b"")
+            await self._send({"type": "http.response.body", "body": b""})
+
+    async def _release(self, body: bytes) -> None:
+        start, self._held = self._held, None
+        assert start is not None  # noqa: S101  (called only while a start is held)
+        status = int(start["status"])
+        scope = self._scope
+        session = next((v for k, v in scope.get("headers") or [] if k.lower() == b"mcp-session-id"), b"")
+        what = f"{scope.get('method', '?')} {scope.get('path', '?')}"
+        if session:
+            what += f" (Mcp-Session-Id {session[:80].decode('latin-1')!r})"
+        said = _error_message(body)
+        reason = f"MCP over HTTP: {status}: {said}" if said else f"MCP over HTTP: {status}"
+        await self._plane.record_refusal(self._agent, what, reason, code=_SDK_REFUSALS.get(status, "mcp.refused"))
+        await self._send(start)
+
+
+def _error_message(body: bytes) -> str:
+    """The message of a JSON-RPC error answer (bounded), else the body's start as text."""
+    try:
+        said = json.loads(body)
+        return str(said["error"]["message"])[:300]
+    except (ValueError, KeyError, TypeError):
+        return body[:300].decode("utf-8", "replace")

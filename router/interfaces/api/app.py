@@ -392,12 +392,14 @@ def presented(request: Request) -> bytes | None:
 class Limits:
     """Body size and request time limits, as plain ASGI (Starlette's BaseHTTPMiddleware costs a
     task and a stream per request): 413 for a body declared or sent over ``max_body``, 504 for a
-    request not answered within ``timeout_s``."""
+    request not answered within ``timeout_s``. Each is a refusal, audited through ``gate`` (as
+    whoever the bearer token names, if anyone) before it is answered."""
 
-    def __init__(self, app: ASGIApp, *, max_body: int, timeout_s: float) -> None:
+    def __init__(self, app: ASGIApp, *, max_body: int, timeout_s: float, gate: Gate | None = None) -> None:
         self._app = app
         self._max_body = max_body
         self._timeout_s = timeout_s
+        self._gate = gate
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -405,7 +407,8 @@ class Limits:
             return
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self._max_body):
-            await self._too_large()(scope, receive, send)
+            said = declared[:40].decode("latin-1")
+            await self._answer(scope, receive, send, self._too_large(), f"request.too_large: Content-Length {said}")
             return
         received = 0
         started = False
@@ -428,11 +431,19 @@ class Limits:
                 await self._app(scope, counted, tracked)
         except _TooLarge:
             if not started:
-                await self._too_large()(scope, receive, send)
+                reason = f"request.too_large: over {self._max_body} bytes sent"
+                await self._answer(scope, receive, send, self._too_large(), reason)
         except TimeoutError:
             if not started:
-                await problem(504, "request.timeout", "Timed out", f"not answered within {self._timeout_s:g}s "
-                              "(STOCKADE_API_REQUEST_TIMEOUT_S)")(scope, receive, send)  # fmt: skip
+                detail = f"not answered within {self._timeout_s:g}s (STOCKADE_API_REQUEST_TIMEOUT_S)"
+                await self._answer(scope, receive, send, problem(504, "request.timeout", "Timed out", detail),
+                                   f"request.timeout: {detail}")  # fmt: skip
+
+    async def _answer(self, scope: Scope, receive: Receive, send: Send, response: JSONResponse, reason: str) -> None:
+        """Answer ``response``, audited first."""
+        if self._gate is not None:
+            response = await self._gate.turn_away(Request(scope), response, reason)
+        await response(scope, receive, send)
 
     def _too_large(self) -> JSONResponse:
         return too_large_problem(self._max_body)
@@ -550,9 +561,10 @@ class _Api(FastAPI):
     """FastAPI with `Limits` outermost, `PerCallRoutes` ahead of its own stack, and the OpenAPI
     document completed (`router.interfaces.api.openapi`)."""
 
-    def __init__(self, *, per_call: PerCallRoutes, max_body: int, timeout_s: float, **kwargs: Any) -> None:
+    def __init__(self, *, per_call: PerCallRoutes, gate: Gate, max_body: int, timeout_s: float, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.per_call = per_call
+        self._gate = gate
         self._max_body, self._timeout_s = max_body, timeout_s
 
     def openapi(self) -> dict[str, Any]:
@@ -562,7 +574,7 @@ class _Api(FastAPI):
 
     def build_middleware_stack(self) -> ASGIApp:
         self.per_call.app = super().build_middleware_stack()
-        return Limits(self.per_call, max_body=self._max_body, timeout_s=self._timeout_s)
+        return Limits(self.per_call, max_body=self._max_body, timeout_s=self._timeout_s, gate=self._gate)
 
 
 def create_app(plane: ControlPlane, *, close_plane: bool = False) -> FastAPI:
@@ -580,7 +592,7 @@ def create_app(plane: ControlPlane, *, close_plane: bool = False) -> FastAPI:
     gate = Gate(plane)
     per_call = PerCallRoutes(gate)
     app = _Api(
-        title="stockade", version=VERSION, lifespan=lifespan, per_call=per_call,
+        title="stockade", version=VERSION, lifespan=lifespan, per_call=per_call, gate=gate,
         max_body=plane.settings.api_max_body_bytes, timeout_s=plane.settings.api_request_timeout_s,
         # FastAPI's OpenTelemetry hooks look for a configured provider on every request; stockade
         # reports through /metrics and its audit log instead.
@@ -615,10 +627,11 @@ def _errors(app: FastAPI, plane: ControlPlane, gate: Gate) -> None:
         return await gate.turn_away(request, invalid_request(errors), reason[:300])
 
     @app.exception_handler(_TooLarge)
-    async def too_large(_: Request, __: _TooLarge) -> JSONResponse:
+    async def too_large(request: Request, __: _TooLarge) -> JSONResponse:
         # A body streamed past the limit while a route read it: the 413 `Limits` answers (it
-        # reaches `Limits` only after FastAPI's stack has answered 500 otherwise).
-        return too_large_problem(plane.settings.api_max_body_bytes)
+        # reaches `Limits` only after FastAPI's stack has answered 500 otherwise), audited as there.
+        limit = plane.settings.api_max_body_bytes
+        return await gate.turn_away(request, too_large_problem(limit), f"request.too_large: over {limit} bytes sent")
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
@@ -697,12 +710,17 @@ def _sessions(app: FastAPI, plane: ControlPlane, gate: Gate, per_call: PerCallRo
         return await plane.list_tools()  # with those other routers added to the shared store
 
     @app.post("/v1/sessions", status_code=201, tags=["sessions"], responses=problems(403, 503))
-    async def open_session(body: OpenSession, principal: Agent) -> SessionOpened:
+    async def open_session(body: OpenSession, principal: Agent, request: Request) -> SessionOpened:
         refusal = principal.refuses_to_act_for(body.principal, plane.settings.principal_config(body.principal))
         if refusal is not None:
             await plane.record_refusal(principal.name, "POST /v1/sessions", refusal)
             raise _Refused(problem(403, "auth.forbidden", "Forbidden", refusal))
-        return SessionOpened(session_id=await plane.open_session(principal.name, body.principal, body.trusted_context))
+        try:
+            opened = await plane.open_session(principal.name, body.principal, body.trusted_context)
+        except InvalidCall as exc:  # a principal or trusted_context the session cannot hold: audited as any 422
+            reason = f"{exc.code}: " + "; ".join(str(p) for p in exc.problems[:5]) if exc.problems else str(exc)
+            raise _Refused(await gate.turn_away(request, from_exception(exc), reason[:300], principal.name)) from exc
+        return SessionOpened(session_id=opened)
 
     @app.delete("/v1/sessions/{session_id}", status_code=204, tags=["sessions"],
                 responses=problems((404, "no open session with that id (of the agent's own)"), 503))  # fmt: skip
@@ -889,9 +907,13 @@ def _credentials(app: FastAPI, plane: ControlPlane) -> None:
                                 headers={"WWW-Authenticate": 'Bearer realm="stockade"'})  # fmt: skip
         body = await request.body()
         if len(body) > _MAX_FORM:
+            await plane.record_refusal(None, "POST /v1/credentials/introspect", "form over 16 KiB",
+                                       code="request.too_large")  # fmt: skip
             return JSONResponse({"error": "invalid_request", "error_description": "form over 16 KiB"}, 413)
         form = {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace")).items()}
         if not form.get("token"):
+            await plane.record_refusal(None, "POST /v1/credentials/introspect", "form field token is required",
+                                       code="request.invalid")  # fmt: skip
             return JSONResponse({"error": "invalid_request", "error_description": "form field token is required"},
                                 status_code=400)  # fmt: skip
         result: dict[str, Any] = await introspect(
