@@ -48,11 +48,13 @@ pydantic-ai's ``ctx``).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import json
 import threading
+from collections import OrderedDict
 from collections.abc import Coroutine, Generator, Mapping
-from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeAlias, TypeVar, cast
 
 from router.errors import StockadeError
 
@@ -76,6 +78,11 @@ T = TypeVar("T")
 # StockadeError is the application's to handle.
 _MODEL_ERRORS = frozenset({"call.invalid", "tool.not_found", "approval.invalid"})
 _NEXT = "a human must approve this exact call in stockade; then call again with the same arguments"
+# The keyword the LangChain tools pass the tool call's id under to their own _run/_arun.
+_CALL_ID = "_stockade_tool_call_id"
+# How many LangGraph tool calls a gate remembers (outcome, held approval): more than any one
+# graph step makes, and few enough to stay small in a long-lived process.
+_REMEMBERED = 4096
 
 
 def openai_tools(specs: list[ToolSpec]) -> list[dict[str, Any]]:
@@ -111,9 +118,22 @@ def langchain_tools(client: Client, session_id: str, specs: list[ToolSpec]) -> l
     - anything else (``False``, ``{"approved": False, "note": ...}``): a human refused; the model
       gets an error ``ToolMessage`` saying so, and nothing runs.
 
-    LangGraph runs the node again on resume, so a node that makes several tool calls makes the
-    others again too: stockade decides and audits each. Outside a graph, a held call raises
-    ``ToolException`` naming the ``approval_id``; the same call made again after the grant runs.
+    LangGraph runs the whole node again on resume. In a graph the tools remember each call's
+    outcome (its output or refusal) by its thread, task and ``tool_call_id`` (the last
+    few thousand), so a call that already completed or was refused is not made again: an allowed
+    call beside a held one runs once, and an approved call is not sent again without its approval.
+
+    Several held calls in one turn: LangGraph's ``ToolNode`` runs them together and surfaces the
+    first ``interrupt()`` only, so the graph pauses once for each held call, one after the other
+    (grant them all in stockade at once if you like; each resume then answers one). Answer each
+    with the ``approval_id`` its interrupt carries (``{interrupt.id: {"approval_id": ...}}``, or
+    ``{"approved": False, "approval_id": ...}`` to refuse): LangGraph hands a node's answers to its
+    interrupts in the order they are asked, which for calls running together is not fixed, and an
+    answer naming another held call's approval is kept for that call. A bare ``True`` or ``False``
+    goes to whichever held call asks first.
+
+    Outside a graph, a held call raises ``ToolException`` naming the ``approval_id``; the same call
+    made again after the grant runs.
     """
     from langchain_core.tools import BaseTool  # noqa: PLC0415  (an optional extra)
 
@@ -128,15 +148,18 @@ def langchain_tools(client: Client, session_id: str, specs: list[ToolSpec]) -> l
             # LangChain would spread the arguments as keywords beside its own (config, run_manager,
             # callbacks): an argument so named would be taken for LangChain's, or dropped. One dict,
             # passed positionally, keeps every name as the model gave it.
-            return (self._parse_input(tool_input, tool_call_id),), {}
+            # The call's id, under a name of ours (the model's arguments are all in the dict).
+            return (self._parse_input(tool_input, tool_call_id),), {_CALL_ID: tool_call_id}
 
-        def _run(self, *given: Any, **_: Any) -> str:
+        def _run(self, *given: Any, **options: Any) -> str:
             [args] = given
-            return _drive_sync(_langchain_steps(gate, self.name, args), gate, self.name, args)
+            call = _graph_call(options.get(_CALL_ID))
+            return _drive_sync(_langchain_steps(gate, self.name, args, call), gate, call, self.name, args)
 
-        async def _arun(self, *given: Any, **_: Any) -> str:
+        async def _arun(self, *given: Any, **options: Any) -> str:
             [args] = given
-            return await _drive(_langchain_steps(gate, self.name, args), gate, self.name, args)
+            call = _graph_call(options.get(_CALL_ID))
+            return await _drive(_langchain_steps(gate, self.name, args, call), gate, call, self.name, args)
 
     return [
         StockadeTool(
@@ -286,6 +309,51 @@ class _Gate:
         self.client = client
         self.session_id = session_id
         self._held: dict[str, ToolResult] = {}
+        # LangGraph tool calls, by `_graph_call` key: what each came to, the approval each waits for;
+        # answers LangGraph handed to another held call, by the approval_id they name.
+        self._outcomes = _Recent[_Outcome]()
+        self._waiting = _Recent["ToolResult"]()
+        self._answers = _Recent[object]()
+        self._asked = _Recent[bool]()  # the approvals LangGraph calls here waited for, answered or not
+        self._running: dict[str, concurrent.futures.Future[ToolResult]] = {}
+        self._lock = threading.Lock()  # a synchronous graph runs its tools in threads
+
+    def outcome(self, call: str) -> _Outcome | None:
+        """What a LangGraph tool call came to, if it completed or was refused."""
+        with self._lock:
+            return self._outcomes.get(call)
+
+    def settle(self, call: str, outcome: _Outcome) -> None:
+        """Remember what a LangGraph tool call came to: the node's re-runs return it, not call again."""
+        with self._lock:
+            self._outcomes.put(call, outcome)
+            self._waiting.pop(call)
+
+    def waiting(self, call: str) -> ToolResult | None:
+        """The result that held a LangGraph tool call, while it waits for a human."""
+        with self._lock:
+            return self._waiting.get(call)
+
+    def wait(self, call: str, held: ToolResult) -> None:
+        """Remember that a LangGraph tool call waits for ``held``'s approval."""
+        with self._lock:
+            self._waiting.put(call, held)
+            self._asked.put(held.approval_id or "", True)
+
+    def keep_answer(self, approval_id: str, answer: object) -> bool:
+        """Keep a resume value LangGraph handed one held call for the other held call it names;
+        False if no LangGraph call here waited for that approval."""
+        with self._lock:
+            if self._asked.get(approval_id) is None:
+                return False
+            self._answers.put(approval_id, answer)
+            return True
+
+    def take_answer(self, approval_id: str | None) -> tuple[object] | None:
+        """The answer another held call kept for this approval, once."""
+        with self._lock:
+            found = self._answers.pop(approval_id or "")
+        return None if found is None else (found,)
 
     def held(self, tool: str, args: Mapping[str, Any]) -> ToolResult | None:
         """The result that held this exact call, while it waits for its approval."""
@@ -295,6 +363,45 @@ class _Gate:
         """A human refused this call in the framework: the same call made again is stockade's to
         decide, not a pause from memory."""
         self._held.pop(_key(tool, args), None)
+
+    async def call_once(
+        self, call: str | None, tool: str, args: Mapping[str, Any], approval_id: str | None
+    ) -> ToolResult:
+        """`call` for the LangGraph tool call ``call`` (None: outside a graph). LangGraph does not wait
+        for a node's other tool calls once one pauses it, and may run the node again before they
+        are done: that run waits for the same call's answer rather than send it again.
+
+        Raises:
+            StockadeError: as `call`.
+        """
+        if call is None:
+            return await self.call(tool, args, approval_id)
+        key = json.dumps([call, approval_id])
+        with self._lock:
+            running = self._running.get(key)
+            if running is None:
+                mine = self._running[key] = concurrent.futures.Future()
+        if running is not None:
+            try:
+                return await asyncio.wrap_future(running)
+            except asyncio.CancelledError:
+                if not running.cancelled():  # this run was cancelled, not the one it waited for
+                    raise
+                return await self.call(tool, args, approval_id)
+        try:
+            result = await self.call(tool, args, approval_id)
+        except Exception as exc:
+            mine.set_exception(exc)
+            raise
+        except BaseException:
+            mine.cancel()
+            raise
+        else:
+            mine.set_result(result)
+        finally:
+            with self._lock:
+                self._running.pop(key, None)
+        return result
 
     async def decide(self, tool: str, args: Mapping[str, Any]) -> DecisionResult:
         from router.client import SyncStockadeClient  # noqa: PLC0415  (the package imports this module)
@@ -337,10 +444,14 @@ class _Gate:
         return result
 
 
-def _langchain_steps(gate: _Gate, tool: str, args: dict[str, Any]) -> Generator[str | None, ToolResult, str]:
+def _langchain_steps(
+    gate: _Gate, tool: str, args: dict[str, Any], call: str | None
+) -> Generator[str | None, ToolResult, str]:
     """One LangChain tool call, as steps for `_drive` and `_drive_sync`: yields the approval_id to
-    call with (None: the remembered one, if any), is sent the result; returns the tool's content.
-    Framework calls (``interrupt``) stay in the caller's thread and context.
+    call with (None: the remembered one, if any), is sent the result (or thrown the `StockadeError`);
+    returns the tool's content. Framework calls (``interrupt``) stay in the caller's thread and
+    context. In a LangGraph node, a call's outcome is remembered (`_Gate.settle`) and replayed when
+    the node runs again. ``call``: the call's key in a LangGraph node (`_graph_call`), or None.
 
     Raises:
         ToolException: the call did not complete; the model reads why.
@@ -348,54 +459,159 @@ def _langchain_steps(gate: _Gate, tool: str, args: dict[str, Any]) -> Generator[
     """
     from langchain_core.tools import ToolException  # noqa: PLC0415  (an optional extra)
 
-    in_graph = _in_langgraph()
-    held = gate.held(tool, args) if in_graph else None  # a resumed node: the human's answer decides
+    if call is None:
+        return (yield from _langchain_call(gate, tool, args, None))
+    done = gate.outcome(call)
+    if done is not None:
+        return done.replay()
+    try:
+        content = yield from _langchain_call(gate, tool, args, call)
+    except ToolException as exc:
+        gate.settle(call, _Outcome(refusal=str(exc)))
+        raise
+    gate.settle(call, _Outcome(content=content))
+    return content
+
+
+def _langchain_call(
+    gate: _Gate, tool: str, args: dict[str, Any], call: str | None
+) -> Generator[str | None, ToolResult, str]:
+    """`_langchain_steps` without the memory of outcomes; ``call``: the LangGraph call's key, or
+    None outside a graph."""
+    from langchain_core.tools import ToolException  # noqa: PLC0415  (an optional extra)
+
+    # A resumed node: the human's answer decides.
+    held = (gate.waiting(call) or gate.held(tool, args)) if call is not None else None
     if held is None:
-        result = yield None
+        result = yield from _ask(None)
         if result.status != "pending_approval":
             return _content(result)
         held = result
-    if not in_graph:
+    if call is None:
         raise ToolException(json.dumps(_said(held)))
-    from langgraph.types import interrupt  # noqa: PLC0415  (in a graph, langgraph is there)
-
-    answer = interrupt(_approval_request(gate, tool, args, held))
+    gate.wait(call, held)
+    answer = _answer(gate, held, _approval_request(gate, tool, args, held))
     approval_id = _granted(answer, held)
     if approval_id is None:
         gate.forget(tool, args)
         note = answer.get("note", "") if isinstance(answer, Mapping) else ""
         raise ToolException(json.dumps({"status": "refused", "approval_id": held.approval_id,
                                         "message": f"a human refused this call. {note}".strip()}))  # fmt: skip
-    return _content((yield approval_id))
+    return _content((yield from _ask(approval_id)))
 
 
-async def _drive(steps: Generator[str | None, ToolResult, str], gate: _Gate, tool: str, args: dict[str, Any]) -> str:
-    try:
-        approval_id = next(steps)
-        while True:
-            approval_id = steps.send(await _langchain_call(gate, tool, args, approval_id))
-    except StopIteration as done:
-        return cast(str, done.value)
+def _ask(approval_id: str | None) -> Generator[str | None, ToolResult, ToolResult]:
+    """One call to stockade, made by the driver: the result, or a refusal the model reads.
 
-
-def _drive_sync(steps: Generator[str | None, ToolResult, str], gate: _Gate, tool: str, args: dict[str, Any]) -> str:
-    try:
-        approval_id = next(steps)
-        while True:
-            approval_id = steps.send(run_sync(_langchain_call(gate, tool, args, approval_id)))
-    except StopIteration as done:
-        return cast(str, done.value)
-
-
-async def _langchain_call(gate: _Gate, tool: str, args: dict[str, Any], approval_id: str | None) -> ToolResult:
+    Raises:
+        ToolException: stockade refused the call in a way the model can act on (`_MODEL_ERRORS`).
+    """
     from langchain_core.tools import ToolException  # noqa: PLC0415  (an optional extra)
 
     try:
-        return await gate.call(tool, args, approval_id)
+        return (yield approval_id)
     except StockadeError as exc:
         if exc.code in _MODEL_ERRORS:
             raise ToolException(_refused(exc)) from exc
         raise
+
+
+def _answer(gate: _Gate, held: ToolResult, request: dict[str, Any]) -> object:
+    """The human's answer to a held call in a LangGraph node (``interrupt``). LangGraph hands the
+    node's answers to its ``interrupt()`` calls in the order they are made, which for tool calls
+    running together is not fixed: an answer that names another held call's approval is kept for
+    that call, and this one asks again."""
+    from langgraph.types import interrupt  # noqa: PLC0415  (in a graph, langgraph is there)
+
+    while True:
+        kept = gate.take_answer(held.approval_id)
+        if kept is not None:
+            return kept[0]
+        answer = interrupt(request)
+        named = _named(answer)
+        if named is None or named == held.approval_id or not gate.keep_answer(named, answer):
+            return answer
+
+
+async def _drive(
+    steps: Generator[str | None, ToolResult, str], gate: _Gate, call: str | None, tool: str, args: dict[str, Any]
+) -> str:
+    try:
+        approval_id = next(steps)
+        while True:
+            try:
+                result = await gate.call_once(call, tool, args, approval_id)
+            except StockadeError as exc:
+                approval_id = steps.throw(exc)
+            else:
+                approval_id = steps.send(result)
+    except StopIteration as done:
+        return cast(str, done.value)
+
+
+def _drive_sync(
+    steps: Generator[str | None, ToolResult, str], gate: _Gate, call: str | None, tool: str, args: dict[str, Any]
+) -> str:
+    try:
+        approval_id = next(steps)
+        while True:
+            try:
+                result = run_sync(gate.call_once(call, tool, args, approval_id))
+            except StockadeError as exc:
+                approval_id = steps.throw(exc)
+            else:
+                approval_id = steps.send(result)
+    except StopIteration as done:
+        return cast(str, done.value)
+
+
+class _Outcome(NamedTuple):
+    """What a LangChain tool call came to: its content, or the refusal its ``ToolException`` says."""
+
+    content: str | None = None
+    refusal: str | None = None
+
+    def replay(self) -> str:
+        """The content again, or the same refusal.
+
+        Raises:
+            ToolException: the call did not complete.
+        """
+        from langchain_core.tools import ToolException  # noqa: PLC0415  (an optional extra)
+
+        if self.refusal is not None:
+            raise ToolException(self.refusal)
+        return self.content or ""
+
+
+class _Recent(Generic[T]):
+    """The last `_REMEMBERED` entries put, by key (the oldest go first)."""
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[str, T] = OrderedDict()
+
+    def get(self, key: str) -> T | None:
+        return self._entries.get(key)
+
+    def put(self, key: str, value: T) -> None:
+        self._entries[key] = value
+        self._entries.move_to_end(key)
+        while len(self._entries) > _REMEMBERED:
+            self._entries.popitem(last=False)
+
+    def pop(self, key: str) -> T | None:
+        return self._entries.pop(key, None)
+
+
+def _graph_call(call_id: str | None) -> str | None:
+    """The key of a tool call made in a LangGraph node: its thread, task and ``tool_call_id``
+    (stable across the node's re-runs, never another step's call); None outside a graph."""
+    if call_id is None or not _in_langgraph():
+        return None
+    from langgraph.config import get_config  # noqa: PLC0415  (in a graph, langgraph is there)
+
+    configurable = get_config().get("configurable", {})
+    return json.dumps([str(configurable.get("thread_id")), str(configurable.get("checkpoint_ns")), call_id])
 
 
 def _content(result: ToolResult) -> str:
@@ -428,10 +644,21 @@ def _granted(answer: object, held: ToolResult) -> str | None:
     if isinstance(answer, str):
         return answer
     if isinstance(answer, Mapping):
+        if answer.get("approved") is False:
+            return None
         if isinstance(answer.get("approval_id"), str):
             return str(answer["approval_id"])
         return held.approval_id if answer.get("approved") is True else None
     return held.approval_id if answer is True else None
+
+
+def _named(answer: object) -> str | None:
+    """The approval_id a LangGraph resume value names, if any."""
+    if isinstance(answer, str):
+        return answer
+    if isinstance(answer, Mapping) and isinstance(answer.get("approval_id"), str):
+        return str(answer["approval_id"])
+    return None
 
 
 def _approval_request(gate: _Gate, tool: str, args: Mapping[str, Any], held: ToolResult) -> dict[str, Any]:

@@ -9,11 +9,17 @@ sent: the server records the token's principal).
 
 Only idempotent requests (GET) are retried, on connection errors and 502/503/504: a call is never
 sent twice.
+
+A `StockadeClient` may be used from several event loops (``asyncio.run(setup())``, then the
+LangChain tools' ``invoke`` on the adapters' loop thread): an ``httpx.AsyncClient``'s connections
+belong to the loop that opened them, so it keeps one for each loop it is used on; ``aclose`` closes
+them all (those of a loop already closed went with it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Mapping
 from datetime import datetime
@@ -45,22 +51,43 @@ class StockadeClient:
         self, base_url: str, token: str, *, principal: str | None = None, timeout_s: float = 600.0,
         retries: int = 2, transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:  # fmt: skip
-        self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout_s, transport=transport,
-                                       headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+        self._base_url = base_url
+        self._timeout_s = timeout_s
+        self._transport = transport
+        self._headers = {"Authorization": f"Bearer {token}"}
         self._api = Endpoints(principal)
         self._retries = retries
+        self._by_loop: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
+        self._lock = threading.Lock()  # the loops may run in different threads
+        self._closed = False
 
     @property
     def principal(self) -> str | None:
         """The name of the token's principal, as given to the constructor."""
         return self._api.principal
 
+    def _http(self) -> httpx.AsyncClient:
+        """The ``httpx.AsyncClient`` of the running event loop (made on its first request there)."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this StockadeClient is closed (aclose): make a new one")
+            for gone in [other for other in self._by_loop if other.is_closed()]:
+                del self._by_loop[gone]  # its connections were closed with that loop
+            http = self._by_loop.get(loop)
+            if http is None:
+                http = self._by_loop[loop] = httpx.AsyncClient(
+                    base_url=self._base_url, timeout=self._timeout_s, transport=self._transport, headers=self._headers
+                )
+            return http
+
     async def _send(self, request: Request[T]) -> T:
         options = request.options()
         backoff = Backoff(request, self._retries)
+        http = self._http()
         while True:
             try:
-                response = await self._http.request(request.method, request.path, **options)
+                response = await http.request(request.method, request.path, **options)
             except httpx.TransportError as exc:
                 delay = backoff.delay(None)
                 if delay is None:
@@ -153,7 +180,16 @@ class StockadeClient:
         return await self._send(self._api.decision_trail(decision_id))
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        """Close the client's connections, on every event loop it was used on."""
+        current = asyncio.get_running_loop()
+        with self._lock:
+            by_loop, self._by_loop, self._closed = self._by_loop, {}, True
+        for loop, http in by_loop.items():
+            if loop is current:
+                await http.aclose()
+            elif loop.is_running():  # another thread's loop (the adapters' own): close them there
+                await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(http.aclose(), loop))
+            # a loop that no longer runs cannot close its connections; they go with it
 
     async def __aenter__(self) -> Self:
         return self

@@ -77,8 +77,9 @@ def raise_for(response: httpx.Response) -> None:
     cls = InvalidCall if code in _INVALID_REQUEST else _by_code().get(code)
     if cls is InvalidCall:
         raise InvalidCall(detail, _problems(body.get("errors")))
-    if cls is ToolRefused:  # the problem document does not carry policy's reason codes (the detail does)
-        raise ToolRefused(detail, [])
+    if cls is ToolRefused:
+        reasons = body.get("reasons")
+        raise ToolRefused(detail, [str(r) for r in reasons] if isinstance(reasons, list) else [])
     if cls is not None:
         raise cls(detail)
     raise ApiError(response.status_code, code, detail)

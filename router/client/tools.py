@@ -6,7 +6,13 @@ decorators and parameter annotations (they describe the arguments for the JSON S
 sandbox they would be evaluated with nothing imported). A function that could not run there is
 refused when it is decorated, not on every call: one that uses a name from outside it (a module
 level helper, constant or import, a variable of an enclosing function), an async function or
-generator, a lambda, a function whose source is not in a file, a method.
+generator, a lambda, a function whose source is not in a file, a method, or a parameter typed
+with something the sandbox cannot pass. The sandbox passes each argument as its JSON value (no
+pydantic there to convert it), so a parameter's type hint must be one whose JSON value is the
+Python value: ``str``, ``int``, ``float``, ``bool``, ``None``, ``list[...]``, ``dict[str, ...]``,
+``Literal[...]``, a ``TypedDict`` of those, ``Optional``/unions of them, or ``Any`` (a model, an
+``Enum``, a ``datetime``, a ``tuple`` or a ``set`` would arrive as a dict, str or list). The
+schema forbids arguments the function has no parameter for.
 """
 
 from __future__ import annotations
@@ -17,10 +23,13 @@ import functools
 import inspect
 import linecache
 import symtable
+import types
+import typing
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Generic, ParamSpec, TypeVar, overload
+from typing import Annotated, Any, Generic, Literal, ParamSpec, TypeVar, Union, overload
 
 from pydantic import TypeAdapter, ValidationError, create_model
+from typing_extensions import is_typeddict
 
 from router.errors import InvalidToolSpec
 from router.wire import ToolSpec
@@ -28,7 +37,10 @@ from router.wire import ToolSpec
 P = ParamSpec("P")
 R = TypeVar("R")
 
-_BUILTINS = frozenset(dir(builtins))
+# The sandbox runs Python without `site`, so the names it adds to builtins are not there.
+_BUILTINS = frozenset(dir(builtins)) - {"exit", "quit", "help", "copyright", "credits", "license"}
+# Hints whose JSON value is the Python value (`_json_hint`).
+_JSON_SCALARS: tuple[object, ...] = (str, int, float, bool, type(None), None, Any)
 
 
 class SandboxedTool(Mapping[str, Any], Generic[P, R]):
@@ -118,9 +130,11 @@ def _source(function: Callable[..., Any]) -> tuple[str, str]:
     if inspect.isgeneratorfunction(original):
         raise InvalidToolSpec(f"@sandboxed_tool {name}: a generator cannot run as a tool, whose output is the "
                               "function's JSON return value: return a list")  # fmt: skip
-    if original.__code__.co_freevars:
+    # Its own name, for a recursive function defined in another: in the sandbox the def binds it.
+    outer = [v for v in original.__code__.co_freevars if v != name]
+    if outer:
         raise InvalidToolSpec(
-            f"@sandboxed_tool {name} uses {_names(original.__code__.co_freevars)} from the function that defines it; "
+            f"@sandboxed_tool {name} uses {_names(outer)} from the function that defines it; "
             "the sandbox runs the tool's own source only: define them inside it, or pass them as arguments"
         )
     node = _definition(original)
@@ -196,10 +210,44 @@ def _schema(function: Callable[..., Any]) -> dict[str, Any]:
             raise InvalidToolSpec(f"@sandboxed_tool {name}: parameter {parameter} cannot be passed by name, as the "
                                   "sandbox passes arguments: declare each argument as a plain parameter")  # fmt: skip
         annotation = Any if parameter.annotation is parameter.empty else parameter.annotation
+        if not _json_hint(annotation):
+            raise InvalidToolSpec(
+                f"@sandboxed_tool {name}: parameter {parameter.name!r} is typed {_hint_name(annotation)}, but the "
+                "sandbox passes each argument as its plain JSON value (a dict, list, str, number, bool or null), "
+                "never converted to that type: type it str, int, float, bool, None, list[...], dict[str, ...], "
+                "Literal[...], a TypedDict of those, or a union of them, and convert inside the function "
+                "(datetime.date.fromisoformat(day), Color(color), tuple(pair) ...)"
+            )
         fields[parameter.name] = (annotation, ... if parameter.default is parameter.empty else parameter.default)
     model = create_model(f"{name}_args", **fields)
     schema = TypeAdapter(model).json_schema()
-    return {k: v for k, v in schema.items() if k != "title"}
+    # An argument the function has no parameter for is the caller's mistake (InvalidCall naming it),
+    # not a TypeError in the sandbox.
+    return {k: v for k, v in schema.items() if k != "title"} | {"additionalProperties": False}
+
+
+def _json_hint(hint: Any) -> bool:
+    """Whether an argument so typed is its JSON value as it is: nothing converts it in the sandbox."""
+    if any(hint is plain for plain in (*_JSON_SCALARS, list, dict)):  # identity: some hints do not hash
+        return True
+    if is_typeddict(hint):
+        return all(_json_hint(h) for h in typing.get_type_hints(hint).values())
+    origin, params = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Annotated:
+        return _json_hint(params[0])
+    if origin is Literal:
+        return all(p is None or type(p) in (str, int, bool) for p in params)
+    if origin in (Union, types.UnionType):
+        return all(_json_hint(p) for p in params)
+    if origin is list:
+        return all(_json_hint(p) for p in params)
+    if origin is dict:
+        return len(params) == 2 and params[0] is str and _json_hint(params[1])
+    return False
+
+
+def _hint_name(hint: Any) -> str:
+    return hint.__qualname__ if isinstance(hint, type) else repr(hint).replace("typing.", "")
 
 
 def _names(names: Any) -> str:

@@ -2,7 +2,8 @@
 
 Each exception class has a stable ``type`` (``urn:stockade:problem:<code>``) and status (its
 ``code`` and ``http_status``, `router.errors`); the
-``detail`` names the thing and the fix, and ``errors`` lists field problems where there are any.
+``detail`` names the thing and the fix, ``errors`` lists field problems where there are any, and
+``reasons`` policy's reason codes where policy refused (`ToolRefused`).
 `Problem` is the document, as ``/openapi.json`` describes it (`router.interfaces.api.openapi`).
 """
 
@@ -49,14 +50,19 @@ class Problem(BaseModel):
     errors: Annotated[list[FieldError], Field(min_length=1)] | SkipJsonSchema[None] = Field(
         default=None, description="the fields at fault, where there are any", json_schema_extra=_absent_if_unset
     )
+    reasons: Annotated[list[str], Field(min_length=1)] | SkipJsonSchema[None] = Field(
+        default=None, description="policy's reason codes, where policy refused (tool.refused_by_policy)",
+        json_schema_extra=_absent_if_unset,
+    )  # fmt: skip
 
 
 def problem(
     status: int, code: str, title: str, detail: str, *, errors: list[dict[str, Any]] | None = None,
-    headers: dict[str, str] | None = None,
+    reasons: list[str] | None = None, headers: dict[str, str] | None = None,
 ) -> JSONResponse:  # fmt: skip
     body = Problem(type=f"urn:stockade:problem:{code}", title=title, status=status, detail=detail, code=code,
-                   errors=[FieldError.model_validate(e) for e in errors] if errors else None)  # fmt: skip
+                   errors=[FieldError.model_validate(e) for e in errors] if errors else None,
+                   reasons=list(reasons) if reasons else None)  # fmt: skip
     return JSONResponse(body.model_dump(exclude_none=True), status_code=status, media_type=MEDIA_TYPE,
                         headers=headers)  # fmt: skip
 
@@ -64,7 +70,8 @@ def problem(
 def from_exception(exc: StockadeError) -> JSONResponse:
     status = exc.http_status
     errors = [{"field": p.field, "problem": p.problem} for p in getattr(exc, "problems", [])]
-    return problem(status, exc.code, type(exc).__name__, str(exc), errors=errors)
+    reasons = [str(r) for r in getattr(exc, "reasons", [])]
+    return problem(status, exc.code, type(exc).__name__, str(exc), errors=errors, reasons=reasons)
 
 
 def invalid_request(errors: Iterable[Mapping[str, Any]]) -> JSONResponse:
