@@ -102,6 +102,10 @@ class _Refused(Exception):
         self.reason = reason
 
 
+class _UpstreamStopped(_Refused):
+    """The upstream stopped taking the request's body (it may have answered already)."""
+
+
 @dataclasses.dataclass
 class _Exchange:
     """What the proxy learned about one request as it went; reported once as an `EgressRecord`."""
@@ -607,12 +611,43 @@ class EgressProxy:
                                 f"nothing was sent (injected: {injected})") from None  # fmt: skip
         route.up_writer.write(data)
         exchange.up = len(data)
-        await _stream_body(conn, reader, upstream, route.up_writer, exchange, self._idle_timeout)
         try:
-            await self._relay(upstream, conn, route.up_reader, writer, scrubber, exchange)
+            await self._both_ways(conn, reader, writer, upstream, route, scrubber, exchange)
         finally:
             if scrubber is not None:
                 exchange.scrubbed = scrubber.found()
+
+    async def _both_ways(
+        self,
+        conn: h11.Connection,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        upstream: h11.Connection,
+        route: _Route,
+        scrubber: _ResponseScrubber | None,
+        exchange: _Exchange,
+    ) -> None:
+        """The request's body upstream and the response back, at once: an upstream may answer
+        before it has the whole body (a 401, a 413) and close, and the client gets that answer,
+        not a 502 of ours. Raises as `_relay`, and as `_stream_body` when the client's side
+        breaks before the answer is complete."""
+        body = asyncio.create_task(_stream_body(conn, reader, upstream, route.up_writer, exchange, self._idle_timeout))
+        relay = asyncio.create_task(self._relay(upstream, conn, route.up_reader, writer, scrubber, exchange))
+        try:
+            await asyncio.wait({body, relay}, return_when=asyncio.FIRST_EXCEPTION)
+            failed = body.exception() if body.done() else None
+            if failed is not None and not isinstance(failed, _UpstreamStopped) and not relay.done():
+                raise failed  # the client broke its framing, hung up or went idle: the exchange ends
+            try:
+                await relay
+            except (_Refused, OSError):
+                if isinstance(failed, _UpstreamStopped) and exchange.status == 502:  # and it sent no answer
+                    raise failed from None
+                raise
+        finally:
+            body.cancel()  # done, or the upstream answered before it had the whole body
+            relay.cancel()
+            await asyncio.gather(body, relay, return_exceptions=True)
 
     def _credentials(
         self,
@@ -824,7 +859,7 @@ async def _stream_body(
     """Send the request's body upstream as it arrives, a read at a time with backpressure: the
     proxy runs in the router's process, and a body held whole (connections x body size) would let
     a tool make the router hold what it likes. Trailers are dropped. `_Refused` if the client's
-    framing breaks or the upstream stops taking it (nothing was sent back yet)."""
+    framing breaks; `_UpstreamStopped` if the upstream stops taking it."""
     while True:
         event = await _next_event(conn, reader, idle_s)
         if isinstance(event, h11.Data):
@@ -837,8 +872,8 @@ async def _stream_body(
             up_writer.write(data)
             await up_writer.drain()
         except OSError as exc:
-            raise _Refused(502, f"upstream {exchange.host}:{exchange.port} stopped taking the request body: "
-                                f"{exc.__class__.__name__}") from None  # fmt: skip
+            raise _UpstreamStopped(502, f"upstream {exchange.host}:{exchange.port} stopped taking the request body: "
+                                        f"{exc.__class__.__name__}") from None  # fmt: skip
         exchange.up += len(data)
         if isinstance(event, h11.EndOfMessage):
             return

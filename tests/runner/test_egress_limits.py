@@ -369,3 +369,52 @@ async def test_a_request_body_streams_upstream_and_is_never_held_whole(tmp_path:
     assert (b"hello" in chunked_body, chunked_body.endswith(b"0\r\n\r\n")) == (True, True)
     assert [(r.method, r.status) for r in records] == [("POST", 200), ("POST", 200)]
     assert records[0].bytes_up > 3 << 20
+
+
+async def read_until_reset(reader: asyncio.StreamReader) -> bytes:
+    """What ``reader`` gets until its end or a reset."""
+    got = b""
+    with contextlib.suppress(ConnectionError):
+        while chunk := await reader.read(1 << 16):
+            got += chunk
+    return got
+
+
+async def test_an_upstream_answering_before_it_has_the_body_is_heard(tmp_path: Path) -> None:
+    """An upstream may refuse a request from its head (a 401, a 413) and close without reading
+    the body: the client gets that answer, not a 502 of the proxy's, while its body still goes."""
+    refusal = b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 4\r\nConnection: close\r\n\r\nnope"
+
+    async def upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(refusal)
+        await writer.drain()
+        writer.close()  # with the body unread: the kernel resets the connection
+
+    server = await asyncio.start_server(upstream, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    records: list[EgressRecord] = []
+
+    async def keep(record: EgressRecord) -> None:
+        records.append(record)
+
+    proxy = EgressProxy(tmp_path / "p.sock", [EgressRule("b.test", port)], keep, hosts={"b.test": "127.0.0.1"})
+    await proxy.start()
+    try:
+        reader, writer = await asyncio.open_unix_connection(str(proxy.path))
+        answer = asyncio.create_task(read_until_reset(reader))  # as it comes: a reset may follow it
+        writer.write(f"POST http://b.test:{port}/up HTTP/1.1\r\nHost: b.test\r\nContent-Length: {8 << 20}\r\n\r\n"
+                     .encode())  # fmt: skip
+        with contextlib.suppress(ConnectionError):
+            for _ in range(128):  # the body, a piece at a time, until the proxy stops reading it
+                writer.write(b"x" * (64 << 10))
+                await asyncio.wait_for(writer.drain(), 5)
+        reply = await asyncio.wait_for(answer, 10)
+        writer.close()
+    finally:
+        await proxy.aclose()
+        server.close()
+        await server.wait_closed()
+    assert reply.startswith(b"HTTP/1.1 401")
+    assert reply.endswith(b"nope")
+    assert [(r.method, r.allowed, r.status) for r in records] == [("POST", True, 401)]
