@@ -53,7 +53,7 @@ import functools
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Coroutine, Generator, Mapping
+from collections.abc import Callable, Coroutine, Generator, Mapping
 from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeAlias, TypeVar, cast
 
 from router.errors import StockadeError
@@ -83,6 +83,7 @@ _CALL_ID = "_stockade_tool_call_id"
 # How many LangGraph tool calls a gate remembers (outcome, held approval): more than any one
 # graph step makes, and few enough to stay small in a long-lived process.
 _REMEMBERED = 4096
+_REMEMBERED_BYTES = 64 << 20  # of outcomes' text: tool outputs may be large
 
 
 def openai_tools(specs: list[ToolSpec]) -> list[dict[str, Any]]:
@@ -311,7 +312,7 @@ class _Gate:
         self._held: dict[str, ToolResult] = {}
         # LangGraph tool calls, by `_graph_call` key: what each came to, the approval each waits for;
         # answers LangGraph handed to another held call, by the approval_id they name.
-        self._outcomes = _Recent[_Outcome]()
+        self._outcomes = _Recent[_Outcome](weigh=_Outcome.size)
         self._waiting = _Recent["ToolResult"]()
         self._answers = _Recent[object]()
         self._asked = _Recent[bool]()  # the approvals LangGraph calls here waited for, answered or not
@@ -380,13 +381,14 @@ class _Gate:
         with self._lock:
             running = self._running.get(key)
             if running is None:
-                mine = self._running[key] = concurrent.futures.Future()
+                mine: concurrent.futures.Future[ToolResult] = concurrent.futures.Future()
+                mine.set_running_or_notify_cancel()  # only its own outcome ends it: no waiter cancels it
+                self._running[key] = mine
         if running is not None:
             try:
-                return await asyncio.wrap_future(running)
-            except asyncio.CancelledError:
-                if not running.cancelled():  # this run was cancelled, not the one it waited for
-                    raise
+                # Shielded: a waiter's cancellation is its own, never the running call's.
+                return await asyncio.shield(asyncio.wrap_future(running))
+            except _Abandoned:  # the run it waited for was cancelled before its answer came
                 return await self.call(tool, args, approval_id)
         try:
             result = await self.call(tool, args, approval_id)
@@ -394,7 +396,7 @@ class _Gate:
             mine.set_exception(exc)
             raise
         except BaseException:
-            mine.cancel()
+            mine.set_exception(_Abandoned())
             raise
         else:
             mine.set_result(result)
@@ -571,6 +573,10 @@ class _Outcome(NamedTuple):
     content: str | None = None
     refusal: str | None = None
 
+    def size(self) -> int:
+        """About how many bytes it holds."""
+        return len(self.content or "") + len(self.refusal or "")
+
     def replay(self) -> str:
         """The content again, or the same refusal.
 
@@ -584,23 +590,38 @@ class _Outcome(NamedTuple):
         return self.content or ""
 
 
-class _Recent(Generic[T]):
-    """The last `_REMEMBERED` entries put, by key (the oldest go first)."""
+class _Abandoned(Exception):
+    """A LangGraph tool call's run was cancelled before its answer came (`_Gate.call_once`)."""
 
-    def __init__(self) -> None:
-        self._entries: OrderedDict[str, T] = OrderedDict()
+
+class _Recent(Generic[T]):
+    """The last `_REMEMBERED` entries put, by key, weighing `_REMEMBERED_BYTES` at most as
+    ``weigh`` weighs them (the oldest go first; the newest stays, whatever it weighs)."""
+
+    def __init__(self, weigh: Callable[[T], int] | None = None) -> None:
+        self._entries: OrderedDict[str, tuple[T, int]] = OrderedDict()
+        self._weigh = weigh
+        self._weight = 0
 
     def get(self, key: str) -> T | None:
-        return self._entries.get(key)
+        entry = self._entries.get(key)
+        return None if entry is None else entry[0]
 
     def put(self, key: str, value: T) -> None:
-        self._entries[key] = value
-        self._entries.move_to_end(key)
-        while len(self._entries) > _REMEMBERED:
-            self._entries.popitem(last=False)
+        self.pop(key)
+        weight = 0 if self._weigh is None else self._weigh(value)
+        self._entries[key] = (value, weight)
+        self._weight += weight
+        while len(self._entries) > 1 and (len(self._entries) > _REMEMBERED or self._weight > _REMEMBERED_BYTES):
+            _, (_, dropped) = self._entries.popitem(last=False)
+            self._weight -= dropped
 
     def pop(self, key: str) -> T | None:
-        return self._entries.pop(key, None)
+        entry = self._entries.pop(key, None)
+        if entry is None:
+            return None
+        self._weight -= entry[1]
+        return entry[0]
 
 
 def _graph_call(call_id: str | None) -> str | None:

@@ -44,7 +44,10 @@ class StockadeClient:
         principal: that principal's name, if known; identity arguments are checked against it.
         timeout_s: per request; a sandboxed call may take as long as its tool's timeout.
         retries: how often a GET is tried again.
-        transport: an ``httpx`` transport (``httpx.ASGITransport(app)`` in tests).
+        transport: an ``httpx`` transport (``httpx.ASGITransport(app)`` in tests). Without one,
+            the client keeps a connection pool per event loop it is used on; a transport given is
+            shared by them all, so it must not hold connections bound to one loop (an
+            ``httpx.AsyncHTTPTransport`` does: use such a client on one loop only).
     """
 
     def __init__(

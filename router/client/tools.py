@@ -9,8 +9,9 @@ level helper, constant or import, a variable of an enclosing function), an async
 generator, a lambda, a function whose source is not in a file, a method, or a parameter typed
 with something the sandbox cannot pass. The sandbox passes each argument as its JSON value (no
 pydantic there to convert it), so a parameter's type hint must be one whose JSON value is the
-Python value: ``str``, ``int``, ``float``, ``bool``, ``None``, ``list[...]``, ``dict[str, ...]``,
-``Literal[...]``, a ``TypedDict`` of those, ``Optional``/unions of them, or ``Any`` (a model, an
+Python value: ``str``, ``int``, ``float``, ``bool``, ``None``, ``list[...]`` (or ``Sequence``,
+``Collection``, ``Iterable``), ``dict[str, ...]`` (or ``Mapping[str, ...]``), ``Literal[...]``, a
+``TypedDict`` of those, a ``NewType`` of one, ``Optional``/unions of them, ``Any`` or ``object`` (a model, an
 ``Enum``, a ``datetime``, a ``tuple`` or a ``set`` would arrive as a dict, str or list). The
 schema forbids arguments the function has no parameter for.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import collections.abc
 import functools
 import inspect
 import linecache
@@ -40,7 +42,10 @@ R = TypeVar("R")
 # The sandbox runs Python without `site`, so the names it adds to builtins are not there.
 _BUILTINS = frozenset(dir(builtins)) - {"exit", "quit", "help", "copyright", "credits", "license"}
 # Hints whose JSON value is the Python value (`_json_hint`).
-_JSON_SCALARS: tuple[object, ...] = (str, int, float, bool, type(None), None, Any)
+_JSON_SCALARS: tuple[object, ...] = (str, int, float, bool, type(None), None, Any, object)
+# Read-only collection types a JSON array (a list) or object (a dict) already is.
+_SEQUENCES: tuple[object, ...] = (list, collections.abc.Sequence, collections.abc.Collection, collections.abc.Iterable)
+_MAPPINGS: tuple[object, ...] = (dict, collections.abc.Mapping)
 
 
 class SandboxedTool(Mapping[str, Any], Generic[P, R]):
@@ -214,8 +219,9 @@ def _schema(function: Callable[..., Any]) -> dict[str, Any]:
             raise InvalidToolSpec(
                 f"@sandboxed_tool {name}: parameter {parameter.name!r} is typed {_hint_name(annotation)}, but the "
                 "sandbox passes each argument as its plain JSON value (a dict, list, str, number, bool or null), "
-                "never converted to that type: type it str, int, float, bool, None, list[...], dict[str, ...], "
-                "Literal[...], a TypedDict of those, or a union of them, and convert inside the function "
+                "never converted to that type: type it str, int, float, bool, None, list[...] (or Sequence[...]), "
+                "dict[str, ...] (or Mapping[str, ...]), Literal[...], a TypedDict of those, or a union of them, "
+                "and convert inside the function "
                 "(datetime.date.fromisoformat(day), Color(color), tuple(pair) ...)"
             )
         fields[parameter.name] = (annotation, ... if parameter.default is parameter.empty else parameter.default)
@@ -228,8 +234,10 @@ def _schema(function: Callable[..., Any]) -> dict[str, Any]:
 
 def _json_hint(hint: Any) -> bool:
     """Whether an argument so typed is its JSON value as it is: nothing converts it in the sandbox."""
-    if any(hint is plain for plain in (*_JSON_SCALARS, list, dict)):  # identity: some hints do not hash
+    if any(hint is plain for plain in (*_JSON_SCALARS, *_SEQUENCES, *_MAPPINGS)):  # identity: some hints do not hash
         return True
+    if isinstance(hint, typing.NewType):
+        return _json_hint(hint.__supertype__)
     if is_typeddict(hint):
         return all(_json_hint(h) for h in typing.get_type_hints(hint).values())
     origin, params = typing.get_origin(hint), typing.get_args(hint)
@@ -239,9 +247,9 @@ def _json_hint(hint: Any) -> bool:
         return all(p is None or type(p) in (str, int, bool) for p in params)
     if origin in (Union, types.UnionType):
         return all(_json_hint(p) for p in params)
-    if origin is list:
+    if any(origin is sequence for sequence in _SEQUENCES):
         return all(_json_hint(p) for p in params)
-    if origin is dict:
+    if any(origin is mapping for mapping in _MAPPINGS):
         return len(params) == 2 and params[0] is str and _json_hint(params[1])
     return False
 

@@ -10,9 +10,9 @@ import datetime
 import enum
 import gc
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NewType
 
 import pytest
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
@@ -25,7 +25,7 @@ from policy import PolicySettings
 from router import ControlPlane, Settings
 from router.audit import AuditFilter
 from router.client import StockadeClient, sandboxed_tool
-from router.client.adapters import langchain_tools, run_sync
+from router.client.adapters import _Gate, langchain_tools, run_sync
 from router.errors import InvalidCall, InvalidToolSpec, ToolRefused
 from router.interfaces.api import create_app
 from router.settings import ApiPrincipal, AuditSettings
@@ -200,6 +200,21 @@ def plain(text: str, n: int = 2, scale: float | None = None, tags: list[str] | N
     return text * n
 
 
+UserId = NewType("UserId", str)
+
+
+def read_only(names: Sequence[str], counts: Mapping[str, int], user: UserId, extra: object = None) -> int:
+    return len(names) + len(counts) + len(user)
+
+
+def test_read_only_collection_hints_and_new_types_register() -> None:
+    """A JSON array is a Sequence, a JSON object a Mapping, a NewType's value its base type's: the
+    first version of the check refused them, and tools that worked failed at import."""
+    properties = sandboxed_tool(read_only).spec.input_schema["properties"]
+    assert (properties["names"]["type"], properties["counts"]["type"], properties["user"]["type"]) == (
+        "array", "object", "string")  # fmt: skip
+
+
 def exits(x: int) -> int:
     if x < 0:
         exit(1)  # noqa: PLR1722  (the point: a name site adds)
@@ -281,3 +296,23 @@ async def test_a_tool_policy_refuses_keeps_its_reason_codes_over_http(stockade: 
         await stockade.plane.register(spec)
 
     assert over_http.value.reasons == in_process.value.reasons == ["egress.not_allowlisted"]
+
+
+async def test_a_langgraph_rerun_cancelled_while_it_waits_neither_sends_the_call_again_nor_loses_it(
+    stockade: Stockade,
+) -> None:
+    """A node's re-run waits for the same call still in flight; when that waiting re-run was
+    cancelled, the cancellation once reached the running call: the re-run sent the call again
+    (it ran twice) and the first run's answer was lost (InvalidStateError)."""
+    gate = _Gate(stockade.agent, stockade.session)
+    key = json.dumps(["t-cancelled", "tools:1", "c0"])
+    first = asyncio.create_task(gate.call_once(key, "get_webpage", PAGE, None))
+    await asyncio.sleep(0)  # it is running
+    rerun = asyncio.create_task(gate.call_once(key, "get_webpage", PAGE, None))
+    await asyncio.sleep(0)  # it waits for the first
+    rerun.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await rerun
+    assert (await first).status == "completed"
+    assert len(await executions(stockade, "get_webpage")) == 1
+    assert [c["tool"] for c in stockade.transport.calls] == ["get_webpage"]
