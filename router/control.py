@@ -73,6 +73,7 @@ from router.logging import configure_default_logging
 from router.provenance import (
     call_keys_async,
     content_keys_async,
+    has_trusted_source,
     is_untrusted_only,
     source_label,
     split_output,
@@ -144,6 +145,7 @@ class _Call:
         "canonical_args",
         "closed",
         "decision_id",
+        "derived",
         "egress_records",
         "going_ahead",
         "input_infos",
@@ -174,6 +176,7 @@ class _Call:
         self.values: dict[str, list[ValueSources]] = {}
         self.arg_keys: set[str] = set()
         self.steered = False  # an argument came only from untrusted content (see PendingExternal.steered)
+        self.derived = False  # after untrusted content, an argument has no trusted source (see PendingExternal.derived)
         self.rates = RateCounts()
         self.tier: str | None = None  # the sandbox tier, once the call runs
         self.unaudited_egress = 0  # egress requests the audit log could not take: the output is withheld
@@ -816,7 +819,7 @@ class ControlPlane:
                 ))  # fmt: skip
             await self._store_step(call, self.store.expect_report(
                 PendingExternal(call.session.id, call.call_id, call.decision_id, call.tool.spec.name,
-                                tuple(sorted(call.arg_keys)), steered=call.steered)
+                                tuple(sorted(call.arg_keys)), steered=call.steered, derived=call.derived)
             ))  # fmt: skip
             call.closed = True  # the trail goes on with report()
             return self._result(call, "awaiting_report")
@@ -875,7 +878,13 @@ class ControlPlane:
             raise
         try:
             await self._remember(
-                session, tool.spec, pending.call_id, output, echoed=pending.echoed, steered=pending.steered
+                session,
+                tool.spec,
+                pending.call_id,
+                output,
+                echoed=pending.echoed,
+                steered=pending.steered,
+                derived=pending.derived,
             )
         except StoreError as exc:
             await self._audit_store_failure(exc, pending.decision_id, session, tool.spec.name, pending.call_id)
@@ -951,6 +960,18 @@ class ControlPlane:
         # A call the agent was steered to by untrusted content (a search for the words an injected
         # text gave it) returns what that text chose: none of its output is a trusted source.
         call.steered = any(is_untrusted_only(sources, context.session.endorsed) for sources in provenance.values())
+        # After untrusted content, a call with an argument that has keys yet no trusted source (the
+        # agent may have copied it from that content, in words no matcher reads) returns a value
+        # derived from it: not a trusted source either (`source_label` ``derived``). An argument
+        # with no keys (a flag, a small number) says nothing either way.
+        call.derived = (
+            not call.steered
+            and UNTRUSTED_CONTENT in context.session.taint
+            and any(
+                arg_keys and not has_trusted_source(provenance.get(arg, ()), context.session.endorsed)
+                for arg, arg_keys in keys.items()
+            )
+        )
         # What the checked values are keyed by (an amount of any size): the call supplied them.
         # The rest of what it supplied is read once it goes ahead (`_read_supplied`).
         call.arg_keys = {key for value in checked for key in value.keys}
@@ -1349,7 +1370,7 @@ class ControlPlane:
         call.stage = "indexing"
         await self._store_step(call, self._remember(
             call.session, spec, call.call_id, output if output is not None else stdout, stderr, echoed=call.arg_keys,
-            steered=call.steered,
+            steered=call.steered, derived=call.derived,
         ))  # fmt: skip
         log.info("tool_call_completed", verdict=verdict, wall_ms=round(usage.wall_ms, 2))
         return ToolResult(
@@ -1416,7 +1437,7 @@ class ControlPlane:
 
     async def _remember(
         self, session: SessionRecord, spec: ToolSpec, call_id: str, *content: Any, echoed: Collection[str] = (),
-        steered: bool = False,
+        steered: bool = False, derived: bool = False,
     ) -> None:  # fmt: skip
         """Index output the agent is about to see, and taint the session if the tool reads
         untrusted content. Raises `StoreError`.
@@ -1427,17 +1448,21 @@ class ControlPlane:
         into a trusted one.
         ``steered``: an argument came only from untrusted content, so all of the output is
         untrusted content: a trusted tool's, and the parts a tool declares its own
-        (``untrusted_output``) alike. (The session is tainted already: that content tainted it.)"""
+        (``untrusted_output``) alike. (The session is tainted already: that content tainted it.)
+        ``derived``: after untrusted content, an argument had no trusted source, so what a trusted
+        tool returns is indexed as ``derived:`` (neither trusted nor untrusted), not ``tool:``."""
         untrusted = steered or "reads_untrusted" in spec.capabilities
         if spec.untrusted_output and not steered:  # (untrusted_output is only for reads_untrusted tools)
             # Its own data is a trusted tool's output (indexed first: the call's endorsable
             # source is its third-party part), the declared parts untrusted content.
             output, *rest = content  # the output, then what else the agent sees (stderr): third-party
             trusted_part, third_party = split_output(output, spec.untrusted_output)
-            await self._index(session, source_label(spec.name, call_id, untrusted=False), trusted_part, echoed, None)
+            await self._index(
+                session, source_label(spec.name, call_id, untrusted=False, derived=derived), trusted_part, echoed, None
+            )
             content = (*third_party, *rest)
         await self._index(
-            session, source_label(spec.name, call_id, untrusted=untrusted), list(content),
+            session, source_label(spec.name, call_id, untrusted=untrusted, derived=derived), list(content),
             () if untrusted else echoed, UNTRUSTED_CONTENT if untrusted else None,
         )  # fmt: skip
 

@@ -5,7 +5,14 @@ Sources, as policy sees them in ``input.provenance[arg]``:
 - ``user``: the trusted context the framework declared when it opened the session;
 - ``tool:<name>:<call_id>``: output of a tool without ``reads_untrusted``;
 - ``untrusted:<name>:<call_id>``: output of a tool with ``reads_untrusted`` (sandboxed, or
-  reported by the framework for an ``external`` tool).
+  reported by the framework for an ``external`` tool), or of any call an argument of which was
+  seen only in untrusted content (the call was steered);
+- ``derived:<name>:<call_id>``: output of a tool without ``reads_untrusted``, called after
+  untrusted content with an argument that has keys but no trusted source (``calculator("333*3")``
+  from a page's "three hundred thirty-three times three"). It is neither trusted nor untrusted:
+  a value seen only there counts as seen nowhere, so it is held where a trusted source is
+  needed, and a human may endorse it. A trusted tool must not launder what the agent typed in
+  from a page into a trusted value.
 
 What is matched. Content is indexed once, when it enters the session; an argument is reduced to
 the same keys and looked up, so a lookup costs a few dictionary probes whatever the session size.
@@ -33,6 +40,16 @@ A host is keyed as a resolver reads it, by one function (`canonical_host`) for c
 arguments alike: a URL's host percent-decoded, and a non-ASCII host mapped by UTS-46 (IDNA2008:
 case and width folded, ``\u3002`` a dot, ``ß`` kept) to its ``xn--`` form. So
 ``https://%65vil.example`` is evil.example, and ``straße.example`` is not ``strasse.example``.
+
+Content is also read as its reader takes it (`folded`): a string that is not plain ASCII, or holds
+an ``&``, is indexed a second time NFKC-folded, without format characters (Unicode Cf: zero-width
+spaces and joiners, bidi marks) and with HTML entities decoded, so a page that writes
+``\uff48\uff54\uff54\uff50\uff53\uff1a\uff0f\uff0f\uff45\uff56\uff49\uff4c...`` or
+``evil&#46;example`` is a source of the plain link an LLM copies out of it. An argument is read both
+ways too: a content argument's identifiers in either form, and a checked value's folded form, if
+it reads as another identifier, as a value of its own that needs a trusted source as well (folding
+can make a value suspect, never trusted). Plain ASCII without ``&`` costs two scans; the second
+reading is linear and spends the same budget as the first.
 
 A destination, amount or sensitive value is matched by what it *is*: its whole string, and an
 identifier only if the whole value is exactly one (`checked_values`): the value
@@ -68,7 +85,9 @@ of that:
 
 Which way the bounds fail. Content that is not indexed contributes no key, so a value found only
 there has no source from it. Policy reads "no trusted source" as unverified: after untrusted
-content, a consequential call with such a value needs a human. So a value the user gave past
+content, a consequential call with such a value needs a human, whether it is a destination,
+amount or sensitive value (``approval.unverified_destination``) or an identifier in the text of a
+content argument (``approval.unverified_content``). So a value the user gave past
 the bound no longer counts as the user's (the call is held, not let through), and a value from
 untrusted content past the bound is held for a human instead of denied outright (the price of
 the bound, logged as ``provenance_index_cut``); in no case does content that was not read make a
@@ -90,8 +109,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import html
 import re
 import string
+import unicodedata
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
@@ -768,6 +789,43 @@ def _account_keys(run: str, after_is_word: bool, budget: _Budget | None) -> list
     return keys
 
 
+@functools.cache
+def _format_chars() -> re.Pattern[str]:
+    """Every format character (Unicode category Cf: zero-width spaces and joiners, bidi marks,
+    the soft hyphen), built once (some 10 ms), on the first text that is not plain ASCII. The
+    class is written as ranges: a class of single characters is several times slower to scan."""
+    ranges: list[list[int]] = []
+    # Format characters are in planes 0, 1 and 14 only; scanning just those keeps the build short.
+    for code in (*range(0x20000), *range(0xE0000, 0xE1000)):
+        if unicodedata.category(chr(code)) == "Cf":
+            if ranges and ranges[-1][1] == code - 1:
+                ranges[-1][1] = code
+            else:
+                ranges.append([code, code])
+    spans = (re.escape(chr(a)) + (f"-{re.escape(chr(z))}" if z > a else "") for a, z in ranges)
+    return re.compile("[" + "".join(spans) + "]+")
+
+
+def _unicode_folded(text: str) -> str:
+    return _format_chars().sub("", unicodedata.normalize("NFKC", text))
+
+
+def folded(text: str) -> str | None:
+    """``text`` as a reader (or an LLM copying it) takes it, if that differs: NFKC-folded
+    (full-width ``\uff48\uff54\uff54\uff50\uff53\uff1a`` is ``https:``) without format
+    characters, and HTML entities decoded (``evil&#46;example`` is ``evil.example``). None for
+    plain ASCII without an ``&``: the common case costs two scans. Linear in the text."""
+    ascii_ = text.isascii()
+    if ascii_ and "&" not in text:
+        return None
+    result = text if ascii_ else _unicode_folded(text)
+    if "&" in result:
+        result = html.unescape(result)
+        if not result.isascii():  # an entity may name a full-width or zero-width character
+            result = _unicode_folded(result)
+    return result if result != text else None
+
+
 def string_keys(text: str, *, indexing: bool = True) -> Iterator[str]:
     """The keys a string contributes (see the module docstring). Indexed content also contributes
     each email's domain as a hostname, so host and URL arguments match it; an email argument
@@ -792,6 +850,10 @@ def _value_keys(value: Any, indexing: bool, budget: _Budget | None, depth: int =
             continue
         if isinstance(item, str):
             keys.extend(_string_keys(item, indexing, budget))
+            # Content is also read as its reader takes it (`folded`), so a link written full-width
+            # or with an entity meets the plain argument an LLM rewrote it as.
+            if indexing and (plain := folded(item)) is not None:
+                keys.extend(_string_keys(plain, indexing, budget))
             continue
         if budget is not None:
             budget.tokens -= 1
@@ -819,15 +881,22 @@ def value_keys(value: Any, depth: int = 0, *, indexing: bool = True) -> Iterator
     yield from _value_keys(value, indexing, None, depth)
 
 
-def source_label(tool: str, call_id: str, *, untrusted: bool) -> str:
-    return f"{'untrusted' if untrusted else 'tool'}:{tool}:{call_id}"
+def source_label(tool: str, call_id: str, *, untrusted: bool, derived: bool = False) -> str:
+    """``untrusted:``, ``derived:`` or ``tool:`` + ``<tool>:<call_id>`` (see the module docstring)."""
+    kind = "untrusted" if untrusted else "derived" if derived else "tool"
+    return f"{kind}:{tool}:{call_id}"
+
+
+def has_trusted_source(sources: Collection[str], endorsed: Collection[str] = ()) -> bool:
+    """Whether ``sources`` name the user, a trusted tool or a source a human endorsed (policy's
+    ``has_trusted_source``, for the router's own use)."""
+    return any(s == USER or s.startswith("tool:") or s in endorsed for s in sources)
 
 
 def is_untrusted_only(sources: Collection[str], endorsed: Collection[str] = ()) -> bool:
     """Whether ``sources`` name untrusted content and nothing trusted: not the user, no trusted
     tool, no source a human endorsed (policy's ``is_untrusted_only``, for the router's own use)."""
-    trusted = any(s == USER or s.startswith("tool:") or s in endorsed for s in sources)
-    return not trusted and any(s.startswith("untrusted:") for s in sources)
+    return not has_trusted_source(sources, endorsed) and any(s.startswith("untrusted:") for s in sources)
 
 
 def content_keys(items: Iterable[Any]) -> set[str]:
@@ -889,11 +958,21 @@ def checked_values(
                 if arg in money and (amount := _amount_key(leaf)):
                     keys.add(amount)
                 found.append(CheckedValue(arg, path, None, frozenset(keys)))
+                # Its `folded` form, if that reads as another identifier (a full-width IBAN), is a
+                # value of its own: it too needs a trusted source, so folding can make a value
+                # suspect, never make one trusted.
+                if isinstance(leaf, str) and (plain := folded(leaf)) is not None:
+                    plain_keys = _identity_keys(plain)
+                    if any(key.startswith(_IDENTIFIER_PREFIXES) and key not in keys for key in plain_keys):
+                        found.append(CheckedValue(arg, path, None, frozenset(plain_keys)))
     for arg in dict.fromkeys(content):
         if arg in args:
             for path, leaf in _leaves(arg, args[arg]):
                 if isinstance(leaf, str):
-                    for key in dict.fromkeys(_string_keys(leaf, True, None)):
+                    text_keys = _string_keys(leaf, True, None)
+                    if (plain := folded(leaf)) is not None:
+                        text_keys += _string_keys(plain, True, None)
+                    for key in dict.fromkeys(text_keys):
                         if key.startswith(_IDENTIFIER_PREFIXES):
                             found.append(CheckedValue(arg, path, key, frozenset((key,))))
     return found

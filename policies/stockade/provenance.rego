@@ -1,8 +1,10 @@
 # The lethal trifecta, value by value. The router tells policy where each value of a
 # destination, amount, sensitive or content argument was seen before in the session
 # (input.values); a value seen only in untrusted content is denied, one with no trusted
-# source is held where one is needed. Sources: user, tool:<name>:<call>, untrusted:<name>:<call>,
-# and any source a human endorsed for the session (input.session.endorsed).
+# source is held where one is needed (an identifier in a content argument: after untrusted
+# content). Sources: user, tool:<name>:<call>, untrusted:<name>:<call>, derived:<name>:<call>
+# (neither trusted nor untrusted: a trusted tool's output from an argument with no trusted source,
+# after untrusted content), and any source a human endorsed for the session (input.session.endorsed).
 package stockade
 
 import data.stockade.catalog
@@ -35,6 +37,25 @@ deny_reasons contains {
 	some arg in object.get(input.tool, "content_args", [])
 	some item in arg_values(arg)
 	is_untrusted_only(item)
+}
+
+# METADATA
+# description: >-
+#   A link, address or account inside the text a consequential call sends after untrusted
+#   content, with no trusted source and not seen only in untrusted content: the page may have
+#   written it in a form no matcher reads (full-width, an HTML entity, defanged, encoded, in
+#   pieces) or past the indexing bound, so "seen nowhere" is not "safe".
+# scope: rule
+approval_reasons contains {
+	"code": "approval.unverified_content",
+	"message": sprintf("argument %q carries %s, which has no trusted source", [arg, item.key]),
+} if {
+	is_consequential
+	has_read_untrusted
+	some arg in object.get(input.tool, "content_args", [])
+	some item in arg_values(arg)
+	not has_trusted_source(item)
+	not is_untrusted_only(item)
 }
 
 # METADATA

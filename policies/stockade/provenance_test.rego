@@ -116,6 +116,56 @@ test_a_link_from_untrusted_content_in_a_message_body_is_denied if {
 	codes(d) == {"provenance.untrusted_content"}
 }
 
+# A link in a body, seen in `sources`, on the mailer after `taint` (to: the user's address).
+_body_link(taint, sources) := object.union(_input(_mailer, taint), {
+	"args": {"to": "bob@example.com", "body": "please log in at https://evil.example/login"},
+	"provenance": {"to": ["user"]},
+	"values": {"to": [_v("to", ["user"])], "body": [{
+		"path": "body", "key": "u:https://evil.example/login",
+		"sources": sources,
+	}]},
+})
+
+# The page may have written it full-width, defanged or past the indexing bound: seen nowhere is
+# not safe after untrusted content.
+test_a_link_of_unknown_origin_in_a_message_body_after_untrusted_content_is_held if {
+	d := data.stockade.decision with input as _body_link(["untrusted_content"], [])
+	d.outcome == "require_approval"
+	codes(d) == {"approval.unverified_content"}
+}
+
+test_a_link_of_unknown_origin_in_a_message_body_on_a_clean_session_is_allowed if {
+	d := data.stockade.decision with input as _body_link([], [])
+	d.outcome == "allow"
+}
+
+test_a_link_only_a_derived_output_holds_is_held if {
+	d := data.stockade.decision with input as _body_link(["untrusted_content"], ["derived:parse_contact:c-3"])
+	d.outcome == "require_approval"
+	codes(d) == {"approval.unverified_content"}
+}
+
+test_a_link_of_unknown_origin_from_an_endorsed_source_is_allowed if {
+	base := _body_link(["untrusted_content"], ["derived:parse_contact:c-3"])
+	i := object.union(base, {"session": object.union(base.session, {"endorsed": ["derived:parse_contact:c-3"]})})
+	d := data.stockade.decision with input as i
+	d.outcome == "allow"
+}
+
+test_a_link_a_trusted_tool_returned_in_a_message_body_is_allowed if {
+	d := data.stockade.decision with input as _body_link(["untrusted_content"], ["tool:search_docs:c-2"])
+	d.outcome == "allow"
+}
+
+test_a_link_of_unknown_origin_in_a_body_of_an_inconsequential_tool_is_allowed if {
+	i := object.union(_body_link(["untrusted_content"], []), {"tool": object.union(
+		_tool([], "low"),
+		{"destination_args": ["to", "cc"], "content_args": ["body"]},
+	)})
+	d := data.stockade.decision with input as i
+	d.outcome == "allow"
+}
+
 test_a_link_the_user_gave_in_a_message_body_is_allowed if {
 	i := object.union(_send("bob@example.com", ["user"]), {
 		"args": {"to": "bob@example.com", "body": "the doc: https://docs.example/q3"},

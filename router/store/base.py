@@ -68,6 +68,9 @@ class PendingExternal:
     # An argument of the call came only from untrusted content: the call was steered by it, and
     # its whole output is untrusted content (a trusted tool's, and declared trusted parts, alike).
     steered: bool = False
+    # After untrusted content, an argument had keys yet no trusted source: its output is derived
+    # (indexed as ``derived:``), neither a trusted source nor untrusted content.
+    derived: bool = False
 
 
 def checked_session_id(session_id: str) -> str:

@@ -437,7 +437,7 @@ class RedisStore:
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.hset(keys.pending(pending.session_id), pending.call_id, json.dumps({
                     "decision_id": pending.decision_id, "tool": pending.tool, "echoed": list(pending.echoed),
-                    "steered": pending.steered,
+                    "steered": pending.steered, "derived": pending.derived,
                 }))  # fmt: skip
                 pipe.pexpire(keys.pending(pending.session_id), self._session_ttl_ms)
                 await pipe.execute()
@@ -458,6 +458,7 @@ class RedisStore:
             document["tool"],
             tuple(document.get("echoed", ())),
             steered=bool(document.get("steered", False)),
+            derived=bool(document.get("derived", False)),
         )
 
     async def put_approval(self, approval: Approval, keep_s: float) -> str:
