@@ -49,7 +49,9 @@ spaces and joiners, bidi marks) and with HTML entities decoded, so a page that w
 ways too: a content argument's identifiers in either form, and a checked value's folded form, if
 it reads as another identifier, as a value of its own that needs a trusted source as well (folding
 can make a value suspect, never trusted). Plain ASCII without ``&`` costs two scans; the second
-reading is linear and spends the same budget as the first.
+reading is linear and spends the same budget as the first. The first 64 KiB of each string of
+content is also read as an agent told to decode it would (`unveiled`): re-armed where defanged
+(``hxxps://evil[.]example``) and each base64 run that decodes to text.
 
 A destination, amount or sensitive value is matched by what it *is*: its whole string, and an
 identifier only if the whole value is exactly one (`checked_values`): the value
@@ -108,6 +110,7 @@ worker thread so the event loop keeps serving other calls.
 from __future__ import annotations
 
 import asyncio
+import base64
 import functools
 import html
 import re
@@ -826,6 +829,56 @@ def folded(text: str) -> str | None:
     return result if result != text else None
 
 
+# Defanged links and addresses, as threat reports write them and an injection may ask an agent to
+# re-arm: ``hxxp``, ``[.]`` ``(.)`` ``[dot]`` ``(dot)``, ``[at]`` ``(at)``, ``[:]``, a bracketed
+# word with a space each side at most (no repeat: linear).
+_DEFANGED = re.compile(r"(?i:hxxp)|(?i: ?[\[({](at|dot|\.)[\])}] ?)|\[:\]")
+# A run that may be base64 (or base64url): 16 characters or more, at most 4 KiB decoded at once.
+_BASE64_RUN = re.compile(r"[A-Za-z0-9+/_-]{16,4096}={0,2}")
+_UNVEIL_SCAN_CHARS = 64 << 10  # of each string: as for names, an injection is short and early
+_MAX_DECODED_RUNS = 256
+
+
+def _rearmed(match: re.Match[str]) -> str:
+    word = match.group(1)
+    if word is not None:
+        return "@" if word.lower() == "at" else "."
+    return "http" if match.group(0).lower() == "hxxp" else ":"
+
+
+def unveiled(text: str) -> list[str]:
+    """Readings of content an injection may ask an agent to decode, to be indexed beside it, from
+    its first `_UNVEIL_SCAN_CHARS` (cut at a space): the text re-armed where it is defanged
+    (``hxxps://evil[.]example``, ``eve (at) evil (dot) example``), and what each base64 run in it
+    decodes to, if that is text. Past the head, a decoded value is simply not seen: one the agent
+    then sends is held for a human (``approval.unverified_content``), never passed."""
+    head = text[:_UNVEIL_SCAN_CHARS]
+    if len(text) > len(head) and (space := head.rfind(" ")) > 0:
+        head = head[:space]
+    readings = []
+    if "[" in head or "(" in head or "{" in head or "xxp" in head or "XXP" in head:
+        armed = _DEFANGED.sub(_rearmed, head)
+        if armed != head:
+            readings.append(armed)
+    for n, run in enumerate(_BASE64_RUN.finditer(head)):
+        if n >= _MAX_DECODED_RUNS:
+            break
+        if (decoded := _base64_text(run.group(0))) is not None:
+            readings.append(decoded)
+    return readings
+
+
+def _base64_text(run: str) -> str | None:
+    """What ``run`` decodes to as base64 or base64url, if that is printable UTF-8 text."""
+    data = run.rstrip("=")
+    try:
+        raw = base64.b64decode(data + "=" * (-len(data) % 4), altchars=b"-_" if "-" in data or "_" in data else None)
+        decoded = raw.decode("utf-8")
+    except (ValueError, UnicodeDecodeError):  # binascii.Error is a ValueError
+        return None
+    return decoded if decoded.replace("\n", " ").replace("\t", " ").isprintable() else None
+
+
 def string_keys(text: str, *, indexing: bool = True) -> Iterator[str]:
     """The keys a string contributes (see the module docstring). Indexed content also contributes
     each email's domain as a hostname, so host and URL arguments match it; an email argument
@@ -854,6 +907,9 @@ def _value_keys(value: Any, indexing: bool, budget: _Budget | None, depth: int =
             # or with an entity meets the plain argument an LLM rewrote it as.
             if indexing and (plain := folded(item)) is not None:
                 keys.extend(_string_keys(plain, indexing, budget))
+            if indexing:  # and as an agent told to decode it would (`unveiled`)
+                for reading in unveiled(item):
+                    keys.extend(_string_keys(reading, indexing, budget))
             continue
         if budget is not None:
             budget.tokens -= 1
