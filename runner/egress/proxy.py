@@ -591,7 +591,9 @@ class EgressProxy:
         default_port = 443 if route.intercept else 80
         host = f"[{exchange.host}]" if ":" in exchange.host else exchange.host
         authority = host if exchange.port == default_port else f"{host}:{exchange.port}"
-        kept = [(k, v) for k, v in request.headers if k.lower() not in _HOP_BY_HOP | {b"content-length", b"host"}]
+        # Expect is answered here (below): the upstream gets the body without waiting to be asked.
+        dropped = _HOP_BY_HOP | {b"content-length", b"host", b"expect"}
+        kept = [(k, v) for k, v in request.headers if k.lower() not in dropped]
         headers, exchange.injected = _inject([(b"host", authority.encode()), *kept], injections)
         scrubber = _ResponseScrubber(route.injections, request.method) if route.injections else None
         if scrubber is not None:
@@ -611,6 +613,10 @@ class EgressProxy:
                                 f"nothing was sent (injected: {injected})") from None  # fmt: skip
         route.up_writer.write(data)
         exchange.up = len(data)
+        if conn.they_are_waiting_for_100_continue:
+            # The request is allowed and on its way: a client that asked (curl does, for a body
+            # over 1 KiB) sends its body now, not after its own timeout (1 s for curl).
+            writer.write(conn.send(h11.InformationalResponse(status_code=100, headers=[])))
         try:
             await self._both_ways(conn, reader, writer, upstream, route, scrubber, exchange)
         finally:

@@ -418,3 +418,37 @@ async def test_an_upstream_answering_before_it_has_the_body_is_heard(tmp_path: P
     assert reply.startswith(b"HTTP/1.1 401")
     assert reply.endswith(b"nope")
     assert [(r.method, r.allowed, r.status) for r in records] == [("POST", True, 401)]
+
+
+async def test_a_client_expecting_100_continue_is_told_to_go_on_at_once(tmp_path: Path) -> None:
+    """curl asks before sending a body over 1 KiB and waits a second for an answer: the proxy
+    answers ``100 Continue`` once the request is allowed, so the body goes without that wait,
+    and the upstream gets it without being asked."""
+    heads: list[bytes] = []
+
+    async def upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        heads.append(await reader.readuntil(b"\r\n\r\n"))
+        await reader.readexactly(4096)
+        writer.write(OK)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(upstream, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    proxy = EgressProxy(tmp_path / "p.sock", [EgressRule("b.test", port)], None, hosts={"b.test": "127.0.0.1"})
+    await proxy.start()
+    try:
+        reader, writer = await asyncio.open_unix_connection(str(proxy.path))
+        writer.write(f"POST http://b.test:{port}/up HTTP/1.1\r\nHost: b.test\r\nContent-Length: 4096\r\n"
+                     "Expect: 100-continue\r\n\r\n".encode())  # fmt: skip
+        interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 0.5)
+        writer.write(b"x" * 4096)
+        reply = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+    finally:
+        await proxy.aclose()
+        server.close()
+        await server.wait_closed()
+    assert interim.startswith(b"HTTP/1.1 100 ")
+    assert reply.endswith(b"ok")
+    assert b"expect" not in heads[0].lower()
