@@ -28,6 +28,7 @@ import secrets
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -80,6 +81,7 @@ from router.provenance import (
     supplied_keys_async,
     trusted_context_keys_async,
 )
+from router.refusals import RefusalBudget
 from router.results import Artifact, DecisionResult, RunUsage, ToolResult
 from router.sessions import UNTRUSTED_CONTENT, new_session
 from router.settings import Settings
@@ -109,6 +111,11 @@ VERSION = "0.1.0"
 
 
 _now = timestamp
+
+
+def _iso(epoch: float) -> str:
+    """``epoch`` as audit events write times."""
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def _text(data: bytes) -> str:
@@ -221,6 +228,9 @@ class ControlPlane:
         self._here: set[str] = set()
         self._sweeper: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
+        # Refusals written one by one up to a burst, then counted (`router.refusals`).
+        self._refusals = RefusalBudget(settings.audit.refusal_burst, settings.audit.refusal_window_s)
+        self._refusal_counter: asyncio.Task[None] | None = None
         # Taken now, next to the load: an edit made before the watcher starts must still count.
         self._policy_seen = fingerprint(settings.policy.dir)
         self.policy_problem: str | None = None  # why the files on disk did not load, at the last try
@@ -261,11 +271,12 @@ class ControlPlane:
 
     async def aclose(self) -> None:
         """Revoke live credentials; stop sandboxes; close the policy engine, the store and the audit log."""
-        for task in (self._sweeper, self._watcher):
+        for task in (self._sweeper, self._watcher, self._refusal_counter):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        await self._write_refusal_counts(every=True)  # the counts of windows still open
         by_call: dict[str, tuple[_Call, list[Lease]]] = {}
         for call, lease in list(self._leases.values()):
             by_call.setdefault(call.call_id, (call, []))[1].append(lease)
@@ -530,11 +541,38 @@ class ControlPlane:
         body or route the API would not take: ``code`` says which). ``session_id``: the session the
         request was in, when the caller knows it (the event then joins that session's trail)."""
         log.info("request_refused", who=who, what=what[:300], reason=reason, code=code, session_id=session_id)
+        await self._write_refusal_counts()
+        if not self._refusals.admit(who, code, what[:300], time.monotonic(), time.time()):
+            # Past the burst of its kind: counted, and the count written when its window closes.
+            if self._refusal_counter is None or self._refusal_counter.done():
+                self._refusal_counter = asyncio.get_running_loop().create_task(self._count_refusals())
+            return
         await self._record(AuditEvent(
             kind="error", decision_id=str(uuid.uuid4()), timestamp=_now(), agent=who, outcome="refused",
             session_id=session_id, labels=self._labels,
             result={"code": code, "request": what[:300], "message": reason},
         ))  # fmt: skip
+
+    async def _count_refusals(self) -> None:
+        """Write each count of refusals as its window closes, while any is being counted."""
+        while (closes := self._refusals.next_close()) is not None:
+            await asyncio.sleep(max(0.0, closes - time.monotonic()))
+            await self._write_refusal_counts()
+
+    async def _write_refusal_counts(self, *, every: bool = False) -> None:
+        """One event for each closed window's count of refusals not written one by one
+        (``every``: each window's, as at shutdown)."""
+        for counted in self._refusals.due(time.monotonic(), time.time(), every=every):
+            window = self._refusals.window_s
+            await self._record(AuditEvent(
+                kind="error", decision_id=str(uuid.uuid4()), timestamp=_now(), agent=counted.who,
+                outcome="refused", labels=self._labels,
+                result={"code": counted.code, "request": counted.first_request, "count": counted.count,
+                        "last_request": counted.last_request,
+                        "window": [_iso(counted.started), _iso(counted.ended)],
+                        "message": f"{counted.count} more refusals of this kind were counted, not written one "
+                                   f"by one (over {self._refusals.burst} in {window:g} s)"},
+            ))  # fmt: skip
 
     async def readiness(self) -> dict[str, bool]:
         """What /readyz decides on: a policy in force, the store answering, an audit append possible.

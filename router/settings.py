@@ -109,6 +109,11 @@ class AuditSettings(BaseModel):
     # A checkpoint is signed this long after an append (at most one per interval), every
     # ``checkpoint_every`` events, when a segment is sealed, and on shutdown.
     checkpoint_interval_s: float = Field(default=1.0, gt=0)
+    # Refusals of one kind (the same caller and code) written one by one in each window; past
+    # that they are counted, and the count written as one event when the window closes
+    # (`router.refusals`): a flood of bad requests must not become an fsynced append each.
+    refusal_burst: int = Field(default=100, gt=0)
+    refusal_window_s: float = Field(default=10.0, gt=0)
     checkpoint_every: int = Field(default=10_000, gt=0)
     # Also publish each checkpoint as a new file here: somewhere the router cannot rewrite (an
     # object-lock bucket mount, a SIEM inbox). The Redis backend also keeps them in Redis.

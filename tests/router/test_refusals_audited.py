@@ -201,3 +201,33 @@ async def test_what_the_mcp_sdk_refuses_over_http_is_on_record(tmp_path: Path) -
 )  # fmt: skip
 def test_only_loopback_literals_and_localhost_count_as_loopback(host: str, loopback: bool) -> None:
     assert is_loopback(host) is loopback
+
+
+async def test_a_flood_of_refusals_is_written_up_to_a_burst_and_counted_past_it(tmp_path: Path) -> None:
+    """One client sending bad requests as fast as it can once made the router write (and fsync)
+    an audit event for each: some 400 a second, filling the disk and queueing real calls' appends.
+    Refusals of one kind are written one by one up to the burst of their window, then counted:
+    the events plus the counts are every refusal, nothing more, nothing less."""
+    log = tmp_path / "audit.jsonl"
+    settings = Settings(
+        audit=AuditSettings(path=log, refusal_burst=5, refusal_window_s=0.5),
+        policy=PolicySettings(dir=REPO / "policies"),
+        api_principals=[ApiPrincipal.model_validate(p) for p in principals()],
+    )  # fmt: skip
+    async with ControlPlane.from_settings(settings) as plane:
+        transport = httpx.ASGITransport(create_app(plane))
+        async with httpx.AsyncClient(transport=transport, base_url="http://stockade") as client:
+            for _ in range(60):
+                assert (await client.get("/v1/tools", headers={"Authorization": "Bearer wrong"})).status_code == 401
+            await asyncio.sleep(0.7)  # the window closes: its count is written by itself
+            first = refusals(log)
+            for _ in range(3):  # a new window: written one by one again
+                assert (await client.get("/v1/tools", headers={"Authorization": "Bearer wrong"})).status_code == 401
+            assert (await client.delete(f"/v1/sessions/{UNKNOWN}", headers=auth("agent-1"))).status_code == 404
+    unauthenticated = [e for e in refusals(log) if e["agent"] is None]
+    one_by_one = [e for e in unauthenticated if "count" not in e["result"]]
+    counted = [e for e in unauthenticated if "count" in e["result"]]
+    assert (len(first), len(one_by_one), len(counted)) == (6, 8, 1)
+    assert len(one_by_one) + sum(e["result"]["count"] for e in counted) == 63
+    assert counted[0]["result"]["code"] == "auth.refused"
+    assert codes(log)[-1] == ("agent-1", "session.not_found")  # another kind has a burst of its own
