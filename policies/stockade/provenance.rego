@@ -56,6 +56,16 @@ approval_reasons contains {
 	some item in arg_values(arg)
 	not has_trusted_source(item)
 	not is_untrusted_only(item)
+
+	# A bare name with a dot ("see CHANGELOG.md", "Node.js") is most often a file or a product,
+	# not a place: held, it would stop ordinary mail. A URL or address is never bare.
+	not is_bare_name(item)
+}
+
+is_bare_name(item) if {
+	key := object.get(item, "key", null)
+	is_string(key)
+	startswith(key, "h:")
 }
 
 # METADATA

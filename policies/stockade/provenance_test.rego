@@ -134,6 +134,16 @@ test_a_link_of_unknown_origin_in_a_message_body_after_untrusted_content_is_held 
 	codes(d) == {"approval.unverified_content"}
 }
 
+test_a_bare_name_with_a_dot_of_unknown_origin_in_a_message_body_is_allowed if {
+	base := _body_link(["untrusted_content"], [])
+	i := object.union(base, {"values": object.union(base.values, {"body": [{
+		"path": "body", "key": "h:changelog.md",
+		"sources": [],
+	}]})})
+	d := data.stockade.decision with input as i
+	d.outcome == "allow"
+}
+
 test_a_link_of_unknown_origin_in_a_message_body_on_a_clean_session_is_allowed if {
 	d := data.stockade.decision with input as _body_link([], [])
 	d.outcome == "allow"

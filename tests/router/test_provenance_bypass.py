@@ -234,6 +234,13 @@ async def test_a_link_the_user_gave_in_a_body_after_untrusted_content_is_allowed
     assert (result.status, result.reasons) == ("awaiting_report", [])
 
 
+async def test_file_and_product_names_in_a_body_after_untrusted_content_are_allowed(plane: ControlPlane) -> None:
+    """A bare name with a dot is most often a file or a product: holding it stopped ordinary mail."""
+    body = "See CHANGELOG.md and summary.pdf; we moved to Node.js and Vue.js."
+    result = await _after_page(plane, NEWS, "Today: rain.", [], _mail(body))
+    assert (result.status, result.reasons) == ("awaiting_report", [])
+
+
 async def test_a_link_of_unknown_origin_in_a_body_on_a_clean_session_is_allowed(plane: ControlPlane) -> None:
     session = await _session(plane, NEWS)
     result = await plane.call(session, *_mail(LINK_BODY))
