@@ -106,11 +106,51 @@ configure_default_logging()  # in-process use: redacted, on stderr, unless the a
 _T = TypeVar("_T")
 _TOOL_REASONS = ("capability.", "risk.", "egress.", "credential.")  # deny reasons about the tool, not the call
 _ITEM = "\x00"  # prefixes the store lookup names of checked values (no argument name may start so)
+_TRACED = ("e:", "u:", "h:", "i:", "a:", "n:")  # identifiers and numbers: each must trace (`_derived`)
 
 VERSION = "0.1.0"
 
 
 _now = timestamp
+
+
+def _derived(
+    args: Mapping[str, Any],
+    keys: Mapping[str, Collection[str]],
+    provenance: Mapping[str, Collection[str]],
+    key_sources: Mapping[str, Collection[str]],
+    endorsed: Collection[str],
+) -> bool:
+    """Whether a call made after untrusted content returns a value derived from what the agent
+    typed in rather than from trusted sources (its output is then ``derived:``, see
+    `router.provenance`): an identifier or number in an argument with no trusted source
+    (``calculator("500+499")`` when the user gave 500 and the page 499), or an argument holding
+    text none of whose keys has one (``"37*27"``, ``"eve at evil dot example"``). A flag or a
+    small number says nothing either way; ``"Bob"``, a name the user wrote, traces to them."""
+    if any(not has_trusted_source(sources, endorsed) for sources in key_sources.values()):
+        return True
+    for arg, value in args.items():
+        arg_keys = keys.get(arg, ())
+        if any(key.startswith(_TRACED) for key in arg_keys) or not _holds_text(value):
+            continue  # its identifiers and numbers were each checked above
+        if not arg_keys or not has_trusted_source(provenance.get(arg, ()), endorsed):
+            return True
+    return False
+
+
+def _holds_text(value: Any) -> bool:
+    """Whether ``value`` (JSON) holds a string that is not blank."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if item.strip():
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def _iso(epoch: float) -> str:
@@ -973,8 +1013,14 @@ class ControlPlane:
         keys, checked = await call_keys_async(
             args, [*spec.destination_args, *spec.amount_args, *spec.sensitive_args], spec.content_args, spec.amount_args
         )
-        # Each checked value is looked up in the same store step, under a name no argument has.
+        # Each checked value is looked up in the same store step, under a name no argument has; for
+        # a tool whose output is a trusted source, so is each identifier or number an argument
+        # carries (`_derived` asks of each whether it has a trusted source).
         lookup: dict[str, Collection[str]] = {**keys, **{f"{_ITEM}{i}": v.keys for i, v in enumerate(checked)}}
+        traced = set() if "reads_untrusted" in spec.capabilities else {
+            key for arg_keys in keys.values() for key in arg_keys if key.startswith(_TRACED)
+        }  # fmt: skip
+        lookup.update({f"{_ITEM}k:{key}": (key,) for key in traced})
         context = await self._from_store(
             session_id,
             lambda sid: self.store.call_context(sid, spec.name, lookup, count=count_call, agent=agent),
@@ -988,6 +1034,7 @@ class ControlPlane:
             for f in sorted(checked_inputs, key=lambda f: f.name)
         ]
         provenance = dict(context.provenance)
+        key_sources = {key: provenance.pop(f"{_ITEM}k:{key}", []) for key in traced}
         for arg in (*spec.destination_args, *spec.amount_args, *spec.sensitive_args, *spec.content_args):
             if arg in args:  # present, even with nothing in it to check (policy holds an arg it has no entry for)
                 call.values.setdefault(arg, [])
@@ -998,17 +1045,10 @@ class ControlPlane:
         # A call the agent was steered to by untrusted content (a search for the words an injected
         # text gave it) returns what that text chose: none of its output is a trusted source.
         call.steered = any(is_untrusted_only(sources, context.session.endorsed) for sources in provenance.values())
-        # After untrusted content, a call with an argument that has keys yet no trusted source (the
-        # agent may have copied it from that content, in words no matcher reads) returns a value
-        # derived from it: not a trusted source either (`source_label` ``derived``). An argument
-        # with no keys (a flag, a small number) says nothing either way.
         call.derived = (
             not call.steered
             and UNTRUSTED_CONTENT in context.session.taint
-            and any(
-                arg_keys and not has_trusted_source(provenance.get(arg, ()), context.session.endorsed)
-                for arg, arg_keys in keys.items()
-            )
+            and _derived(args, keys, provenance, key_sources, context.session.endorsed)
         )
         # What the checked values are keyed by (an amount of any size): the call supplied them.
         # The rest of what it supplied is read once it goes ahead (`_read_supplied`).
