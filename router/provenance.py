@@ -41,8 +41,8 @@ arguments alike: a URL's host percent-decoded, and a non-ASCII host mapped by UT
 case and width folded, ``\u3002`` a dot, ``ß`` kept) to its ``xn--`` form. So
 ``https://%65vil.example`` is evil.example, and ``straße.example`` is not ``strasse.example``.
 
-Content is also read as its reader takes it (`folded`): a string that is not plain ASCII, or holds
-an ``&``, is indexed a second time NFKC-folded, without format characters (Unicode Cf: zero-width
+Content is also read as its reader takes it (`folded`): the first 64 KiB of a string that is not
+plain ASCII, or holds an ``&``, is indexed a second time NFKC-folded, without format characters (Unicode Cf: zero-width
 spaces and joiners, bidi marks) and with HTML entities decoded, so a page that writes
 ``\uff48\uff54\uff54\uff50\uff53\uff1a\uff0f\uff0f\uff45\uff56\uff49\uff4c...`` or
 ``evil&#46;example`` is a source of the plain link an LLM copies out of it. An argument is read both
@@ -810,7 +810,8 @@ def _format_chars() -> re.Pattern[str]:
 
 
 def _unicode_folded(text: str) -> str:
-    return _format_chars().sub("", unicodedata.normalize("NFKC", text))
+    # The ideographic full stop is a dot to a reader (and to UTS-46), though not to NFKC.
+    return _format_chars().sub("", unicodedata.normalize("NFKC", text)).replace("\u3002", ".")
 
 
 def folded(text: str) -> str | None:
@@ -852,9 +853,7 @@ def unveiled(text: str) -> list[str]:
     (``hxxps://evil[.]example``, ``eve (at) evil (dot) example``), and what each base64 run in it
     decodes to, if that is text. Past the head, a decoded value is simply not seen: one the agent
     then sends is held for a human (``approval.unverified_content``), never passed."""
-    head = text[:_UNVEIL_SCAN_CHARS]
-    if len(text) > len(head) and (space := head.rfind(" ")) > 0:
-        head = head[:space]
+    head = _head(text)
     readings = []
     if "[" in head or "(" in head or "{" in head or "xxp" in head or "XXP" in head:
         armed = _DEFANGED.sub(_rearmed, head)
@@ -866,6 +865,23 @@ def unveiled(text: str) -> list[str]:
         if (decoded := _base64_text(run.group(0))) is not None:
             readings.append(decoded)
     return readings
+
+
+def _head(text: str) -> str:
+    """The first `_UNVEIL_SCAN_CHARS` of ``text``, cut at a space if it goes on: the part read the
+    other ways (`folded`, `unveiled`), so a MiB of entities or wide characters costs what 64 KiB
+    does, whatever it expands to."""
+    head = text[:_UNVEIL_SCAN_CHARS]
+    if len(text) > len(head) and (space := head.rfind(" ")) > 0:
+        head = head[:space]
+    return head
+
+
+def _other_readings(text: str) -> list[str]:
+    """``text``'s head `folded` (bounded: NFKC may make one character eighteen) and `unveiled`."""
+    head = _head(text)
+    plain = folded(head)
+    return ([] if plain is None else [plain[: 2 * _UNVEIL_SCAN_CHARS]]) + unveiled(head)
 
 
 def _base64_text(run: str) -> str | None:
@@ -905,10 +921,8 @@ def _value_keys(value: Any, indexing: bool, budget: _Budget | None, depth: int =
             keys.extend(_string_keys(item, indexing, budget))
             # Content is also read as its reader takes it (`folded`), so a link written full-width
             # or with an entity meets the plain argument an LLM rewrote it as.
-            if indexing and (plain := folded(item)) is not None:
-                keys.extend(_string_keys(plain, indexing, budget))
-            if indexing:  # and as an agent told to decode it would (`unveiled`)
-                for reading in unveiled(item):
+            if indexing:  # and as a reader, or an agent told to decode it, would
+                for reading in _other_readings(item):
                     keys.extend(_string_keys(reading, indexing, budget))
             continue
         if budget is not None:
@@ -1017,7 +1031,7 @@ def checked_values(
                 # Its `folded` form, if that reads as another identifier (a full-width IBAN), is a
                 # value of its own: it too needs a trusted source, so folding can make a value
                 # suspect, never make one trusted.
-                if isinstance(leaf, str) and (plain := folded(leaf)) is not None:
+                if isinstance(leaf, str) and (plain := folded(_head(leaf))) is not None:
                     plain_keys = _identity_keys(plain)
                     if any(key.startswith(_IDENTIFIER_PREFIXES) and key not in keys for key in plain_keys):
                         found.append(CheckedValue(arg, path, None, frozenset(plain_keys)))
@@ -1026,8 +1040,9 @@ def checked_values(
             for path, leaf in _leaves(arg, args[arg]):
                 if isinstance(leaf, str):
                     text_keys = _string_keys(leaf, True, None)
-                    if (plain := folded(leaf)) is not None:
-                        text_keys += _string_keys(plain, True, None)
+                    # Read as content is (a defanged or wide link is one the recipient re-arms).
+                    for reading in _other_readings(leaf):
+                        text_keys += _string_keys(reading, True, None)
                     for key in dict.fromkeys(text_keys):
                         if key.startswith(_IDENTIFIER_PREFIXES):
                             found.append(CheckedValue(arg, path, key, frozenset((key,))))
