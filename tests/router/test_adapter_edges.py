@@ -10,8 +10,7 @@ import datetime
 import enum
 import gc
 import json
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal, NewType
 
 import pytest
@@ -21,47 +20,29 @@ from langgraph.types import Command
 from pydantic import BaseModel
 from typing_extensions import TypedDict
 
-from policy import PolicySettings
-from router import ControlPlane, Settings
 from router.audit import AuditFilter
 from router.client import StockadeClient, sandboxed_tool
 from router.client.adapters import _Gate, langchain_tools, run_sync
 from router.errors import InvalidCall, InvalidToolSpec, ToolRefused
-from router.interfaces.api import create_app
-from router.settings import ApiPrincipal, AuditSettings
 from router.tools import ToolSpec
-from tests.conftest import REPO
-from tests.router.test_api import TOKENS, principals
+from tests.router.test_api import TOKENS
 from tests.router.test_frameworks import (
     PAGE,
     REQUEST,
-    TOOLS,
-    RecordingTransport,
     Stockade,
     graph,
     open_session,
+    stockade,
 )
 from tests.router.test_frameworks import server as served_module_wide
+
+__all__ = ["stockade"]  # the fixture, shared with tests/router/test_frameworks.py
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`stockade serve` as a process (test_frameworks'), for code on event loops of its own."""
     yield from served_module_wide.__wrapped__(tmp_path_factory)
-
-
-@pytest.fixture
-async def stockade(tmp_path: Path) -> AsyncIterator[Stockade]:
-    settings = Settings(
-        audit=AuditSettings(path=tmp_path / "audit.jsonl"), policy=PolicySettings(dir=REPO / "policies"),
-        api_principals=[ApiPrincipal.model_validate(p) for p in principals()],
-    )  # fmt: skip
-    async with ControlPlane.from_settings(settings) as plane:
-        specs = [await plane.register(tool) for tool in TOOLS]
-        session = await plane.open_session("agent-1", "alice@example.com", [REQUEST])
-        transport = RecordingTransport(create_app(plane))
-        async with StockadeClient("http://stockade", TOKENS["agent-1"], transport=transport) as agent:
-            yield Stockade(plane, agent, session, specs, transport)
 
 
 def one_turn(*calls: tuple[str, dict[str, Any]]) -> GenericFakeChatModel:

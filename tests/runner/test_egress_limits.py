@@ -14,7 +14,7 @@ import socket
 import ssl
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -310,6 +310,32 @@ async def test_a_malformed_request_is_refused_on_record_and_raises_nowhere(tmp_p
     assert seen == []
 
 
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def through_proxy(
+    tmp_path: Path, upstream: Handler
+) -> AsyncIterator[tuple[EgressProxy, int, list[EgressRecord]]]:
+    """A loopback upstream served by ``upstream``, a proxy granting it as b.test, and the proxy's
+    records: (proxy, upstream port, records)."""
+    server = await asyncio.start_server(upstream, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    records: list[EgressRecord] = []
+
+    async def keep(record: EgressRecord) -> None:
+        records.append(record)
+
+    proxy = EgressProxy(tmp_path / "p.sock", [EgressRule("b.test", port)], keep, hosts={"b.test": "127.0.0.1"})
+    await proxy.start()
+    try:
+        yield proxy, port, records
+    finally:
+        await proxy.aclose()
+        server.close()
+        await server.wait_closed()
+
+
 async def test_a_request_body_streams_upstream_and_is_never_held_whole(tmp_path: Path) -> None:
     """The proxy runs in the router's process: a body it held whole (16 MiB on each of 32
     connections, trickled forever) would let one tool make the router hold half a GiB. The body
@@ -334,16 +360,7 @@ async def test_a_request_body_streams_upstream_and_is_never_held_whole(tmp_path:
         await writer.drain()
         writer.close()
 
-    server = await asyncio.start_server(upstream, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    records: list[EgressRecord] = []
-
-    async def keep(record: EgressRecord) -> None:
-        records.append(record)
-
-    proxy = EgressProxy(tmp_path / "p.sock", [EgressRule("b.test", port)], keep, hosts={"b.test": "127.0.0.1"})
-    await proxy.start()
-    try:
+    async with through_proxy(tmp_path, upstream) as (proxy, port, records):
         reader, writer = await asyncio.open_unix_connection(str(proxy.path))
         writer.write(f"POST http://b.test:{port}/sized HTTP/1.1\r\nHost: b.test\r\nContent-Length: {3 << 20}\r\n\r\n"
                      .encode() + b"x" * (1 << 20))  # fmt: skip
@@ -358,10 +375,6 @@ async def test_a_request_body_streams_upstream_and_is_never_held_whole(tmp_path:
                      "5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n".encode())  # fmt: skip
         assert (await asyncio.wait_for(reader.read(), 10)).endswith(b"ok")
         writer.close()
-    finally:
-        await proxy.aclose()
-        server.close()
-        await server.wait_closed()
     (sized_head, _, sized_body), (chunked_head, _, chunked_body) = (got[n].partition(b"\r\n\r\n") for n in got)
     assert f"content-length: {3 << 20}".encode() in sized_head.lower()
     assert sized_body == b"x" * (3 << 20)
@@ -391,16 +404,7 @@ async def test_an_upstream_answering_before_it_has_the_body_is_heard(tmp_path: P
         await writer.drain()
         writer.close()  # with the body unread: the kernel resets the connection
 
-    server = await asyncio.start_server(upstream, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    records: list[EgressRecord] = []
-
-    async def keep(record: EgressRecord) -> None:
-        records.append(record)
-
-    proxy = EgressProxy(tmp_path / "p.sock", [EgressRule("b.test", port)], keep, hosts={"b.test": "127.0.0.1"})
-    await proxy.start()
-    try:
+    async with through_proxy(tmp_path, upstream) as (proxy, port, records):
         reader, writer = await asyncio.open_unix_connection(str(proxy.path))
         answer = asyncio.create_task(read_until_reset(reader))  # as it comes: a reset may follow it
         writer.write(f"POST http://b.test:{port}/up HTTP/1.1\r\nHost: b.test\r\nContent-Length: {8 << 20}\r\n\r\n"
@@ -411,10 +415,6 @@ async def test_an_upstream_answering_before_it_has_the_body_is_heard(tmp_path: P
                 await asyncio.wait_for(writer.drain(), 5)
         reply = await asyncio.wait_for(answer, 10)
         writer.close()
-    finally:
-        await proxy.aclose()
-        server.close()
-        await server.wait_closed()
     assert reply.startswith(b"HTTP/1.1 401")
     assert reply.endswith(b"nope")
     assert [(r.method, r.allowed, r.status) for r in records] == [("POST", True, 401)]
@@ -433,11 +433,7 @@ async def test_a_client_expecting_100_continue_is_told_to_go_on_at_once(tmp_path
         await writer.drain()
         writer.close()
 
-    server = await asyncio.start_server(upstream, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    proxy = EgressProxy(tmp_path / "p.sock", [EgressRule("b.test", port)], None, hosts={"b.test": "127.0.0.1"})
-    await proxy.start()
-    try:
+    async with through_proxy(tmp_path, upstream) as (proxy, port, _):
         reader, writer = await asyncio.open_unix_connection(str(proxy.path))
         writer.write(f"POST http://b.test:{port}/up HTTP/1.1\r\nHost: b.test\r\nContent-Length: 4096\r\n"
                      "Expect: 100-continue\r\n\r\n".encode())  # fmt: skip
@@ -445,10 +441,6 @@ async def test_a_client_expecting_100_continue_is_told_to_go_on_at_once(tmp_path
         writer.write(b"x" * 4096)
         reply = await asyncio.wait_for(reader.read(), 10)
         writer.close()
-    finally:
-        await proxy.aclose()
-        server.close()
-        await server.wait_closed()
     assert interim.startswith(b"HTTP/1.1 100 ")
     assert reply.endswith(b"ok")
     assert b"expect" not in heads[0].lower()
