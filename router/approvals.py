@@ -17,7 +17,6 @@ import json
 import secrets
 import time
 import unicodedata
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +25,7 @@ import structlog
 from router.audit import AuditEvent, AuditLog, timestamp
 from router.errors import ApprovalError as ApprovalError  # noqa: PLC0414  (re-exported; defined with the others)
 from router.errors import AuditError
+from router.refusals import RecordRefusal, refusal_event
 from router.tools import show
 from router.wire import Approval as Approval  # noqa: PLC0414  (re-exported; defined in router.wire for the SDK)
 from router.wire import ApprovalStatus as ApprovalStatus  # noqa: PLC0414  (re-exported, as Approval)
@@ -65,13 +65,16 @@ class ApprovalBook:
 
     def __init__(
         self, store: Store, audit: AuditLog, *, ttl_s: float = 900.0, keep_s: float = 86400.0,
-        labels: Mapping[str, str] | None = None,
+        labels: Mapping[str, str] | None = None, refusals: RecordRefusal | None = None,
     ) -> None:  # fmt: skip
+        """``refusals``: how refused decisions are audited (a router passes its `record_refusal`,
+        so a flood of them is counted under its budget); by default each is written to ``audit``."""
         self._store = store
         self._audit = audit
         self._ttl_s = ttl_s
         self._keep_s = keep_s
         self._labels = dict(labels or {})
+        self._refusals: RecordRefusal = refusals if refusals is not None else self._write_refusal
 
     def event(self, approval: Approval, outcome: str, peer: Mapping[str, Any] | None = None) -> AuditEvent:
         """The audit event of a change of ``approval``, under its decision_id; ``peer``: the local
@@ -98,25 +101,31 @@ class ApprovalBook:
         self, approver: str, verb: str, approval: Approval | object, code: str, message: str,
         peer: Mapping[str, Any] | None = None,
     ) -> None:  # fmt: skip
-        """Audit a decision refused before it was made, as `ControlPlane.record_refusal` records a
-        request refused at the door (``kind: error``, outcome ``refused``, ``result.code``), with
-        the approver as the caller and, for a known ``approval``, its session. Never raises: the
-        refusal stands whether or not the log took it (a failure is logged)."""
+        """Audit a decision refused before it was made, as any refused request is
+        (`router.refusals.refusal_event`), with the approver as the caller, the approval's id (and
+        for a known ``approval``, its session and tool) and the ``peer``. Never raises: the refusal
+        stands whether or not the log took it (a failure is logged)."""
         known = approval if isinstance(approval, Approval) else None
         approval_id = known.id if known is not None else approval[:128] if isinstance(approval, str) else show(approval)
-        result: dict[str, Any] = {
-            "code": code, "request": f"{verb} approval {approval_id}"[:300], "message": message[:2000],
-            "approver": approver[:300], "approval_id": approval_id,
-        }  # fmt: skip
+        detail: dict[str, Any] = {"approver": approver[:300], "approval_id": approval_id}
         if peer is not None:
-            result["peer"] = dict(peer)
-        log.info("request_refused", who=approver[:300], code=code, approval_id=approval_id)
+            detail["peer"] = dict(peer)
+        await self._refusals(
+            approver[:300], f"{verb} approval {approval_id}", message, code=code,
+            session_id=known.session_id if known is not None else None, tool=known.tool if known is not None else None,
+            detail=detail,
+        )  # fmt: skip
+
+    async def _write_refusal(
+        self, who: str | None, what: str, reason: str, *, code: str = "auth.refused", session_id: str | None = None,
+        tool: str | None = None, detail: Mapping[str, Any] | None = None,
+    ) -> None:  # fmt: skip
+        """Write one refusal straight to the log: for a book without a router's refusal budget
+        (the CLI's, deciding one approval for a human at the shared store)."""
+        log.info("request_refused", who=who, what=what[:300], reason=reason, code=code, session_id=session_id)
         try:
-            await self._audit.append(AuditEvent(
-                kind="error", decision_id=str(uuid.uuid4()), timestamp=timestamp(), agent=approver[:300],
-                outcome="refused", session_id=known.session_id if known is not None else None,
-                tool=known.tool if known is not None else None, labels=self._labels, result=result,
-            ))  # fmt: skip
+            await self._audit.append(refusal_event(who, what, reason, code=code, labels=self._labels,
+                                                   session_id=session_id, tool=tool, detail=detail))  # fmt: skip
         except AuditError as exc:
             log.error("audit_append_failed", error=str(exc), kind="error", code=code)
 

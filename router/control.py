@@ -81,7 +81,7 @@ from router.provenance import (
     supplied_keys_async,
     trusted_context_keys_async,
 )
-from router.refusals import RefusalBudget
+from router.refusals import RefusalBudget, refusal_event
 from router.results import Artifact, DecisionResult, RunUsage, ToolResult
 from router.sessions import UNTRUSTED_CONTENT, new_session
 from router.settings import Settings
@@ -256,9 +256,11 @@ class ControlPlane:
         self.registry = ToolRegistry()
         self._labels = {"instance": settings.instance, "version": VERSION}
         self._environment = EnvironmentInfo(name=settings.environment, instance=settings.instance)
+        # Refused decisions go under the router's refusal budget, as every refusal.
         self.approvals = ApprovalBook(
-            self.store, audit, ttl_s=settings.approval_ttl_s, keep_s=settings.approval_keep_s, labels=self._labels
-        )
+            self.store, audit, ttl_s=settings.approval_ttl_s, keep_s=settings.approval_keep_s, labels=self._labels,
+            refusals=self.record_refusal,
+        )  # fmt: skip
         self.credentials = CredentialBroker(
             settings.credentials, self.store, key_rotation_s=settings.credential_key_rotation_s
         )
@@ -575,11 +577,14 @@ class ControlPlane:
         return permitted
 
     async def record_refusal(
-        self, who: str | None, what: str, reason: str, *, code: str = "auth.refused", session_id: str | None = None
-    ) -> None:
+        self, who: str | None, what: str, reason: str, *, code: str = "auth.refused", session_id: str | None = None,
+        tool: str | None = None, detail: Mapping[str, Any] | None = None,
+    ) -> None:  # fmt: skip
         """Audit a request refused at the door (unauthenticated, wrong role, another's session; a
-        body or route the API would not take: ``code`` says which). ``session_id``: the session the
-        request was in, when the caller knows it (the event then joins that session's trail)."""
+        body or route the API would not take; an approval decision refused: ``code`` says which).
+        ``session_id``, ``tool``: what the request was about, when the caller knows it (the event
+        then joins that session's trail); ``detail``: more fields for ``result``. Written one by
+        one up to the budget's burst, then counted (`router.refusals`)."""
         log.info("request_refused", who=who, what=what[:300], reason=reason, code=code, session_id=session_id)
         await self._write_refusal_counts()
         if not self._refusals.admit(who, code, what[:300], time.monotonic(), time.time()):
@@ -587,11 +592,8 @@ class ControlPlane:
             if self._refusal_counter is None or self._refusal_counter.done():
                 self._refusal_counter = asyncio.get_running_loop().create_task(self._count_refusals())
             return
-        await self._record(AuditEvent(
-            kind="error", decision_id=str(uuid.uuid4()), timestamp=_now(), agent=who, outcome="refused",
-            session_id=session_id, labels=self._labels,
-            result={"code": code, "request": what[:300], "message": reason},
-        ))  # fmt: skip
+        await self._record(refusal_event(who, what, reason, code=code, labels=self._labels, session_id=session_id,
+                                         tool=tool, detail=detail))  # fmt: skip
 
     async def _count_refusals(self) -> None:
         """Write each count of refusals as its window closes, while any is being counted."""

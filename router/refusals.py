@@ -12,7 +12,35 @@ every refusal of that kind.
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, Protocol
+
+from router.audit import AuditEvent, timestamp
+
+
+class RecordRefusal(Protocol):
+    """Audits one refused request (`ControlPlane.record_refusal` under a `RefusalBudget`)."""
+
+    async def __call__(
+        self, who: str | None, what: str, reason: str, *, code: str = "auth.refused", session_id: str | None = None,
+        tool: str | None = None, detail: Mapping[str, Any] | None = None,
+    ) -> None: ...  # fmt: skip
+
+
+def refusal_event(
+    who: str | None, what: str, reason: str, *, code: str, labels: Mapping[str, str], session_id: str | None = None,
+    tool: str | None = None, detail: Mapping[str, Any] | None = None,
+) -> AuditEvent:  # fmt: skip
+    """The audit event of one refused request, whoever refused it: ``kind: error``, outcome
+    ``refused``, ``result.code``, ``result.request`` (``what``), ``result.message`` (``reason``),
+    and ``detail``'s fields beside them (an approval's id and approver, the peer that asked)."""
+    result: dict[str, Any] = {**(detail or {}), "code": code, "request": what[:300], "message": reason[:2000]}
+    return AuditEvent(
+        kind="error", decision_id=str(uuid.uuid4()), timestamp=timestamp(), agent=who, outcome="refused",
+        session_id=session_id, tool=tool, labels=dict(labels), result=result,
+    )  # fmt: skip
 
 
 @dataclass(slots=True)

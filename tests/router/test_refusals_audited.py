@@ -70,7 +70,9 @@ async def test_approvals_that_cannot_be_decided_are_refused_on_record(api: tuple
         ("agent-1", "approval.self_decision", approval), ("oncall", "approval.not_pending", approval),
         ("oncall", "approval.not_found", "a-doesnotexist"),
     ]  # fmt: skip
-    assert [e["session_id"] for e in recorded] == [session["session_id"]] * 2 + [None]
+    assert [(e["session_id"], e["tool"]) for e in recorded] == [(session["session_id"], "drop_table")] * 2 + [
+        (None, None)
+    ]
 
 
 async def test_unknown_closed_and_anothers_sessions_are_all_refused_on_record(
@@ -231,3 +233,26 @@ async def test_a_flood_of_refusals_is_written_up_to_a_burst_and_counted_past_it(
     assert len(one_by_one) + sum(e["result"]["count"] for e in counted) == 63
     assert counted[0]["result"]["code"] == "auth.refused"
     assert codes(log)[-1] == ("agent-1", "session.not_found")  # another kind has a burst of its own
+
+
+async def test_a_flood_of_refused_approval_decisions_is_under_the_same_budget(tmp_path: Path) -> None:
+    """An approver's refused decisions (here: approval ids that do not exist) were once written
+    one by one however many came, outside the budget every other refusal is under."""
+    log = tmp_path / "audit.jsonl"
+    settings = Settings(
+        audit=AuditSettings(path=log, refusal_burst=5, refusal_window_s=30),
+        policy=PolicySettings(dir=REPO / "policies"),
+        api_principals=[ApiPrincipal.model_validate(p) for p in principals()],
+    )  # fmt: skip
+    async with ControlPlane.from_settings(settings) as plane:
+        transport = httpx.ASGITransport(create_app(plane))
+        async with httpx.AsyncClient(transport=transport, base_url="http://stockade") as client:
+            for i in range(40):
+                answer = await client.post(f"/v1/approvals/a-{i:020x}/approve", json={}, headers=auth("oncall"))
+                assert (answer.status_code, answer.json()["code"]) == (409, "approval.invalid")
+            assert codes(log) == [("oncall", "approval.not_found")] * 5
+    # On shutdown the open window's count is written: the events plus the count are every refusal.
+    counted = [e for e in refusals(log) if "count" in e["result"]]
+    assert [(e["agent"], e["result"]["code"], e["result"]["count"]) for e in counted] == [
+        ("oncall", "approval.not_found", 35)
+    ]
