@@ -7,19 +7,39 @@ percent-encoded, JSON-escaped, base64 and base64url (padded or not, and inside a
 text such as ``base64("user:" + secret)``), all regardless of ASCII case. A secret split into
 pieces or otherwise transformed is not recognised (``docs/egress.md``). Upstream secrets stay
 registered; a minted token is registered while its call runs (its output is scrubbed before the
-lease is revoked) and until its expiry at most. One `Matcher` finds every form of every secret in
-one pass, built once each time the set changes: a redaction costs the length of the text, not that
-times the number of secrets.
+lease is revoked). After that, and for tokens another router minted or this one minted before a
+restart, a stockade token as written (a JWT whose payload says ``iss: stockade``) is redacted by
+its shape, ``[REDACTED:stockade-token]``: an upstream can hand a revoked token back to any later
+call, and a service that verifies with the JWKS alone takes it until it expires. One `Matcher`
+finds every form of every secret in one pass, built once each time the set changes: a redaction
+costs the length of the text, not that times the number of secrets.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
+import re
 import threading
 import time
 from collections.abc import MutableMapping
 from typing import Any
 
 from runner.egress.scrub import Form, Matcher, secret_forms
+
+TOKEN_ISSUER = "stockade"  # noqa: S105  (a claim value, not a secret)
+"""The ``iss`` of the tokens stockade mints (`router.credentials.tokens`), which `Redactor`
+recognises by their shape."""
+TOKEN_LABEL = "stockade-token"  # noqa: S105  (a label, not a secret)
+# A JWT as written (header.payload.signature, base64url; a JSON object's base64 starts "eyJ"), with
+# whatever is glued to its ends: the payload is read to tell a stockade token from another
+# service's JWT a tool may rightly return. Linear: a match starts only where a run of base64url
+# characters starts, and each run is read once (possessive), never again from inside it. Parts
+# shorter than a stockade token's (its payload holds a call's binding, its signature 64 bytes) are
+# not read: a flood of short look-alikes costs a decode each.
+_JWT = re.compile(r"(?<![A-Za-z0-9_-])[A-Za-z0-9_-]{16,}+\.(eyJ[A-Za-z0-9_-]{60,}+)\.[A-Za-z0-9_-]{80,}+")
+_JWT_BYTES = re.compile(_JWT.pattern.encode())
 
 REMEMBERED_MIN = 64 << 10  # characters: a shorter text costs less to scan again than to remember
 REMEMBERED_MAX = 32 << 20  # characters of redacted text held at most, so an output is not kept long
@@ -39,6 +59,14 @@ class Redactor:
         # the output redacted for the agent, and need not scan it again).
         self._clean: dict[int, tuple[str, int]] = {}
         self._clean_size = 0
+        self._tokens = False  # whether stockade tokens are redacted by their shape
+
+    def redact_tokens(self) -> None:
+        """Redact every stockade token by its shape from now on, registered or not (`_JWT`): for a
+        router that mints tokens (or shares a store with routers that do)."""
+        with self._lock:
+            self._tokens = True
+            self._version += 1
 
     def add(self, secret: str, label: str, *, until: float = float("inf")) -> None:
         """Redact ``secret`` (and its encodings) as ``[REDACTED:label]`` until ``until`` (epoch), or
@@ -52,7 +80,7 @@ class Redactor:
             self._version += 1
 
     def discard(self, secret: str) -> None:
-        """Stop redacting ``secret`` (a revoked token: only its own call's output could hold it)."""
+        """Stop redacting ``secret`` before its time (tests that register their own secrets)."""
         with self._lock:
             for needle in secret_forms(secret):
                 self._entries.pop(needle, None)
@@ -83,7 +111,7 @@ class Redactor:
 
     def __call__(self, text: str) -> str:
         version, matcher = self._current()
-        if matcher is None:
+        if matcher is None and not self._tokens:
             return text
         redacted = self._text(text, matcher)
         if len(redacted) >= REMEMBERED_MIN:
@@ -94,18 +122,23 @@ class Redactor:
         """``data`` (any bytes, text in any ASCII-compatible encoding or not text at all) with every
         registered secret replaced: for files, which need not be UTF-8."""
         _, matcher = self._current()
-        return data if matcher is None else matcher.scrub(data)[0]
+        scrubbed = data if matcher is None else matcher.scrub(data)[0]
+        if self._tokens and b"eyJ" in scrubbed:
+            scrubbed = _JWT_BYTES.sub(_token_bytes, scrubbed)
+        return scrubbed
 
-    @staticmethod
-    def _text(text: str, matcher: Matcher) -> str:
+    def _text(self, text: str, matcher: Matcher | None) -> str:
         # A character is up to 4 bytes of UTF-8: text shorter than every form even so holds none.
         # (Counting characters against bytes let a short text hold a non-ASCII secret unseen.)
-        if 4 * len(text) < matcher.shortest:
-            return text
-        # Matched as UTF-8 bytes: folding ASCII case there keeps every offset, which str.lower()
-        # does not for all of Unicode; surrogatepass keeps text that is not valid UTF-8 intact.
-        scrubbed, found = matcher.scrub(text.encode("utf-8", "surrogatepass"))
-        return scrubbed.decode("utf-8", "surrogatepass") if found else text
+        if matcher is not None and 4 * len(text) >= matcher.shortest:
+            # Matched as UTF-8 bytes: folding ASCII case there keeps every offset, which str.lower()
+            # does not for all of Unicode; surrogatepass keeps text that is not valid UTF-8 intact.
+            scrubbed, found = matcher.scrub(text.encode("utf-8", "surrogatepass"))
+            if found:
+                text = scrubbed.decode("utf-8", "surrogatepass")
+        if self._tokens and "eyJ" in text:
+            text = _JWT.sub(_token_text, text)
+        return text
 
     def _remember(self, text: str, version: int) -> None:
         with self._lock:
@@ -118,18 +151,19 @@ class Redactor:
 
     @property
     def active(self) -> bool:
-        return bool(self._entries)
+        """Whether anything is redacted at all (a secret registered, or tokens by their shape)."""
+        return bool(self._entries) or self._tokens
 
     def deep(self, value: Any) -> Any:
         """``value`` with every string in it (keys and leaves of dicts and lists) redacted, and every
         number whose text holds a secret replaced by that text redacted (a card number returned as a
         JSON number). Whatever holds nothing to redact is returned as it is, not copied."""
         version, matcher = self._current()
-        if matcher is None:
+        if matcher is None and not self._tokens:
             return value
         return self._deep(value, matcher, version)
 
-    def _deep(self, value: Any, matcher: Matcher, version: int) -> Any:
+    def _deep(self, value: Any, matcher: Matcher | None, version: int) -> Any:
         if isinstance(value, str):
             if len(value) >= REMEMBERED_MIN:
                 clean = self._clean.get(id(value))
@@ -158,6 +192,24 @@ class Redactor:
             items = [self._deep(item, matcher, version) for item in value]
             return value if all(a is b for a, b in zip(items, value, strict=True)) else items
         return value
+
+
+def _is_token(payload: bytes) -> bool:
+    """Whether a JWT's base64url ``payload`` says it is a stockade token."""
+    try:
+        decoded = base64.urlsafe_b64decode(payload + b"=" * (-len(payload) % 4))
+        claims = json.loads(decoded) if TOKEN_ISSUER.encode() in decoded else None
+    except (binascii.Error, ValueError):  # not base64url, not UTF-8, not JSON
+        return False
+    return isinstance(claims, dict) and claims.get("iss") == TOKEN_ISSUER
+
+
+def _token_text(match: re.Match[str]) -> str:
+    return f"[REDACTED:{TOKEN_LABEL}]" if _is_token(match[1].encode()) else match[0]
+
+
+def _token_bytes(match: re.Match[bytes]) -> bytes:
+    return f"[REDACTED:{TOKEN_LABEL}]".encode() if _is_token(match[1]) else match[0]
 
 
 REDACTOR = Redactor()

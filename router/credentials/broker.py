@@ -36,6 +36,8 @@ class CredentialBroker:
         secrets_issuer = SecretIssuer(store, self._configs.values())
         for name, value in secrets_issuer.values.items():
             REDACTOR.add(value.get_secret_value(), name)
+        if any(c.kind == "token" for c in self._configs.values()):
+            REDACTOR.redact_tokens()
         self._issuers: dict[str, Issuer] = {
             "token": TokenIssuer(store, rotation_s=key_rotation_s, max_ttl_s=max_ttl),
             "secret": secrets_issuer,
@@ -78,6 +80,8 @@ class CredentialBroker:
         outcomes: list[tuple[Lease, Exception | None]] = []
         for lease in leases:
             if lease.grant.config.kind == "token":
+                # Its value is forgotten, so the search stays as small as the calls in flight; the
+                # token as written is still redacted by its shape (`Redactor.redact_tokens`).
                 REDACTOR.discard(lease.value.get_secret_value())
             try:
                 await self._issuers[lease.grant.config.kind].revoke(lease)

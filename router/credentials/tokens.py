@@ -23,9 +23,10 @@ from jwt.algorithms import OKPAlgorithm
 from pydantic import SecretStr
 
 from router.credentials.base import Binding, Grant, Lease
+from router.redact import TOKEN_ISSUER
 from router.store.base import Store
 
-ISSUER = "stockade"
+ISSUER = TOKEN_ISSUER
 _CLOCK_SKEW_S = 5
 
 
@@ -86,11 +87,13 @@ INACTIVE: dict[str, Any] = {"active": False}
 
 
 async def introspect(
-    store: Store, token: str, *, call_id: str | None = None, args_sha256: str | None = None
-) -> dict[str, Any]:
+    store: Store, token: str, *, call_id: str | None = None, args_sha256: str | None = None,
+    audience: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """RFC 7662 introspection: ``{"active": false}`` unless the token is ours, unexpired, its lease
-    is live and not revoked, and it is bound to ``call_id`` / ``args_sha256`` when those are given
-    (a service checks that the call presenting the token is the call it was minted for)."""
+    is live and not revoked, and it is bound to ``call_id`` / ``args_sha256`` and minted for
+    ``audience`` when those are given (a service checks that the token was minted for it, and
+    for the call presenting it: a token its upstream replays to another service is refused there)."""
     try:
         kid = jwt.get_unverified_header(token).get("kid")
         published = (await store.public_keys()).get(kid) if isinstance(kid, str) else None
@@ -113,9 +116,18 @@ async def introspect(
         return INACTIVE
     if args_sha256 is not None and bound.get("args_sha256") != args_sha256:
         return INACTIVE
+    if audience is not None and audience not in _audiences(claims.get("aud")):
+        return INACTIVE
     return {
         "active": True,
         "token_type": "Bearer",
         "client_id": claims["sub"],
         **{k: claims[k] for k in ("iss", "sub", "aud", "scope", "iat", "nbf", "exp", "jti", "stockade") if k in claims},
     }
+
+
+def _audiences(aud: object) -> list[str]:
+    """The audiences an ``aud`` claim names: one string, or a list of them (RFC 7519 §4.1.3)."""
+    if isinstance(aud, str):
+        return [aud]
+    return [a for a in aud if isinstance(a, str)] if isinstance(aud, list) else []

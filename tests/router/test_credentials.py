@@ -43,9 +43,12 @@ CANARY = "sk-canary-5f1d8a3b9c7e4d2a"  # the upstream secret: must never show up
 SERVICE_TOKEN = "svc-introspection-token"  # the upstream service's own credential for introspection
 
 
-def introspector(plane: ControlPlane, client_token: str = SERVICE_TOKEN) -> TokenIntrospector:
+def introspector(
+    plane: ControlPlane, client_token: str = SERVICE_TOKEN, audience: str | None = None
+) -> TokenIntrospector:
     """How a service checks tokens: over HTTP, against the real application."""
-    return TokenIntrospector("http://stockade", client_token, transport=httpx.ASGITransport(create_app(plane)))
+    transport = httpx.ASGITransport(create_app(plane))
+    return TokenIntrospector("http://stockade", client_token, audience=audience, transport=transport)
 
 
 @dataclass
@@ -363,6 +366,28 @@ async def test_container_tiers_inject_the_same_way(plane: ControlPlane, echo: Ec
     assert CANARY not in result.model_dump_json()
 
 
+SAY = "def main(text):\n    return {'said': text}\n"
+
+
+async def test_a_revoked_token_handed_back_to_a_later_call_is_still_redacted(plane: ControlPlane, echo: Echo) -> None:
+    """The upstream that received a token can hand it back to any later call (here, as the text a
+    tool says). The token was forgotten at revoke, so that call's output and its audit events held
+    it as written, while it still verified against the JWKS until it expired."""
+    await plane.register(fetch_tool(echo))
+    await plane.register(python_tool("say", SAY))
+    session = await plane.open_session("agent-1", "alice@example.com")
+    assert (await plane.call(session, "fetch", {"url": f"https://{HOST}:{echo.https_port}/data"})).ok
+    token = echo.seen[-1]["authorization"].removeprefix("Bearer ")
+    service = introspector(plane)
+    assert (await service.check(token))["active"] is False  # revoked as the call ended
+    await service.aclose()
+    later = await plane.call(session, "say", {"text": f"the upstream kept: Bearer {token}"})
+    assert later.ok, later.stderr
+    assert later.output == {"said": "the upstream kept: Bearer [REDACTED:stockade-token]"}
+    assert token not in later.model_dump_json()
+    assert token not in plane.settings.audit.path.read_text()
+
+
 async def test_services_introspect_over_http_and_only_with_their_own_token(plane: ControlPlane) -> None:
     config = CredentialConfig(name="api-token", kind="token", hosts=[HOST], scopes=["read"])
     [lease] = await plane.credentials.mint([Grant(config, ("read",), 30)], Binding("d-1", "c-1", "s-1", "a", "ab" * 32))
@@ -380,10 +405,16 @@ async def test_services_introspect_over_http_and_only_with_their_own_token(plane
     assert (await service.check(token, call_id="c-1"))["active"] is True
     assert (await service.check(token, call_id="c-9"))["active"] is False
     assert (await stranger.check(token))["active"] is False  # unauthenticated callers learn nothing
+    # A service names itself: a live token minted for another (an upstream replaying what it got) is
+    # inactive there. Without the audience, any live stockade token was active to any service.
+    mine, elsewhere = introspector(plane, audience=HOST), introspector(plane, audience="b.other.test")
+    assert (await mine.check(token))["active"] is True
+    assert (await elsewhere.check(token))["active"] is False
     await plane.credentials.revoke([lease])
     assert (await service.check(token))["active"] is False
-    await service.aclose()
-    await stranger.aclose()
+    assert (await mine.check(token))["active"] is False
+    for client in (service, stranger, mine, elsewhere):
+        await client.aclose()
 
 
 SLOW = "def main(seconds):\n    import time\n    time.sleep(seconds)\n    return 'done'\n"

@@ -7,6 +7,9 @@ import json
 import time
 from urllib.parse import quote, quote_plus
 
+import jwt
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from router.redact import Redactor
 
 SECRET = "s3cr3t/value+with=chars?&"
@@ -87,3 +90,46 @@ def test_offsets_hold_in_text_that_is_not_ascii_or_not_valid_utf8() -> None:
     redactor = Redactor()
     redactor.add(SECRET, "api-key")
     assert redactor(f"İstanbul {SECRET.upper()} ünïcode \udcff end") == "İstanbul [REDACTED:api-key] ünïcode \udcff end"
+
+
+def _jwt(issuer: str) -> str:
+    """A token shaped as stockade mints them (the claims `TokenIssuer.mint` writes), by ``issuer``."""
+    claims = {"iss": issuer, "sub": "agent-1", "aud": "api.example.com", "scope": "read", "iat": 1, "nbf": 1,
+              "exp": 2_000_000_000, "jti": "l-" + "ab" * 12,
+              "stockade": {"decision_id": "d-1", "call_id": "c-1", "session_id": "s-1",
+                           "args_sha256": "cd" * 32}}  # fmt: skip
+    return jwt.encode(claims, Ed25519PrivateKey.generate(), algorithm="EdDSA", headers={"kid": "k-0123456789abcdef"})
+
+
+def test_stockade_tokens_are_redacted_by_their_shape_registered_or_not() -> None:
+    """A revoked token is no longer registered (the search stays as small as the calls in flight),
+    and another router's token never was: an upstream handing one back to a later call passed it
+    to the agent and the audit log as written. Tokens of other issuers are left alone."""
+    redactor = Redactor()
+    mine, theirs = _jwt("stockade"), _jwt("accounts.example.com")
+    assert redactor(f"Bearer {mine}") == f"Bearer {mine}"  # off until a router mints tokens
+    redactor.redact_tokens()
+    assert redactor.active
+    for text, expected in {
+        f"Bearer {mine}": "Bearer [REDACTED:stockade-token]",
+        f'{{"authorization":"Bearer {mine}"}}': '{"authorization":"Bearer [REDACTED:stockade-token]"}',
+        f"x{mine}y and {theirs}": f"[REDACTED:stockade-token] and {theirs}",  # glued to its ends: taken whole
+        theirs: theirs,
+    }.items():  # fmt: skip
+        assert redactor(text) == expected
+    assert redactor.deep({mine: [mine, {"k": f"={mine}"}]}) == {
+        "[REDACTED:stockade-token]": ["[REDACTED:stockade-token]", {"k": "=[REDACTED:stockade-token]"}]
+    }
+    assert redactor.scrub_bytes(f"<{mine}>".encode("latin-1")) == b"<[REDACTED:stockade-token]>"
+
+
+def test_finding_tokens_by_shape_stays_linear_on_hostile_text() -> None:
+    """Look-alikes of every part, a MiB of them: read once each (a pattern that retried each start
+    inside a run of base64url characters cost minutes)."""
+    redactor = Redactor()
+    redactor.redact_tokens()
+    parts = "eyJhbGciOiJFZERTQSIs." + "eyJ" + "A" * 60 + "." + "B" * 80
+    for text in ("eyJ" * (1 << 18), "a.eyJ" * (1 << 18), (parts + " ") * 6000, "eyJ." * (1 << 18)):
+        started = time.perf_counter()
+        assert redactor(text) == text
+        assert time.perf_counter() - started < 2.0

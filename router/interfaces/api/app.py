@@ -879,6 +879,8 @@ _INTROSPECTION_REQUEST = {"required": True, "content": {"application/x-www-form-
         "token": {"type": "string", "minLength": 1, "description": "the token to check"},
         "call_id": {"type": "string", "description": "active only if the token was minted for this call"},
         "args_sha256": {"type": "string", "description": "active only if minted for arguments of this sha256"},
+        "audience": {"type": "string", "description": "active only if minted for this audience (the service's "
+                     "name as the credential's `audience`, or its first host)"},
     },
 }}}}  # fmt: skip
 
@@ -917,8 +919,9 @@ def _credentials(app: FastAPI, plane: ControlPlane) -> None:
             return JSONResponse({"error": "invalid_request", "error_description": "form field token is required"},
                                 status_code=400)  # fmt: skip
         result: dict[str, Any] = await introspect(
-            plane.store, form["token"], call_id=form.get("call_id"), args_sha256=form.get("args_sha256")
-        )
+            plane.store, form["token"], call_id=form.get("call_id"), args_sha256=form.get("args_sha256"),
+            audience=form.get("audience"),
+        )  # fmt: skip
         return JSONResponse(result, headers={"Cache-Control": "no-store"})
 
     @app.get("/.well-known/jwks.json", tags=["credentials"], responses=problems(503))
