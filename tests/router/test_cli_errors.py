@@ -152,6 +152,17 @@ def test_sql_json_prints_non_finite_numbers_as_null(audit_log: Path) -> None:
     assert json.loads(result.stdout, parse_constant=strict) == {"x": None, "y": None, "z": 1.5}
 
 
+def test_sql_answers_with_time_zone_aware_timestamps(audit_log: Path) -> None:
+    """DuckDB's Python client reads TIMESTAMPTZ values through pytz, which the install lacked: any
+    answer holding one (``now()``, a cast of ``timestamp``) failed with a traceback."""
+    statement = "SELECT max(timestamp)::TIMESTAMPTZ AS last, now() AS asked FROM events"
+    result = run("audit", "sql", "--path", str(audit_log), statement, "--json")
+    assert result.returncode == 0, result.stderr
+    answer = json.loads(result.stdout)
+    assert set(answer) == {"last", "asked"}
+    assert answer["last"].startswith("20")
+
+
 def test_sql_csv_shows_control_characters_on_a_terminal_and_writes_them_piped(audit_log: Path) -> None:
     statement = "SELECT tool FROM events LIMIT 1"
     piped = run("audit", "sql", "--path", str(audit_log), statement, "--csv")
