@@ -4,7 +4,10 @@
     on Redis;
   - one HTTPS request through the egress proxy with a credential injected (TLS terminated with the
     per-call CA, a second TLS connection upstream) against the same request tunnelled untouched
-    (the baseline: what a call without credentials pays), and a direct connection for scale.
+    (the baseline: what a call without credentials pays), and a direct connection for scale;
+  - redacting a tool's output with stockade tokens found by their shape (revoked tokens, other
+    routers' tokens) against the same redaction without (the baseline), on output holding a
+    token and on a MiB of look-alikes.
 
 Usage: .venv/bin/python bench/credentials.py [--iterations N] [--redis-url URL] [--json]
 """
@@ -25,7 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _stats import report, summarize
 
 from router.credentials import Binding, CredentialBroker, CredentialConfig, Grant
+from router.credentials.tokens import TokenIssuer
 from router.logging import configure_logging
+from router.redact import Redactor
 from router.store import MemoryStore, RedisStore, Store
 from runner import EgressRule, Injection
 from runner.egress import EgressProxy
@@ -50,6 +55,34 @@ async def mint_revoke(store: Store, kind: str, n: int) -> list[float]:
             samples.append(time.perf_counter() - started)
     await broker.aclose()
     return samples
+
+
+def redaction_rows(n: int) -> dict[str, list[float]]:
+    """Redacting 64 KiB of output holding one token, and 1 MiB of token look-alikes (every part
+    long enough to be read), with token shapes off (the baseline) and on."""
+    config = CredentialConfig(name="bench", kind="token", hosts=[HOST], scopes=["read"])
+    lease = asyncio.run(
+        TokenIssuer(MemoryStore()).mint(Grant(config, ("read",), 60), Binding("d", "c", "s", "a", "0" * 64))
+    )
+    token = lease.value.get_secret_value()
+    output = ("x" * 1000 + "\n") * 32 + f'{{"authorization": "Bearer {token}"}}' + ("y" * 1000 + "\n") * 32
+    lookalikes = ("eyJhbGciOiJFZERTQSIs.eyJ" + "A" * 60 + "." + "B" * 86 + " ") * ((1 << 20) // 172)
+    rows: dict[str, list[float]] = {}
+    for shapes in (False, True):
+        redactor = Redactor()
+        redactor.add("sk-operator-secret-0123456789", "upstream")  # a router always has some secret
+        if shapes:
+            redactor.redact_tokens()
+        assert ("[REDACTED:stockade-token]" in redactor(output)) is shapes
+        label = "token shapes on" if shapes else "baseline: token shapes off"
+        for what, text, runs in (("64 KiB output with a token", output, n), ("1 MiB of look-alikes", lookalikes, 20)):
+            samples = []
+            for _ in range(runs):
+                started = time.perf_counter()
+                redactor(text)
+                samples.append(time.perf_counter() - started)
+            rows[f"redact {what}, {label}"] = samples
+    return rows
 
 
 async def upstream(ca: InterceptCA) -> tuple[asyncio.Server, int]:
@@ -142,12 +175,16 @@ async def main() -> None:
         await store.aclose()
     proxied = await proxy_rows(max(50, opts.iterations // 5))
     rows.update({name: summarize(samples) for name, samples in proxied.items()})
+    redacted = await asyncio.to_thread(redaction_rows, opts.iterations)
+    rows.update({name: summarize(samples) for name, samples in redacted.items()})
     tunnel = rows["baseline: proxy, tunnelled untouched"]["p50_ms"]
     injected = rows["proxy, credential injected (TLS intercepted)"]["p50_ms"]
     report("credentials: mint/revoke and injection at the egress proxy", rows, {
         "token": "EdDSA (Ed25519) JWT, lease recorded in the store, revoked by marking it",
         "injection cost over plain tunnelling (p50)": f"+{injected - tunnel:.3f} ms ({injected / tunnel:.2f}x); "
         "one new connection per request in every row (the proxy serves one request per connection)",
+        "token shapes": "a revoked or unregistered stockade token is redacted by its shape; a text without "
+                        "'eyJ' is not read for it",
     }, opts.json)  # fmt: skip
 
 

@@ -23,8 +23,8 @@ import json
 import re
 import threading
 import time
-from collections.abc import MutableMapping
-from typing import Any
+from collections.abc import Container, MutableMapping
+from typing import Any, AnyStr
 
 from runner.egress.scrub import Form, Matcher, secret_forms
 
@@ -32,14 +32,17 @@ TOKEN_ISSUER = "stockade"  # noqa: S105  (a claim value, not a secret)
 """The ``iss`` of the tokens stockade mints (`router.credentials.tokens`), which `Redactor`
 recognises by their shape."""
 TOKEN_LABEL = "stockade-token"  # noqa: S105  (a label, not a secret)
-# A JWT as written (header.payload.signature, base64url; a JSON object's base64 starts "eyJ"), with
-# whatever is glued to its ends: the payload is read to tell a stockade token from another
-# service's JWT a tool may rightly return. Linear: a match starts only where a run of base64url
-# characters starts, and each run is read once (possessive), never again from inside it. Parts
-# shorter than a stockade token's (its payload holds a call's binding, its signature 64 bytes) are
-# not read: a flood of short look-alikes costs a decode each.
-_JWT = re.compile(r"(?<![A-Za-z0-9_-])[A-Za-z0-9_-]{16,}+\.(eyJ[A-Za-z0-9_-]{60,}+)\.[A-Za-z0-9_-]{80,}+")
-_JWT_BYTES = re.compile(_JWT.pattern.encode())
+# A JWT as written is header.payload.signature in base64url, and a JSON object's base64 starts
+# "eyJ". Found from the payload on (a literal start, which `re` seeks fast), with parts shorter
+# than a stockade token's not read (its payload holds a call's binding, its signature is 64
+# bytes): a flood of short look-alikes costs a scan, not a decode each. The payload is read to
+# tell a stockade token from another service's JWT a tool may rightly return; the header is the
+# run of base64url characters before it, with whatever is glued to it (`_header_start`).
+_TAIL = re.compile(r"\.(eyJ[A-Za-z0-9_-]{60,}+)\.[A-Za-z0-9_-]{80,}+")
+_TAIL_BYTES = re.compile(_TAIL.pattern.encode())
+_HEADER_MIN = 16
+_B64URL = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+_B64URL_TEXT = frozenset(map(chr, _B64URL))
 
 REMEMBERED_MIN = 64 << 10  # characters: a shorter text costs less to scan again than to remember
 REMEMBERED_MAX = 32 << 20  # characters of redacted text held at most, so an output is not kept long
@@ -62,7 +65,7 @@ class Redactor:
         self._tokens = False  # whether stockade tokens are redacted by their shape
 
     def redact_tokens(self) -> None:
-        """Redact every stockade token by its shape from now on, registered or not (`_JWT`): for a
+        """Redact every stockade token by its shape from now on, registered or not (`_TAIL`): for a
         router that mints tokens (or shares a store with routers that do)."""
         with self._lock:
             self._tokens = True
@@ -123,8 +126,8 @@ class Redactor:
         registered secret replaced: for files, which need not be UTF-8."""
         _, matcher = self._current()
         scrubbed = data if matcher is None else matcher.scrub(data)[0]
-        if self._tokens and b"eyJ" in scrubbed:
-            scrubbed = _JWT_BYTES.sub(_token_bytes, scrubbed)
+        if self._tokens and b".eyJ" in scrubbed:
+            scrubbed = _without_tokens(scrubbed, _TAIL_BYTES, _B64URL, f"[REDACTED:{TOKEN_LABEL}]".encode())
         return scrubbed
 
     def _text(self, text: str, matcher: Matcher | None) -> str:
@@ -136,8 +139,8 @@ class Redactor:
             scrubbed, found = matcher.scrub(text.encode("utf-8", "surrogatepass"))
             if found:
                 text = scrubbed.decode("utf-8", "surrogatepass")
-        if self._tokens and "eyJ" in text:
-            text = _JWT.sub(_token_text, text)
+        if self._tokens and ".eyJ" in text:
+            text = _without_tokens(text, _TAIL, _B64URL_TEXT, f"[REDACTED:{TOKEN_LABEL}]")
         return text
 
     def _remember(self, text: str, version: int) -> None:
@@ -204,12 +207,31 @@ def _is_token(payload: bytes) -> bool:
     return isinstance(claims, dict) and claims.get("iss") == TOKEN_ISSUER
 
 
-def _token_text(match: re.Match[str]) -> str:
-    return f"[REDACTED:{TOKEN_LABEL}]" if _is_token(match[1].encode()) else match[0]
+def _without_tokens(text: AnyStr, tail: re.Pattern[AnyStr], alphabet: Container[object], label: AnyStr) -> AnyStr:
+    """``text`` with each stockade token in it, and whatever is glued to its ends, as ``label``."""
+    pieces: list[AnyStr] = []
+    done = 0
+    for found in tail.finditer(text):
+        payload = found[1]
+        if not _is_token(payload.encode() if isinstance(payload, str) else payload):
+            continue
+        start = _header_start(text, found.start(), done, alphabet)
+        if found.start() - start >= _HEADER_MIN:
+            pieces += [text[done:start], label]
+            done = found.end()
+    if not pieces:
+        return text
+    pieces.append(text[done:])
+    return text[:0].join(pieces)
 
 
-def _token_bytes(match: re.Match[bytes]) -> bytes:
-    return f"[REDACTED:{TOKEN_LABEL}]".encode() if _is_token(match[1]) else match[0]
+def _header_start(text: AnyStr, dot: int, floor: int, alphabet: Container[object]) -> int:
+    """Where the run of base64url characters ending at ``dot`` starts (not before ``floor``).
+    Read back only for a token found, so at most once per character of the text."""
+    start = dot
+    while start > floor and text[start - 1] in alphabet:
+        start -= 1
+    return start
 
 
 REDACTOR = Redactor()

@@ -133,3 +133,8 @@ def test_finding_tokens_by_shape_stays_linear_on_hostile_text() -> None:
         started = time.perf_counter()
         assert redactor(text) == text
         assert time.perf_counter() - started < 2.0
+    mine = _jwt("stockade")
+    glued = ("A" * (1 << 16) + mine + ".") * 16  # a MiB of glue, each run read back once
+    started = time.perf_counter()
+    assert redactor(glued) == "[REDACTED:stockade-token]." * 16
+    assert time.perf_counter() - started < 2.0
