@@ -33,7 +33,6 @@ import dataclasses
 import fcntl
 import hashlib
 import importlib.util
-import itertools
 import json
 import math
 import os
@@ -45,7 +44,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
@@ -117,7 +116,7 @@ comes from). ``day`` is the UTC date of ``timestamp`` (1970-01-01 if it does not
 ``line_offset`` is where the line starts in its segment file; ``event`` is the line as written."""
 
 _FORMAT = 2  # of the markers and files: a marker of another format is re-indexed (2: line_offset)
-_MAX_LINE = 64 << 20  # longer lines are not readable events here: a segment holding one stays unindexed
+_MAX_LINE = 64 << 20  # the longest line DuckDB's reader takes: a file with a longer one is read in Python
 _ROW_GROUP = 8192  # rows: groups small enough that min/max and bloom filters skip most of a file
 _INDEX_MEMORY = "256MB"
 _QUERY_MEMORY = "128MB"
@@ -173,24 +172,30 @@ SELECT
   CASE WHEN s[3] = 'egress' THEN s[20] END AS egress_host,
   list_filter(coalesce(json_extract_string(l[5], '$[*]'), []), {_NOT_NULL}) AS taint,
   s[21] AS policy_revision, s[22] AS instance,
-  -- The lines are in seq order in their file, one newline each: a line starts where the bytes of
-  -- those before it end ({{base}}: where the source's first line starts). Readers check the hash of
-  -- what they read there (`_Lines`), so an offset that is off costs a slower read, never a wrong one.
-  CAST({{base}} + sum(strlen(line) + 1) OVER (ORDER BY TRY_CAST(s[1] AS BIGINT) ROWS UNBOUNDED PRECEDING)
-    - strlen(line) - 1 AS BIGINT) AS line_offset,
+  {{offset}} AS line_offset,
   line AS event
 FROM (
-  SELECT line, json_extract_string(line, {_paths(_SCALARS)}) AS s, json_extract(line, {_paths(_LISTS)}) AS l
+  SELECT *, json_extract_string(line, {_paths(_SCALARS)}) AS s, json_extract(line, {_paths(_LISTS)}) AS l
   FROM ({{source}}) WHERE json_valid(line)
 )
 """  # noqa: S608  (constant SQL: no value of an event or a caller in it)
 
+# Where a line starts when the source does not say (read_csv): the lines are in seq order in their
+# file, one newline each, so a line starts where the bytes of those before it end ({base}: where the
+# source's first line starts). Only when every line of the file is a row: a line read_csv or
+# json_valid skipped moves every offset after it, so such a file is read in Python (`_line_rows`).
+_RUNNING_OFFSET = (
+    "CAST({base} + sum(strlen(line) + 1) OVER (ORDER BY TRY_CAST(s[1] AS BIGINT) ROWS UNBOUNDED PRECEDING)"
+    " - strlen(line) - 1 AS BIGINT)"
+)
 
-def _projected(source: str, base: int = 0) -> str:
+
+def _projected(source: str, base: int = 0, *, offsets: bool = False) -> str:
     """`_PROJECTION` of ``source`` (SQL giving the column ``line``: whole lines of one file, in
-    order, the first starting at byte ``base``)."""
-    # {base} first: a path in ``source`` may hold the text "{base}".
-    return _PROJECTION.replace("{base}", str(int(base))).replace("{source}", source)
+    order, the first starting at byte ``base``; with ``offsets``, also ``off``: where each starts)."""
+    offset = "CAST(off AS BIGINT)" if offsets else _RUNNING_OFFSET.replace("{base}", str(int(base)))
+    # {offset} first, {source} last: a path in ``source`` may hold the text "{offset}".
+    return _PROJECTION.replace("{offset}", offset).replace("{source}", source)
 
 
 _EMPTY = "SELECT " + ", ".join(f"CAST(NULL AS {kind}) AS {name}" for name, kind in COLUMNS.items()) + " WHERE false"
@@ -666,9 +671,16 @@ def _index_locked(
                 report.problems.append(f"{name}: its manifest is unreadable ({type(exc).__name__}): not indexed")
                 continue
             marker = _Marker.read(markers_dir / f"{name}.json")
-            if marker is not None and marker.sha256 == manifest.sha256 and _present(index_dir, marker):
+            if (
+                marker is not None
+                and marker.sha256 == manifest.sha256
+                and _present(index_dir, marker)
+                and _index_holds(connection, index_dir, marker)
+            ):
                 report.unchanged += 1
                 continue
+            if marker is not None and marker.sha256 == manifest.sha256:
+                _log().warning("audit_index_files_damaged", segment=name)  # files gone, cut, or rows removed
             if marker is not None and marker.sha256 != manifest.sha256:
                 report.replaced.append(name)
                 _log().warning("audit_index_segment_replaced", segment=name, indexed=marker.sha256, now=manifest.sha256)
@@ -696,6 +708,11 @@ def _index_locked(
 
 def _present(index_dir: Path, marker: _Marker | _Snapshot) -> bool:
     return all(index_dir.joinpath(f).is_file() for f in marker.files)
+
+
+def _stat_key(path: Path) -> tuple[int, int, int]:
+    stat = path.stat()
+    return stat.st_ino, stat.st_mtime_ns, stat.st_size
 
 
 def _drop(index_dir: Path, marker_path: Path) -> None:
@@ -751,7 +768,7 @@ def _write_days(
     if (count, distinct, first, last) != (expected[0], expected[0], *expected[1:]):
         return {}, (
             f"{count} readable events (seq {first}..{last}) where the manifest says {expected[0]} "
-            f"(seq {expected[1]}..{expected[2]}): a line is corrupt, or longer than {_MAX_LINE} bytes; "
+            f"(seq {expected[1]}..{expected[2]}): a line is not a readable event (corrupt); "
             "run `stockade audit verify`. Queries read it line by line until it is indexed"
         )
     days: dict[str, Path] = {}
@@ -773,8 +790,12 @@ def _index_segment(connection: duckdb.DuckDBPyConnection, part: Part, sha256: st
             "run `stockade audit verify`. Not indexed; queries read it line by line"
         )
     expected = (part.last_seq - part.first_seq + 1, part.first_seq, part.last_seq)
-    query = _projected(_csv_source([part.path]))
-    days, problem = _write_days(connection, query, temp / "stage", expected)
+    days, problem = _write_days(connection, _projected(_csv_source([part.path])), temp / "stage", expected)
+    if problem:
+        # DuckDB's reader skips a line longer than it takes, and every offset after it would be
+        # off: read the segment in Python instead (a damaged line still fails, and is reported).
+        with part.path.open("rb") as handle:
+            days, problem = _write_days(connection, _python_source(connection, handle), temp / "stage", expected)
     if problem:
         return problem
     placed: list[str] = []
@@ -789,6 +810,103 @@ def _index_segment(connection: duckdb.DuckDBPyConnection, part: Part, sha256: st
         "files": sorted(placed), "indexed_at": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
     }, sync=False)  # fmt: skip
     return ""
+
+
+def _line_chunks(
+    handle: BinaryIO, start: int = 0, end: int | None = None
+) -> Iterator[tuple[list[bytes], list[int], int]]:
+    """The complete lines of an open file from byte ``start`` (and, given ``end``, ending by it), read
+    in Python, however long: each chunk's lines (`_FEED_CHUNK` bytes or so), where each starts, and
+    where the last one ends."""
+    found: list[bytes] = []
+    offsets: list[int] = []
+    size = after = 0
+    for offset, line in complete_lines(handle, start):
+        if end is not None and offset + len(line) + 1 > end:
+            break
+        found.append(line)
+        offsets.append(offset)
+        after = offset + len(line) + 1
+        size += len(line)
+        if size >= _FEED_CHUNK:
+            yield found, offsets, after
+            found, offsets, size = [], [], 0
+    if found:
+        yield found, offsets, after
+
+
+_LINES_OF = "SELECT unnest(?::VARCHAR[]) AS line, unnest(?::BIGINT[]) AS off"  # two lists as rows
+
+
+def _insert_lines(
+    connection: duckdb.DuckDBPyConnection,
+    table: str,
+    before: list[Any],
+    found: list[bytes],
+    offsets: list[int],
+    *,
+    whole: bool = True,
+) -> None:
+    """Insert a row into ``table`` (the values ``before``, then `COLUMNS`) for each line of ``found``
+    that is an event, starting at its offset: projected by DuckDB, but a line longer than `_MAX_LINE`
+    by `promote` (DuckDB's JSON functions would need several times its size, past a reader's memory
+    cap). Without ``whole``, such a row's ``event`` is null: a reader's copy of a line it cannot hold
+    (its queries read events from the log, and decide on its arguments there: `AuditQuery._events`)."""
+    marks = "?, " * len(before)
+    short = [(line, offset) for line, offset in zip(found, offsets, strict=True) if len(line) <= _MAX_LINE]
+    if short:
+        texts = [line.decode(errors="replace") for line, _ in short]  # UTF-8 as written; else not json_valid
+        projected = _projected(_LINES_OF, offsets=True)
+        connection.execute(f"INSERT INTO {table} SELECT {marks}{_columns()} FROM ({projected})",  # noqa: S608  (constant SQL)
+                           [*before, texts, [offset for _, offset in short]])  # fmt: skip
+    for line, offset in zip(found, offsets, strict=True):
+        row = promote(line, offset) if len(line) > _MAX_LINE else None
+        if row is not None:
+            row["event"] = row["event"] if whole else None
+            values = marks + ", ".join("?" * len(COLUMNS))
+            connection.execute(f"INSERT INTO {table} VALUES ({values})", [*before, *(row[c] for c in COLUMNS)])  # noqa: S608  (constant SQL)
+
+
+def _python_source(connection: duckdb.DuckDBPyConnection, handle: BinaryIO, end: int | None = None) -> str:
+    """SQL for the events of an open file (up to byte ``end``) read in Python, however long its lines,
+    into a temporary table (`_insert_lines`)."""
+    connection.execute(f"CREATE OR REPLACE TEMPORARY TABLE python_rows AS {_EMPTY}")
+    for found, offsets, _ in _line_chunks(handle, 0, end):
+        _insert_lines(connection, "python_rows", [], found, offsets)
+    return f"SELECT {_columns()} FROM python_rows"  # noqa: S608  (constant SQL)
+
+
+def _index_holds(connection: duckdb.DuckDBPyConnection, index_dir: Path, marker: _Marker | _Snapshot) -> bool:
+    """Whether a marker's files hold as many rows as its range has seqs, by their footers (no row is
+    read): a file cut short or with rows removed is not used. (A row that is not its line is found
+    as it is read: `_Lines`.)"""
+    return _holds(marker, _file_rows(connection, index_dir, marker.files))
+
+
+def _holds(marker: _Marker | _Snapshot, rows: dict[str, int | None]) -> bool:
+    """`_index_holds`, from the row counts of its files already read."""
+    mine = [rows.get(f) for f in marker.files]
+    return bool(mine) and None not in mine and sum(n or 0 for n in mine) == marker.last_seq - marker.first_seq + 1
+
+
+def _file_rows(connection: duckdb.DuckDBPyConnection, index_dir: Path, names: Sequence[str]) -> dict[str, int | None]:
+    """Each index file's row count, from its footer, in one query (~0.2 ms a file here, against ~1 ms
+    for the seq column's statistics too); a file that cannot be read gives None."""
+    import duckdb  # noqa: PLC0415
+
+    paths = {str(index_dir / name): name for name in names}
+    listed = ", ".join(_literal(path) for path in paths)
+    try:
+        found = connection.execute(f"SELECT file_name, num_rows FROM parquet_file_metadata([{listed}])").fetchall()  # noqa: S608  (quoted paths)
+    except duckdb.Error:  # one unreadable file fails them all: each on its own, then
+        if len(names) == 1:
+            return {names[0]: None}
+        return {k: v for name in names for k, v in _file_rows(connection, index_dir, [name]).items()}
+    rows: dict[str, int | None] = dict.fromkeys(names)
+    for path, count in found:
+        if path in paths and count is not None:
+            rows[paths[path]] = int(count)
+    return rows
 
 
 # -- the active segment's snapshot ----------------------------------------------------------
@@ -922,8 +1040,13 @@ def _snapshot(
         _drop_snapshot(index_dir, marker_path)
         return 0
     # Lines past ``end`` (appended meanwhile) are left to the readers: only seqs up to last_seq.
+    expected = (last_seq - head[0] + 1, head[0], last_seq)
     query = f"SELECT * FROM ({_projected(_csv_source([active]))}) WHERE seq <= {int(last_seq)}"  # noqa: S608  (constant SQL, a quoted path and an int)
-    days, problem = _write_days(connection, query, temp / "stage", (last_seq - head[0] + 1, head[0], last_seq))
+    days, problem = _write_days(connection, query, temp / "stage", expected)
+    if problem:  # a line DuckDB's reader does not take: in Python, as a sealed segment's (`_index_segment`)
+        with active.open("rb") as handle:
+            query = f"SELECT * FROM ({_python_source(connection, handle, end)}) WHERE seq <= {int(last_seq)}"  # noqa: S608  (constant SQL and an int)
+            days, problem = _write_days(connection, query, temp / "stage", expected)
     if problem:
         _log().warning("audit_index_snapshot_skipped", problem=problem)
         _drop_snapshot(index_dir, marker_path)
@@ -1113,8 +1236,14 @@ class _Fed:
     first_seq: int
     start: int
     end: int
+    unreadable: list[tuple[int, int]] = field(default_factory=list)  # a sealed segment's seqs no line gave
 
 
+class _Vanished(Exception):
+    """A listed sealed segment is gone (retention deleted it): list the log again."""
+
+
+_FED_SHAPE = "SELECT count(*), count(DISTINCT seq), min(seq), max(seq) FROM fed WHERE part = ?"  # one part's rows
 _LIST_TRIES = 5  # listings of the log's parts a refresh makes while seals move segments under it
 
 
@@ -1137,7 +1266,13 @@ def _gaps(parts: Sequence[Part], head: tuple[int, str] | None) -> list[tuple[int
     return gaps
 
 
-def _hole(first: int, last: int) -> str:
+def _hole(first: int, last: int, unreadable: Sequence[tuple[int, int]] = ()) -> str:
+    for low, high in unreadable:
+        if low <= last and high >= first:
+            return (
+                f"events {first}..{last} are missing from what the query read: the line of event {max(low, first)} "
+                "in the log's files is not a readable event (a damaged line); run `stockade audit verify`"
+            )
     return (
         f"events {first}..{last} are missing from what the query read, though the log's files hold them "
         "(a segment was sealed while it was read, or the index changed under it): ask again"
@@ -1201,6 +1336,9 @@ class AuditQuery:
         self._gaps: list[tuple[int, int]] = []  # seqs the files do not hold (`_gaps`), at the last refresh
         self._held_through = 0  # the last seq of the last sealed segment, at the last refresh
         self._seen: dict[Path, tuple[tuple[int, int, int], Any]] = {}
+        # Each index file's row count, by its stat: see `_rows`.
+        self._rows_seen: dict[tuple[str, int, int, int], int | None] = {}
+        self._unreadable: list[tuple[int, int]] = []  # seqs of fed segments whose lines are not events
         readable = [str(self.layout.segments_dir) + "/", str(self.index_dir) + "/", str(self._spill) + "/"]
         self._db = self._run(_connect, memory_limit=memory_limit, threads=threads, temp=self._spill)
         self._run(self._configure, readable, [str(self.layout.active), *map(str, writable)])
@@ -1264,7 +1402,12 @@ class AuditQuery:
                     if [(p.kind, p.path) for p in again] != [(p.kind, p.path) for p in listed]:
                         listed = again
                         continue
-                return self._build(listed, handle, head)
+                try:
+                    return self._build(listed, handle, head)
+                except _Vanished:
+                    # Retention deleted a listed segment before it was read: listed again, it is the
+                    # recorded gap its tombstone makes, not an error.
+                    listed = self.layout.parts()
         raise AuditError(
             f"the segments of {self.layout.active} changed {_LIST_TRIES} times while a query listed them "
             "(segments sealed faster than they can be listed): ask again"
@@ -1274,6 +1417,7 @@ class AuditQuery:
         """The view over ``parts`` (one listing) and the active segment open as ``handle``."""
         files: list[_File] = []
         unindexed: list[Part] = []
+        indexed: list[tuple[Part, _Marker]] = []
         for part in parts:
             if part.kind != "sealed":
                 continue
@@ -1285,26 +1429,52 @@ class AuditQuery:
                 and marker.sha256 == self._cached(_manifest_of(part), _manifest_sha256)
                 and _present(self.index_dir, marker)
             ):
-                files += [_File.of(self.index_dir, f, part.first_seq, part.last_seq) for f in marker.files]
+                indexed.append((part, marker))
             else:
                 unindexed.append(part)
         snapshot = _Snapshot.read(self.index_dir / "active.json")
-        if (
-            snapshot is not None
-            and handle is not None
-            and snapshot.covers_open(handle)
-            and _present(self.index_dir, snapshot)
+        if snapshot is not None and (
+            handle is None or not snapshot.covers_open(handle) or not _present(self.index_dir, snapshot)
         ):
+            snapshot = None
+        rows = self._rows([f for _, m in indexed for f in m.files] + ([] if snapshot is None else [*snapshot.files]))
+        for part, marker in indexed:
+            if _holds(marker, rows):
+                files += [_File.of(self.index_dir, f, part.first_seq, part.last_seq) for f in marker.files]
+            else:
+                unindexed.append(part)
+        if snapshot is not None and _holds(snapshot, rows):
             files += [_File.of(self.index_dir, f, snapshot.first_seq, snapshot.last_seq) for f in snapshot.files]
         else:
             snapshot = None
+        unindexed.sort(key=lambda p: p.first_seq)
         self._feed_sealed(unindexed)
         self._feed_active(snapshot, handle, head)
         self.unindexed = [_name(p.first_seq, p.last_seq) for p in unindexed]
         self._files = files
         self._gaps = _gaps(parts, head)
+        self._unreadable = [r for p in unindexed for r in self._fed[_name(p.first_seq, p.last_seq)].unreadable]
         self._held_through = max((p.last_seq for p in parts if p.kind == "sealed"), default=0)
         return _source(files)
+
+    def _rows(self, names: list[str]) -> dict[str, int | None]:
+        """Each index file's row count (`_file_rows`), read again only once the file changed, and
+        all that changed in one query (a fresh process reads every file's)."""
+        keys: dict[str, tuple[str, int, int, int] | None] = {}
+        for name in names:
+            try:
+                keys[name] = (name, *_stat_key(self.index_dir / name))
+            except OSError:
+                keys[name] = None
+        seen, self._rows_seen = self._rows_seen, {}  # only the files of this listing stay known
+        wanted = [name for name, key in keys.items() if key is not None and key not in seen]
+        read = _file_rows(self._db, self.index_dir, wanted) if wanted else {}
+        found: dict[str, int | None] = {}
+        for name, key in keys.items():
+            found[name] = None if key is None else seen[key] if key in seen else read.get(name)
+            if key is not None:
+                self._rows_seen[key] = found[name]
+        return found
 
     def _cached(self, path: Path, read: Callable[[Path], _T]) -> _T:
         """``read(path)``, again only once the file changed (a manifest or marker is read per refresh)."""
@@ -1320,16 +1490,56 @@ class AuditQuery:
         return value
 
     def _feed_sealed(self, unindexed: list[Part]) -> None:
-        """``fed`` holds exactly the sealed segments that are not indexed."""
+        """``fed`` holds exactly the sealed segments that are not indexed: every line of each that is
+        an event, by DuckDB's reader, or, for a segment it does not read whole (a line longer than
+        `_MAX_LINE`, whose skipping would also move every offset after it), in Python.
+
+        Raises:
+            _Vanished: a listed segment is gone (retention deleted it).
+            AuditError: a segment cannot be read.
+        """
+        import duckdb  # noqa: PLC0415
+
         wanted = {_name(p.first_seq, p.last_seq): p for p in unindexed}
         for name in [n for n in self._fed if n != "active" and n not in wanted]:
             self._db.execute("DELETE FROM fed WHERE part = ?", [name])
             del self._fed[name]
         for name, part in wanted.items():
-            if name not in self._fed:
+            if name in self._fed:
+                continue
+            missing: list[tuple[int, int]] = []
+            try:
                 projected = _projected(_csv_source([part.path]))
                 self._db.execute(f"INSERT INTO fed SELECT ? AS part, {_columns()} FROM ({projected})", [name])  # noqa: S608  (quoted path)
-                self._fed[name] = _Fed(0, part.first_seq, 0, 0)
+                count = part.last_seq - part.first_seq + 1
+                got = self._db.execute(_FED_SHAPE, [name]).fetchone()
+                if got != (count, count, part.first_seq, part.last_seq):
+                    # A line skipped (too long, not JSON) or one too many: the running offsets are off.
+                    self._db.execute("DELETE FROM fed WHERE part = ?", [name])
+                    with part.path.open("rb") as handle:
+                        for found, offsets, _ in _line_chunks(handle):
+                            _insert_lines(self._db, "fed", [name], found, offsets, whole=False)
+                    missing = self._missing(name, part)
+            except (duckdb.Error, OSError) as exc:
+                self._db.execute("DELETE FROM fed WHERE part = ?", [name])
+                if not part.path.exists():
+                    raise _Vanished(name) from exc
+                raise AuditError(f"cannot read the audit segment {part.path}: {_message(exc)}") from exc
+            self._fed[name] = _Fed(0, part.first_seq, 0, 0, missing)
+
+    def _missing(self, name: str, part: Part) -> list[tuple[int, int]]:
+        """The seqs of sealed segment ``part`` that no row of ``fed`` holds, as ranges."""
+        found = self._db.execute("SELECT DISTINCT seq FROM fed WHERE part = ? AND seq BETWEEN ? AND ? ORDER BY seq",
+                                 [name, part.first_seq, part.last_seq]).fetchall()  # fmt: skip
+        if len(found) == part.last_seq - part.first_seq + 1:
+            return []
+        ranges: list[tuple[int, int]] = []
+        expected = part.first_seq
+        for (seq,) in [*found, (part.last_seq + 1,)]:
+            if seq > expected:
+                ranges.append((expected, seq - 1))
+            expected = seq + 1
+        return ranges
 
     def _feed_active(self, snapshot: _Snapshot | None, handle: BinaryIO | None, head: tuple[int, str] | None) -> None:
         """``fed`` holds the active segment's complete lines (open as ``handle``, its first line's
@@ -1349,24 +1559,9 @@ class AuditQuery:
             # Lines the snapshot has taken over since they were fed.
             self._db.execute("DELETE FROM fed WHERE part = 'active' AND seq <= ?", [after])
             fed.start = start
-        batch: list[str] = []
-        size = base = 0
-        for offset, line in complete_lines(handle, max(fed.end, start)):
-            if not batch:
-                base = offset
-            fed.end = offset + len(line) + 1
-            batch.append(line.decode(errors="replace"))  # UTF-8 as written; anything else fails json_valid
-            size += len(line)
-            if size >= _FEED_CHUNK:
-                self._insert(batch, base)
-                batch, size = [], 0
-        self._insert(batch, base)
-
-    def _insert(self, batch: list[str], base: int) -> None:
-        """Feed ``batch``: consecutive lines of the active segment, the first at byte ``base``."""
-        if batch:
-            projected = _projected("SELECT unnest(?::VARCHAR[]) AS line", base)
-            self._db.execute(f"INSERT INTO fed SELECT 'active' AS part, {_columns()} FROM ({projected})", [batch])  # noqa: S608  (constant SQL)
+        for found, offsets, end in _line_chunks(handle, max(fed.end, start)):
+            _insert_lines(self._db, "fed", ["active"], found, offsets, whole=False)
+            fed.end = end
 
     # -- queries --
 
@@ -1393,93 +1588,60 @@ class AuditQuery:
             return
         at = list(columns).index("seq")
         previous, count = where.after_seq or 0, 0
-        known: tuple[list[tuple[int, int]], int] | None = None  # what the listing of this query's view held
+        # What the listing of this query's view held: the gaps, the last sealed seq, unreadable lines.
+        known: tuple[list[tuple[int, int]], int, list[tuple[int, int]]] | None = None
         for row in rows:
             seq = row[at]
-            known = known or (self._gaps, self._held_through)
+            known = known or (self._gaps, self._held_through, self._unreadable)
             if seq > previous + 1 and _unexplained(known[0], previous + 1, seq - 1):
-                raise AuditError(_hole(previous + 1, seq - 1))
+                raise AuditError(_hole(previous + 1, seq - 1, known[2]))
             previous, count = max(previous, seq), count + 1
             yield row
-        gaps, held = known or (self._gaps, self._held_through)
+        gaps, held, unreadable = known or (self._gaps, self._held_through, self._unreadable)
         end = held if where.to_seq is None else min(where.to_seq, held)
         if (limit is None or count < limit) and end > previous and _unexplained(gaps, previous + 1, end):
-            raise AuditError(_hole(previous + 1, end))
+            raise AuditError(_hole(previous + 1, end, unreadable))
 
     def _events(
         self, where: EventFilter, *, limit: int | None = None, columns: Sequence[str] = ("seq", "hash", "event")
     ) -> Iterator[tuple[Any, ...]]:
-        """The selected events' ``columns``, lowest seq first, fetched as they are read: their seqs
-        first (a small sort), then the other columns a batch at a time, each batch read from the few
-        row groups its seq range touches (so no query ever sorts whole events). An ``event`` is read
-        from the log's own file at its ``line_offset`` (`_Lines`), not from the index: a few hundred
-        bytes per event instead of a row group's worth of whole events to decompress. When every
-        other column is one the first query selects anyway (seq, hash, line_offset: the usual
-        request), that query is the only one."""
+        """The selected events' ``columns``, lowest seq first, fetched as they are read: the index gives
+        each one's seq, hash and place (a narrow sort: no query ever sorts whole events), and every
+        column comes from its line, read from the log's own file there and checked against the hash
+        (`_Lines`): a few hundred bytes per event instead of a row group's worth of whole events to
+        decompress, and never the index's copy of an event. The index says where to look, the log
+        what is there: a row whose line does not match the filter is dropped, and one whose line is
+        not there as indexed stops the query (`AuditError`)."""
         unknown = [c for c in columns if c not in COLUMNS]
         if unknown:
             raise ValueError(f"no column {unknown[0]!r} in events")
-        condition, params = where_sql(where)
+        condition, params = where_sql(dataclasses.replace(where, args=()))
+        if where.args:
+            # A line too long for a reader to hold has no ``event`` in ``fed``: its arguments are
+            # decided on the line itself (`_Lines.rows`), as every other filter is checked again there.
+            on_args, args_params = where_sql(EventFilter(args=where.args))
+            condition, params = f"{condition} AND (event IS NULL OR ({on_args}))", [*params, *args_params]
         seqs = self.cursor()  # refreshes the view, and the file list narrowed below
-        rows = self._db.cursor()
-        lines = _Lines(self.layout) if "event" in columns else None
-        direct = lines is not None and set(columns) <= {"seq", "hash", "line_offset", "event"}
+        lines = _Lines(self.layout)
         days = (
             None if where.since is None else _naive_utc(where.since).date(),
             None if where.until is None else _naive_utc(where.until).date(),
         )
-        lowest = (where.after_seq or 0) + 1
-        where_seqs = _source(self._files, lowest, where.to_seq, days)
-        first_columns = ", ".join(_Lines.narrow(columns)) if direct else "seq"
+        source = _source(self._files, (where.after_seq or 0) + 1, where.to_seq, days)
         # A total order of distinct events: rows of one seq (a damaged log's duplicates) keep their
-        # place between queries, so a batch read again from a row on gives the same rows.
-        order = "ORDER BY seq, hash"
-        select_seqs = f"SELECT {first_columns} FROM ({where_seqs}) WHERE seq IS NOT NULL AND {condition} {order}"  # noqa: S608  (known columns, bound values)
-        if limit is not None:
-            select_seqs += f" LIMIT {int(limit)}"
-        covered = 0  # the highest seq a range query read: every row of it came with that query
+        # place between queries, so a pager asking again from a row on gets the same rows.
+        select = (
+            f"SELECT seq, hash, line_offset FROM ({source}) WHERE seq IS NOT NULL AND {condition} ORDER BY seq, hash"  # noqa: S608  (known columns, bound values)
+            + ("" if limit is None else f" LIMIT {int(limit)}")
+        )
+        # The seq of each line is checked anyway; any other filter is checked again on the line.
+        again = None if dataclasses.replace(where, after_seq=None, to_seq=None) == EventFilter() else where
         try:
-            for batch in _batches(self._run, seqs, select_seqs, params, _SPAN):
-                first, last = batch[0][0], batch[-1][0]
-                if not direct:
-                    first = max(first, covered + 1)
-                    if first > last:
-                        continue  # every row of these seqs came with the batch before
-                    covered = last
-                # Only the files whose seqs overlap this batch: a row group or two of one file, mostly.
-                narrowed = _source(self._files, first, last, days)
-                select_rows = f"SELECT {{}} FROM ({narrowed}) WHERE seq BETWEEN ? AND ? AND {condition} {order}"  # noqa: S608  (known columns, bound values)
-                batch_params = [first, last, *params]
-                if lines is None:
-                    yield from _stream(self._run, rows, select_rows.format(", ".join(columns)), batch_params)
-                    continue
-                narrow: Iterator[tuple[Any, ...]] = (
-                    iter(batch)
-                    if direct
-                    else _stream(self._run, rows, select_rows.format(", ".join(_Lines.narrow(columns))), batch_params)
-                )
-                stopped = yield from lines.rows(columns, narrow)
-                if stopped is None:
-                    continue
-                # A line not where the index says (its segment replaced or gone): the rest of the
-                # batch from the index's copies, in the same order, from the row that stopped.
-                seq, before, done = stopped
-                rest = select_rows.format(", ".join(columns))
-                yield from self._rest(rest, [seq, last, *params], before, len(batch) - done if direct else None)
+            for batch in _batches(self._run, seqs, select, params, _SPAN):
+                yield from lines.rows(columns, batch, again)
         finally:
             seqs.close()
-            rows.close()
-            if lines is not None:
-                lines.close()
-
-    def _rest(self, select: str, params: list[Any], skip: int, most: int | None) -> Iterator[tuple[Any, ...]]:
-        """The rows of ``select`` but the first ``skip`` (yielded already), at most ``most`` of them."""
-        cursor = self._db.cursor()
-        try:
-            end = None if most is None else skip + most
-            yield from itertools.islice(_stream(self._run, cursor, select, params), skip, end)
-        finally:
-            cursor.close()
+            lines.close()
 
     def copy_parquet(self, where: EventFilter, target: Path) -> None:
         """Write the selected events, every column, to the Parquet file ``target`` (one of the
@@ -1523,17 +1685,22 @@ class AuditQuery:
 
 class _Lines:
     """Events read from the log's files by seq and byte offset, each checked against its indexed
-    hash. A line that is not there as indexed (its segment replaced or removed, or the offset off)
-    stops the reading: `AuditQuery.events` reads the rest of that batch from the index's copies.
+    hash and seq: the answer is always the log's line, never the index's copy. A line that is not
+    there as indexed (its segment rewritten, or the index's row forged or damaged) is an
+    `AuditError`; a segment sealed or retired since the log was listed is found by listing it again.
     Rows come in seq order, so one file is open at a time."""
 
     def __init__(self, layout: LogLayout) -> None:
         self._layout = layout
-        sealed = [p for p in layout.parts() if p.kind == "sealed"]
-        self._firsts = [p.first_seq for p in sealed]
-        self._sealed = sealed
+        self._list()
         self._path: Path | None = None
         self._fd = -1
+
+    def _list(self) -> None:
+        parts = self._layout.parts()
+        self._sealed = [p for p in parts if p.kind == "sealed"]
+        self._firsts = [p.first_seq for p in self._sealed]
+        self._retired = [(p.first_seq, p.last_seq) for p in parts if p.kind == "tombstone"]
 
     def _file(self, seq: int) -> int:
         """An open descriptor of the file that holds ``seq``: its sealed segment, or the active one."""
@@ -1545,54 +1712,85 @@ class _Lines:
             self._path = path
         return self._fd
 
-    def _line(self, seq: int, offset: int, digest: str) -> str | None:
+    def _line(self, seq: int, offset: int, digest: str) -> bytes | None:
+        """The line at ``offset`` of the file holding ``seq``, if its hash is ``digest``."""
         try:
             fd = self._file(seq)
             size = _LINE_READ
             while True:
                 data = os.pread(fd, size, offset)
                 end = data.find(b"\n")
-                if end >= 0 or len(data) < size or size > _MAX_LINE:
+                if end >= 0 or len(data) < size:
                     break
-                size = min(size * 4, _MAX_LINE + 1)  # no line the index holds is longer
+                size *= 4  # a long line (DuckDB's reader takes up to _MAX_LINE; Python any)
         except OSError:
             return None
         line = data[:end] if end >= 0 else b""
-        if end < 0 or line_hash(line).hex() != digest:
-            return None
-        # The index's copy is this text (its hash is of these bytes): it decodes.
-        return line.decode(errors="replace")
+        return line if end >= 0 and line_hash(line).hex() == digest else None
 
-    @staticmethod
-    def narrow(columns: Sequence[str]) -> list[str]:
-        """What a batch selects to give ``columns`` through `rows`: seq first, and the line's place,
-        not the line."""
-        return list(dict.fromkeys(["seq", *(c for c in columns if c != "event"), "hash", "line_offset"]))
+    def _checked(self, seq: int, offset: int | None, digest: str) -> bytes:
+        """The line of ``seq``, as the index says it is.
+
+        Raises:
+            AuditError: it is not there: the segment was retired meanwhile (ask again), or the index
+                does not match the log.
+        """
+        line = None if offset is None else self._line(seq, offset, digest)
+        if line is None and offset is not None:
+            # A seal or retention since the log was listed moves a seq to another file, or none.
+            self.close()
+            self._list()
+            if any(low <= seq <= high for low, high in self._retired):
+                raise AuditError(f"event {seq} was retired (retention) while the query read it: ask again")
+            line = self._line(seq, offset, digest)
+        if line is None:
+            raise AuditError(
+                f"event {seq} is not in the log's files as the index holds it (hash {digest[:16]}…, at byte "
+                f"{offset}): the index does not match the log. Run `stockade audit verify`, then index the log "
+                "again (`stockade audit index`)"
+            )
+        return line
 
     def rows(
-        self, columns: Sequence[str], narrow: Iterator[tuple[Any, ...]]
-    ) -> Generator[tuple[Any, ...], None, tuple[int, int, int] | None]:
-        """``columns`` of the rows ``narrow`` yields (`narrow`), each event read from its file, up to
-        the first whose line is not there as indexed: then its seq, how many rows of that seq came
-        before it, and how many rows were yielded (None: every row was)."""
-        at = {name: i for i, name in enumerate(self.narrow(columns))}
-        hash_at, offset_at = at["hash"], at["line_offset"]
-        before = 0
-        previous = None
-        for done, row in enumerate(narrow):
-            seq, offset = row[0], row[offset_at]
-            before = before + 1 if seq == previous else 0
-            previous = seq
-            line = None if offset is None else self._line(seq, offset, row[hash_at])
-            if line is None:
-                return seq, before, done
-            yield tuple(line if c == "event" else row[at[c]] for c in columns)
-        return None
+        self, columns: Sequence[str], batch: Sequence[tuple[Any, ...]], where: EventFilter | None
+    ) -> Iterator[tuple[Any, ...]]:
+        """``columns`` of the rows of ``batch`` (seq, hash and line_offset from the index), each from
+        its line; the rows whose line ``where`` (if given) does not select are dropped.
+
+        Raises:
+            AuditError: a line is not there as indexed, is not of the row's seq, or is indexed twice.
+        """
+        promoted = where is not None or not set(columns) <= {"seq", "hash", "line_offset", "event"}
+        previous: tuple[int, int | None] | None = None
+        for seq, digest, offset in batch:
+            line = self._checked(seq, offset, digest)
+            if (seq, offset) == previous:
+                raise AuditError(f"the index holds event {seq} twice: {_MISMATCH}")
+            previous = seq, offset
+            row = promote(line, offset) if promoted else None
+            head = head_of(line)
+            if (head[0] if head is not None else (row or promote(line) or {}).get("seq")) != seq:
+                raise AuditError(f"the line the index holds as event {seq} is another event's: {_MISMATCH}")
+            if row is None:
+                text = line.decode(errors="replace")  # the index's copy is this text (its hash is of these bytes)
+                yield tuple(seq if c == "seq" else digest if c == "hash" else offset if c == "line_offset" else text
+                            for c in columns)  # fmt: skip
+                continue
+            if where is not None and not matches(row, where):
+                # The index's columns say more than its line: a forged or damaged index. The line decides.
+                _log().warning("audit_index_row_not_its_line", seq=seq)
+                continue
+            yield tuple(row[c] for c in columns)
 
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
         self._fd, self._path = -1, None
+
+
+_MISMATCH = (
+    "the index does not match the log. Run `stockade audit verify`, then index the log again (`stockade audit index`)"
+)
 
 
 def _message(exc: Exception) -> str:
@@ -1612,17 +1810,6 @@ def _batches(
         run(cursor.execute, sql, params)
         while batch := run(cursor.fetchmany, size):
             yield batch
-    except duckdb.Error as exc:
-        raise AuditError(_message(exc)) from exc
-
-
-def _stream(run: _Run, cursor: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> Iterator[tuple[Any, ...]]:
-    import duckdb  # noqa: PLC0415
-
-    try:
-        run(cursor.execute, sql, params)
-        while rows := run(cursor.fetchmany, _BATCH):
-            yield from rows
     except duckdb.Error as exc:
         raise AuditError(_message(exc)) from exc
 

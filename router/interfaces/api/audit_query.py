@@ -32,7 +32,7 @@ from router.audit.redis import STREAM
 from router.control import ControlPlane
 from router.errors import AuditError
 from router.interfaces.api.openapi import problems
-from router.interfaces.api.problems import problem
+from router.interfaces.api.problems import from_exception, problem
 from router.settings import ApiPrincipal
 
 if TYPE_CHECKING:
@@ -209,7 +209,10 @@ def add_query_routes(app: FastAPI, plane: ControlPlane, gate: "Gate") -> None:
         where = _filter(session_id, agent, tool, outcome, kind, decision_id, call_id, principal, approver, credential,
                         lease, egress_host, reason, taint, since, until, after_seq, arg)  # fmt: skip
         if NDJSON in request.headers.get("accept", ""):
-            return StreamingResponse(stream(where, limit), media_type=NDJSON)
+            chunks = stream(where, limit)
+            # The first chunk before the status: a query that cannot start is a 503 problem, as a page's is.
+            first = await anext(chunks, b"")
+            return StreamingResponse(_ended(first, chunks), media_type=NDJSON)
         found = await page(where, limit + 1)  # one more: is there a next page?
         more = len(found) > limit
         found = found[:limit]
@@ -221,24 +224,21 @@ def add_query_routes(app: FastAPI, plane: ControlPlane, gate: "Gate") -> None:
         # A query slot is held while each chunk is read, not while it is sent: a client that
         # stops reading must not keep every other auditor's query waiting (it holds only its
         # own idle cursor).
-        try:
-            if reader.on_redis:
-                lines = aiter(reader.redis_lines(where, limit))
-                while True:
-                    async with reader.slots:
-                        batch = [text async for _, text in _take(lines, _CHUNK_LINES)]
-                    if not batch:
-                        return
-                    yield ("\n".join(batch) + "\n").encode()
-            chunks = _chunks(reader.lines(where, limit))
+        if reader.on_redis:
+            lines = aiter(reader.redis_lines(where, limit))
             while True:
                 async with reader.slots:
-                    chunk = await anyio.to_thread.run_sync(next, chunks, None)
-                if chunk is None:
+                    batch = [text async for _, text in _take(lines, _CHUNK_LINES)]
+                if not batch:
                     return
-                yield chunk
-        except AuditError as exc:  # the status is sent: the stream just ends, and the log says why
-            log.error("audit_stream_failed", error=str(exc))
+                yield ("\n".join(batch) + "\n").encode()
+        chunks = _chunks(reader.lines(where, limit))
+        while True:
+            async with reader.slots:
+                chunk = await anyio.to_thread.run_sync(next, chunks, None)
+            if chunk is None:
+                return
+            yield chunk
 
     @app.get("/v1/audit/decisions/{decision_id}", tags=["audit"], response_model=list[AuditEvent],
              responses=problems(_UNAVAILABLE))  # fmt: skip
@@ -250,6 +250,21 @@ def add_query_routes(app: FastAPI, plane: ControlPlane, gate: "Gate") -> None:
             return missing
         found = await page(EventFilter(decision_id=decision_id), None)
         return Response(("[" + ",".join(text for _, text in found) + "]").encode(), media_type="application/json")
+
+
+async def _ended(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """A stream of JSON lines, ``first`` then ``rest``, that ends with a problem line when the query
+    fails once the status is sent: one JSON object with no ``seq``, the problem document a page would
+    have answered (``code`` ``audit.unavailable``), so a client sees the answer stopped short of the
+    events asked for and, after fixing what it says, continues from the last seq it received."""
+    if first:
+        yield first
+    try:
+        async for chunk in rest:
+            yield chunk
+    except AuditError as exc:
+        log.error("audit_stream_failed", error=str(exc))
+        yield bytes(from_exception(exc).body) + b"\n"
 
 
 async def _take(found: AsyncIterator[tuple[int, str]], count: int) -> AsyncIterator[tuple[int, str]]:
