@@ -29,6 +29,7 @@ import hashlib
 import io
 import json
 import os
+import re
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
@@ -63,7 +64,9 @@ PROOF_FORMAT = "stockade-export-proof/2"
 CSV_COLUMNS = tuple(COLUMNS)
 """The columns of a CSV export: the promoted ones (lists as JSON arrays, times ISO 8601 UTC), then
 ``event``, the line as written, which the others are checked against."""
-_UNCHECKED = frozenset({"line_offset"})  # where the line sat in its segment file: not in the line itself
+# Where the line sat in its segment file: not in the line itself, so not checked against it; in a
+# CSV export only its form is (a number, or nothing), or a formula could ride in it and still verify.
+_UNCHECKED = frozenset({"line_offset"})
 _MAX_CELL = 1 << 27  # bytes of a CSV cell the verifier reads: a line of the log is at most 64 MiB
 _FORMULA = ("=", "+", "-", "@", "\t", "\r")  # what makes a spreadsheet read a cell as a formula (OWASP)
 
@@ -607,6 +610,8 @@ def _ocsf_records(path: Path) -> _Records:
 
 
 _EDITED_ROW = "its cells are not those of its line (the event column): the row was edited"
+_NOT_AN_OFFSET = "its line_offset cell is not a byte offset (digits, or nothing): the row was edited"
+_OFFSET = re.compile(r"[0-9]*")  # ASCII digits only: str.isdigit takes other scripts' digits too
 
 
 def _csv_records(path: Path) -> _Records:
@@ -619,14 +624,19 @@ def _csv_records(path: Path) -> _Records:
             yield b"", "the CSV's header is not the export's columns"
             return
         checked = [i for i, name in enumerate(CSV_COLUMNS[:-1]) if name not in _UNCHECKED]
+        numbers = [i for i, name in enumerate(CSV_COLUMNS[:-1]) if name in _UNCHECKED]
         for cells in reader:
             if len(cells) != len(CSV_COLUMNS):
                 yield b"", f"a row holds {len(cells)} cells, not {len(CSV_COLUMNS)}"
                 return
             line = cells[-1]
             expected = csv_row(line, None) if line.startswith("{") else None
-            bad = expected is None or any(cells[i] != expected[i] for i in checked)
-            yield line.encode(), _EDITED_ROW if bad else ""
+            if expected is None or any(cells[i] != expected[i] for i in checked):
+                yield line.encode(), _EDITED_ROW
+            elif not all(_OFFSET.fullmatch(cells[i]) for i in numbers):
+                yield line.encode(), _NOT_AN_OFFSET
+            else:
+                yield line.encode(), ""
 
 
 def _parquet_records(path: Path) -> _Records:

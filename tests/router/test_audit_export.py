@@ -270,6 +270,28 @@ def test_a_csv_row_rewritten_around_its_hash_is_caught(tmp_path: Path, log_copy:
     assert "cells are not those of its line" in check.problem
 
 
+@pytest.mark.parametrize("cell", ['=HYPERLINK("http://127.0.0.1/x?"&A1,"click")', "-1", "12 ", "\u0661\u0662"])
+def test_a_csv_line_offset_cell_holding_anything_but_digits_is_caught(tmp_path: Path, log_copy: Log, cell: str) -> None:
+    """``line_offset`` is the one cell a CSV row's line does not hold, so it cannot be checked
+    against it: only its form can, a byte offset or nothing. Else, with the export unsigned (the
+    exporter did not hold the signing key), a spreadsheet formula put there still verified."""
+    export = exported(tmp_path, log_copy, "csv")
+    csv.field_size_limit(1 << 27)
+    with export.open(newline="", encoding="utf-8") as handle:
+        rows = list(csv.reader(handle))
+    offset = rows[0].index("line_offset")
+    assert any(row[offset] for row in rows[1:])  # offsets as exported: digits, or nothing
+    assert all(row[offset].isdigit() or not row[offset] for row in rows[1:])
+    rows[3][offset] = cell
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n", quoting=csv.QUOTE_ALL).writerows(rows)
+    export.write_text(out.getvalue(), encoding="utf-8")
+    rewrite_proof(export)
+    check = verify_export(export, public_key(log_copy))
+    assert (check.ok, check.record, check.seq) == (False, 3, int(rows[3][0]))
+    assert "line_offset cell is not a byte offset" in check.problem
+
+
 def test_a_parquet_row_rewritten_around_its_hash_is_caught(tmp_path: Path, log_copy: Log) -> None:
     export = exported(tmp_path, log_copy, "parquet")
     forged = tmp_path / "forged.parquet"
