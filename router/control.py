@@ -276,6 +276,9 @@ class ControlPlane:
         # Taken now, next to the load: an edit made before the watcher starts must still count.
         self._policy_seen = fingerprint(settings.policy.dir)
         self.policy_problem: str | None = None  # why the files on disk did not load, at the last try
+        # The span exporter this plane set up from its settings (from_settings), if any; an
+        # application's own provider is the application's to end.
+        self._tracing: object | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> ControlPlane:
@@ -297,10 +300,12 @@ class ControlPlane:
             sandboxes = runner_pkg.make_sandboxes(settings.runner)
         except runner_pkg.SandboxUnavailable as exc:
             raise SandboxUnavailable(str(exc)) from exc
-        telemetry.configure_tracing(settings, version=VERSION)
-        return cls(
+        tracing = telemetry.configure_tracing(settings, version=VERSION)
+        plane = cls(
             settings, policy=engine, sandboxes=sandboxes, audit=make_audit_log(settings), store=make_store(settings)
         )
+        plane._tracing = tracing  # ended with the plane, within a deadline (aclose)
+        return plane
 
     async def __aenter__(self) -> Self:
         self.start()
@@ -330,6 +335,11 @@ class ControlPlane:
         await self.policy.aclose()
         await self.store.aclose()
         await self.audit.aclose()
+        if self._tracing is not None:
+            # Within a deadline: a collector that does not answer would hold the exit for 30 s or more.
+            # In a thread: the wait must not stop the event loop.
+            await asyncio.to_thread(telemetry.shutdown_tracing, self._tracing)
+            self._tracing = None
 
     # -- registration and sessions -------------------------------------------------------
 
@@ -1150,15 +1160,32 @@ class ControlPlane:
             result={"code": exc.code, "message": str(exc)},
         ))  # fmt: skip
 
-    async def _audit_rejection(self, session: SessionRecord, tool_name: object, exc: StockadeError) -> None:
+    async def _audit_rejection(
+        self, session: SessionRecord, tool_name: object, exc: StockadeError, call: _Call | None = None
+    ) -> None:
+        """Audit a call rejected before it was decided (malformed, an unusable approval, the store
+        down). ``call``: the call, once it was made: the event carries its ``decision_id`` and
+        ``call_id``, as its span does, so the two join."""
         name = tool_name if isinstance(tool_name, str) and len(tool_name) <= 256 else repr(tool_name)[:256]
         result: dict[str, Any] = {"code": exc.code, "message": str(exc)}
+        fields: list[str] = []
         if isinstance(exc, InvalidCall) and exc.problems:
-            # Each problem by its field: an audit mask on an argument erases what is said of it.
-            result["problems"] = [{"field": p.field, "problem": p.problem} for p in exc.problems]
-        event = self._event("error", str(uuid.uuid4()), session, name, None, outcome="invalid", result=result)
+            # Each problem by its field, and by its path when it may quote a value: an audit mask on
+            # an argument erases what is said of it (router.audit.masking).
+            result["problems"] = [
+                {"field": p.field, "problem": p.problem, **({} if p.path is None else {"path": list(p.path)})}
+                for p in exc.problems
+            ]
+            fields = sorted({p.field[:200] for p in exc.problems})
+        decision_id = str(uuid.uuid4()) if call is None else call.decision_id
+        call_id = None if call is None else call.call_id
+        telemetry.rejected(decision_id)
+        event = self._event("error", decision_id, session, name, call_id, outcome="invalid", result=result)
         await self._record(event)
-        log.info("tool_call_rejected", code=exc.code, error=str(exc), session_id=session.id)
+        # The code and the fields only: a malformed call's message quotes the values it refused,
+        # which an audit mask keeps out of the log, and so must this.
+        told = {"fields": fields} if isinstance(exc, InvalidCall) else {"error": str(exc)}
+        log.info("tool_call_rejected", code=exc.code, session_id=session.id, **told)
 
     async def _check_approval(self, call: _Call, approval_id: str) -> None:
         """The approval ``approval_id`` a human granted for exactly this call; the call joins its trail.
@@ -1172,7 +1199,7 @@ class ControlPlane:
                 inputs=call.input_infos,
             )  # fmt: skip
         except (ApprovalError, StoreError) as exc:
-            await self._audit_rejection(call.session, call.tool.spec.name, exc)
+            await self._audit_rejection(call.session, call.tool.spec.name, exc, call)
             raise
         call.decision_id = call.approval.decision_id  # one trail: request, approval, decision, run
 
@@ -1197,7 +1224,7 @@ class ControlPlane:
         except ApprovalError:  # no longer kept
             return
         except StoreError as exc:
-            await self._audit_rejection(call.session, call.tool.spec.name, exc)
+            await self._audit_rejection(call.session, call.tool.spec.name, exc, call)
             raise
         if approval.status is ApprovalStatus.APPROVED:
             call.approval = approval
@@ -1303,7 +1330,7 @@ class ControlPlane:
         try:
             used = await self._store_step(call, self.approvals.redeem(call.approval.id))
         except ApprovalError as exc:  # redeemed by a concurrent call in the meantime
-            await self._audit_rejection(call.session, call.tool.spec.name, exc)
+            await self._audit_rejection(call.session, call.tool.spec.name, exc, call)
             raise
         await self._audit(self.approvals.event(used, "redeemed"))
 

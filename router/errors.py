@@ -29,7 +29,7 @@ This module imports the standard library only: the SDK imports it without the se
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
 
 
 class StockadeError(Exception):
@@ -39,12 +39,17 @@ class StockadeError(Exception):
     http_status = 500
 
 
-@dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class FieldProblem:
-    """One thing wrong with a call: where (``args.to``), and what."""
+    """One thing wrong with a call: where (``args.to``), and what. ``path``: for a problem whose
+    text may quote the value it is about (a schema error's), where that value is in the arguments,
+    step by step (``("a.b", 0)``; ``()``: the arguments as a whole), which ``field`` cannot say
+    unambiguously (``args.a.b`` is the argument ``a.b`` or ``b`` inside ``a``). An audit mask on
+    an argument erases such a problem (`router.audit.masking`); it is not sent to clients."""
 
     field: str
     problem: str
+    path: tuple[str | int, ...] | None = dataclasses.field(default=None, compare=False)
 
     def __str__(self) -> str:
         return f"{self.field}: {self.problem}"

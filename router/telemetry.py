@@ -5,10 +5,11 @@
 ``gen_ai.tool.call.id`` the call's ``call_id``), `ControlPlane.decide` one ``stockade.decide {tool}``
 span. The steps of the call are their children: ``stockade.policy.decide``, ``stockade.approval``,
 ``stockade.credentials.mint``, ``stockade.sandbox.run``, ``stockade.audit.append``. The call's span
-carries ``stockade.decision_id`` (the key of its audit trail), ``stockade.session_id``,
-``stockade.agent``, ``stockade.outcome`` (the result's status: ``completed``, ``denied``,
-``pending_approval``, ``awaiting_report``, ``error``; ``rejected`` or ``cancelled`` when it raised;
-for `decide`, the decision), ``stockade.reasons``, ``stockade.policy_revision`` and ``stockade.tier``.
+carries ``stockade.decision_id`` (the key of its audit trail; a rejected call's is its error event's,
+`rejected`), ``stockade.session_id``, ``stockade.agent``, ``stockade.outcome`` (the result's status:
+``completed``, ``denied``, ``pending_approval``, ``awaiting_report``, ``error``; ``rejected`` or
+``cancelled`` when it raised; for `decide`, the decision), ``stockade.reasons``,
+``stockade.policy_revision`` and ``stockade.tier``.
 Arguments, output and credential values never go into a span (exception messages are redacted, and
 a malformed call's error names only its fields, not the values refused).
 
@@ -20,14 +21,17 @@ A span's status is ERROR, with ``error.type``, when its work failed: a refusal c
 Spans go to the provider `configure_tracing` set up from the settings (OTLP/HTTP), or to one given to
 `use_tracer_provider`; else to the global provider, if the application embedding the router set an SDK
 one. With none of these no span is made at all: the call path pays a check, not the API's no-op spans
-(about 10 µs each here). Only the OpenTelemetry API is imported here; the SDK and the exporter (the
-``otel`` extra) are imported once an endpoint is configured.
+(about 10 µs each here). An export gives up after `EXPORT_TIMEOUT_S`, and `shutdown_tracing` after
+`SHUTDOWN_TIMEOUT_S`: a collector that does not answer must not hold a router's exit. Only the
+OpenTelemetry API is imported here; the SDK and the exporter (the ``otel`` extra) are imported once
+an endpoint is configured.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import threading
 import time
 import traceback
@@ -68,6 +72,11 @@ _MAX_TEXT = 2000  # of an exception's message or stack in a span event
 _MAX_FIELD = 200  # of a field's path named in a span
 _LOOK_AGAIN_S = 1.0  # see tracer()
 _NOT_SET = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)  # what the global provider is until an SDK's is set
+EXPORT_TIMEOUT_S = 5.0
+"""How long one export to the collector may take, retries included (the SDK's default is 10 s)."""
+SHUTDOWN_TIMEOUT_S = 3.0
+"""How long `shutdown_tracing` waits for the spans still held to be exported."""
+_TIMEOUT_VARIABLES = frozenset({"OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,16 +177,30 @@ def configure_tracing(settings: Settings, *, version: str | None = None) -> SdkT
     return provider
 
 
-def shutdown_tracing() -> None:
-    """Export what `configure_tracing`'s provider still holds and end it; the router's spans go to
-    the global provider again, and a later `configure_tracing` sets up a new one."""
+def shutdown_tracing(provider: object | None = None, *, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> bool:
+    """Export what `configure_tracing`'s provider still holds and end it (``provider``: only if it
+    is that one), waiting at most ``timeout_s``; the router's spans go to the global provider again,
+    and a later `configure_tracing` sets up a new one. Returns whether it ended in time (True when
+    there was nothing to end).
+
+    The SDK's own shutdown waits up to 30 s for its exporting thread, which sends batch after batch
+    to a collector that does not answer, each until the export times out: a router would take that
+    long to stop. Past ``timeout_s`` the spans still held are given up (logged), and the shutdown
+    goes on in a daemon thread, which no exit waits for."""
     with _state.lock:
-        configured, _state.configured = _state.configured, None
-        if configured is None:
-            return
+        configured = _state.configured
+        if configured is None or (provider is not None and configured[1] is not provider):
+            return True
+        _state.configured = None
         if _state.provider is configured[1]:
             _state.provider = _state.tracer = None
-    configured[1].shutdown()
+    ending = threading.Thread(target=configured[1].shutdown, name="stockade-tracing-shutdown", daemon=True)
+    ending.start()
+    ending.join(timeout_s)
+    if ending.is_alive():
+        log.warning("tracing_shutdown_timed_out", timeout_s=timeout_s, endpoint=configured[0][0])
+        return False
+    return True
 
 
 def _otlp_provider(endpoint: str | None, service_name: str, instance: str, version: str | None) -> SdkTracerProvider:
@@ -193,7 +216,12 @@ def _otlp_provider(endpoint: str | None, service_name: str, instance: str, versi
     if version is not None:
         resource["service.version"] = version
     provider = TracerProvider(resource=Resource.create(resource))
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=url)))
+    # The SDK's default (10 s an export, retries included) is kept only where the standard variables
+    # set another: a collector that does not answer holds the exporting thread, and the shutdown, that long.
+    timeout = None if _TIMEOUT_VARIABLES.intersection(os.environ) else EXPORT_TIMEOUT_S
+    exporter = OTLPSpanExporter(endpoint=url, timeout=timeout)
+    batches = None if "OTEL_BSP_EXPORT_TIMEOUT" in os.environ else EXPORT_TIMEOUT_S * 1000
+    provider.add_span_processor(BatchSpanProcessor(exporter, export_timeout_millis=batches))
     return provider
 
 
@@ -340,6 +368,15 @@ def decided(span: Span, decision: Decision, tier: str | None, decision_id: str) 
     current = _current.get()
     if current is not None:
         current.span.set_attributes(facts)
+
+
+def rejected(decision_id: str) -> None:
+    """The call traced in this context was rejected before policy decided it (malformed, an
+    unusable approval): its span keeps the ``decision_id`` its audit record is under, as a decided
+    call's does."""
+    current = _current.get()
+    if current is not None and current.span.is_recording():
+        current.span.set_attribute("stockade.decision_id", decision_id)
 
 
 def approval(span: Span, approval_id: str | None, status: str, action: str) -> None:

@@ -412,7 +412,7 @@ def validate_args(tool: RegisteredTool, args: dict[str, Any]) -> None:
     for error in errors[:_MAX_PROBLEMS]:
         path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
         message = error.message if len(error.message) <= 200 else error.message[:197] + "..."
-        problems.append(FieldProblem(f"args{path}", message))
+        problems.append(FieldProblem(f"args{path}", message, tuple(error.absolute_path)))
     more = f" (and {len(errors) - _MAX_PROBLEMS} more)" if len(errors) > _MAX_PROBLEMS else ""
     raise InvalidCall(
         f"invalid arguments for tool {tool.spec.name!r}: "

@@ -98,9 +98,7 @@ def mask(document: dict[str, Any], rules: Sequence[Rule], key: bytes | None = No
                 if isinstance(held, dict):
                     originals.extend(_identifiers(held, steps[2]))
                 document = _apply(document, ["input", derived, steps[2]], hashed, key, "", masked, None)
-    arguments = [
-        steps[2] for path, _ in rules if len(steps := pointer_steps(path)) > 2 and steps[:2] == ["input", "args"]
-    ]
+    arguments = [name for path, _ in rules if (name := _argument(pointer_steps(path))) is not None]
     if arguments:
         document = _keyed_digests(document, key, masked)
         document = _masked_problems(document, arguments, masked)
@@ -108,6 +106,14 @@ def mask(document: dict[str, Any], rules: Sequence[Rule], key: bytes | None = No
     if quoted is not None:
         document = _scrubbed_messages(document, quoted, masked)
     return document, masked
+
+
+def _argument(steps: list[str]) -> str | None:
+    """The argument a rule's path masks: its name; ``*`` for any, or for all of them (a rule on
+    ``/input/args`` itself, or on ``/input``); None if it masks no argument."""
+    if not all(step in ("*", wanted) for step, wanted in zip(steps[:2], ("input", "args"), strict=False)):
+        return None
+    return steps[2] if len(steps) > 2 else "*"
 
 
 def _identifiers(held: dict[str, Any], arg: str) -> list[str]:
@@ -178,30 +184,40 @@ def _scrubbed_messages(document: dict[str, Any], quoted: re.Pattern[str], masked
 def _masked_problems(document: dict[str, Any], arguments: list[str], masked: list[str]) -> dict[str, Any]:
     """``document`` with what a refused call's problems say of a masked argument erased: a schema
     error quotes the value it refused (``args.pin: '48x1' does not match ...``), in the problem and
-    in the message made of the problems, while the call's arguments are not in the event at all."""
+    in the message made of the problems, while the call's arguments are not in the event at all.
+
+    A problem is told by its ``path`` (`router.errors.FieldProblem`), whose first step is the
+    argument's name exactly (the field, ``args.a.b``, does not say whether that is ``a.b`` or ``a``);
+    one about the arguments as a whole (an empty path: ``anyOf``, ``maxProperties``, ``not`` at the
+    schema's root) quotes them all, masked ones too, so any rule on an argument erases it. A problem
+    without a path is one the router words itself, quoting no value. The message is made again
+    from the problems: it quoted the same values, and it is not searched for them."""
     result = document.get("result")
     problems = result.get("problems") if isinstance(result, dict) else None
     if not isinstance(result, dict) or not isinstance(problems, list):
         return document
-    message = result.get("message")
     changed = []
     for index, problem in enumerate(problems):
-        field = problem.get("field") if isinstance(problem, dict) else None
-        said = problem.get("problem") if isinstance(problem, dict) else None
-        if not isinstance(field, str) or not isinstance(said, str) or not field.startswith("args."):
+        path = problem.get("path") if isinstance(problem, dict) else None
+        if not isinstance(path, list) or not _about_masked(path, arguments):
             changed.append(problem)
             continue
-        name = re.split(r"[.\[]", field.removeprefix("args."), maxsplit=1)[0]
-        if "*" not in arguments and name not in arguments:
-            changed.append(problem)
-            continue
-        if isinstance(message, str):
-            message = message.replace(said, ERASED)
         changed.append({**problem, "problem": ERASED})
         masked.append(f"/result/problems/{index}/problem")
     if changed == problems:
         return document
+    told = "; ".join(f"{p.get('field')}: {p.get('problem')}" for p in changed if isinstance(p, dict))
+    tool = document.get("tool")
+    message = f"invalid arguments for tool {tool!r}: {told}" if isinstance(tool, str) else f"invalid arguments: {told}"
+    if "message" in result:
+        masked.append("/result/message")
     return {**document, "result": {**result, "problems": changed, "message": message}}
+
+
+def _about_masked(path: list[Any], arguments: list[str]) -> bool:
+    """Whether a problem at ``path`` in the arguments may quote a masked one (``arguments``: the
+    names the rules mask, ``*`` for any)."""
+    return not path or "*" in arguments or path[0] in arguments
 
 
 _DIGESTS = ("binding", "args_sha256")  # a digest of a call's tool, arguments and session

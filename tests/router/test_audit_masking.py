@@ -142,7 +142,7 @@ async def test_a_masked_argument_reaches_the_log_through_no_other_field(tmp_path
     leaked = [value for value in (URL, "leak.example", MAIL, BAD_PIN, f'"{PIN}"') if value in text]
     assert leaked == []
     [refused] = [e for e in sent if e["kind"] == "error"]
-    assert refused["result"]["problems"] == [{"field": "args.pin", "problem": "[masked]"}]
+    assert refused["result"]["problems"] == [{"field": "args.pin", "path": ["pin"], "problem": "[masked]"}]
     # The approval's binding digests tool, arguments and session: with the pin's 10,000 values
     # tried, a plain digest gave it back. Keyed, none matches.
     [approval] = [e for e in sent if e["kind"] == "approval"]
