@@ -5,6 +5,7 @@ and what the MCP SDK's session manager refuses by itself over streamable HTTP.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 from collections.abc import AsyncIterator
@@ -49,6 +50,21 @@ async def api(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Path]]:
         transport = httpx.ASGITransport(create_app(plane))
         async with httpx.AsyncClient(transport=transport, base_url="http://stockade") as client:
             yield client, log
+
+
+@contextlib.asynccontextmanager
+async def budgeted(log: Path, *, window_s: float) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of the HTTP API of a router whose refusal budget is 5 in each ``window_s``, and whose
+    audit log is ``log``; the router is closed (its open windows' counts written) on leaving."""
+    settings = Settings(
+        audit=AuditSettings(path=log, refusal_burst=5, refusal_window_s=window_s),
+        policy=PolicySettings(dir=REPO / "policies"),
+        api_principals=[ApiPrincipal.model_validate(p) for p in principals()],
+    )  # fmt: skip
+    async with ControlPlane.from_settings(settings) as plane:
+        transport = httpx.ASGITransport(create_app(plane))
+        async with httpx.AsyncClient(transport=transport, base_url="http://stockade") as client:
+            yield client
 
 
 async def test_approvals_that_cannot_be_decided_are_refused_on_record(api: tuple[httpx.AsyncClient, Path]) -> None:
@@ -211,21 +227,14 @@ async def test_a_flood_of_refusals_is_written_up_to_a_burst_and_counted_past_it(
     Refusals of one kind are written one by one up to the burst of their window, then counted:
     the events plus the counts are every refusal, nothing more, nothing less."""
     log = tmp_path / "audit.jsonl"
-    settings = Settings(
-        audit=AuditSettings(path=log, refusal_burst=5, refusal_window_s=0.5),
-        policy=PolicySettings(dir=REPO / "policies"),
-        api_principals=[ApiPrincipal.model_validate(p) for p in principals()],
-    )  # fmt: skip
-    async with ControlPlane.from_settings(settings) as plane:
-        transport = httpx.ASGITransport(create_app(plane))
-        async with httpx.AsyncClient(transport=transport, base_url="http://stockade") as client:
-            for _ in range(60):
-                assert (await client.get("/v1/tools", headers={"Authorization": "Bearer wrong"})).status_code == 401
-            await asyncio.sleep(0.7)  # the window closes: its count is written by itself
-            first = refusals(log)
-            for _ in range(3):  # a new window: written one by one again
-                assert (await client.get("/v1/tools", headers={"Authorization": "Bearer wrong"})).status_code == 401
-            assert (await client.delete(f"/v1/sessions/{UNKNOWN}", headers=auth("agent-1"))).status_code == 404
+    async with budgeted(log, window_s=0.5) as client:
+        for _ in range(60):
+            assert (await client.get("/v1/tools", headers={"Authorization": "Bearer wrong"})).status_code == 401
+        await asyncio.sleep(0.7)  # the window closes: its count is written by itself
+        first = refusals(log)
+        for _ in range(3):  # a new window: written one by one again
+            assert (await client.get("/v1/tools", headers={"Authorization": "Bearer wrong"})).status_code == 401
+        assert (await client.delete(f"/v1/sessions/{UNKNOWN}", headers=auth("agent-1"))).status_code == 404
     unauthenticated = [e for e in refusals(log) if e["agent"] is None]
     one_by_one = [e for e in unauthenticated if "count" not in e["result"]]
     counted = [e for e in unauthenticated if "count" in e["result"]]
@@ -239,18 +248,11 @@ async def test_a_flood_of_refused_approval_decisions_is_under_the_same_budget(tm
     """An approver's refused decisions (here: approval ids that do not exist) were once written
     one by one however many came, outside the budget every other refusal is under."""
     log = tmp_path / "audit.jsonl"
-    settings = Settings(
-        audit=AuditSettings(path=log, refusal_burst=5, refusal_window_s=30),
-        policy=PolicySettings(dir=REPO / "policies"),
-        api_principals=[ApiPrincipal.model_validate(p) for p in principals()],
-    )  # fmt: skip
-    async with ControlPlane.from_settings(settings) as plane:
-        transport = httpx.ASGITransport(create_app(plane))
-        async with httpx.AsyncClient(transport=transport, base_url="http://stockade") as client:
-            for i in range(40):
-                answer = await client.post(f"/v1/approvals/a-{i:020x}/approve", json={}, headers=auth("oncall"))
-                assert (answer.status_code, answer.json()["code"]) == (409, "approval.invalid")
-            assert codes(log) == [("oncall", "approval.not_found")] * 5
+    async with budgeted(log, window_s=30) as client:
+        for i in range(40):
+            answer = await client.post(f"/v1/approvals/a-{i:020x}/approve", json={}, headers=auth("oncall"))
+            assert (answer.status_code, answer.json()["code"]) == (409, "approval.invalid")
+        assert codes(log) == [("oncall", "approval.not_found")] * 5
     # On shutdown the open window's count is written: the events plus the count are every refusal.
     counted = [e for e in refusals(log) if "count" in e["result"]]
     assert [(e["agent"], e["result"]["code"], e["result"]["count"]) for e in counted] == [

@@ -9,30 +9,18 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from router import ApprovalError, ControlPlane, InvalidCall, StockadeError, telemetry
+from router import ApprovalError, ControlPlane, InvalidCall, StockadeError
 from router.settings import AuditSettings, Settings
 from tests.conftest import REPO
+from tests.router.test_telemetry import exporter
 
-
-@pytest.fixture
-def exporter() -> Iterator[InMemorySpanExporter]:
-    """The router's spans as the SDK finished them, from a provider of the router's own."""
-    exported = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exported))
-    telemetry.use_tracer_provider(provider)
-    yield exported
-    telemetry.use_tracer_provider(None)
-    provider.shutdown()
+__all__ = ["exporter"]  # the fixture, shared
 
 
 PAY = {"name": "pay", "description": "p", "risk": "high", "capabilities": ["sends_external"],
