@@ -202,7 +202,7 @@ def _is_token(payload: bytes) -> bool:
     try:
         decoded = base64.urlsafe_b64decode(payload + b"=" * (-len(payload) % 4))
         claims = json.loads(decoded) if TOKEN_ISSUER.encode() in decoded else None
-    except (binascii.Error, ValueError):  # not base64url, not UTF-8, not JSON
+    except (binascii.Error, ValueError, RecursionError):  # not base64url, UTF-8 or JSON; nested past reading
         return False
     return isinstance(claims, dict) and claims.get("iss") == TOKEN_ISSUER
 

@@ -133,6 +133,12 @@ def test_finding_tokens_by_shape_stays_linear_on_hostile_text() -> None:
         started = time.perf_counter()
         assert redactor(text) == text
         assert time.perf_counter() - started < 2.0
+    # A payload that names the issuer and nests past what json reads once made every redaction
+    # of that text raise (RecursionError): the output, its audit events, the log line.
+    nested = base64.urlsafe_b64encode(b'{"iss":"stockade","x":' + b"[" * 200_000).rstrip(b"=").decode()
+    hostile = f"eyJhbGciOiJFZERTQSIsImtpZCI6Ik.{nested}.{'B' * 86}"
+    assert redactor(hostile) == hostile
+    assert redactor.deep({"out": hostile}) == {"out": hostile}
     mine = _jwt("stockade")
     glued = ("A" * (1 << 16) + mine + ".") * 16  # a MiB of glue, each run read back once
     started = time.perf_counter()
