@@ -8,8 +8,9 @@ text such as ``base64("user:" + secret)``), all regardless of ASCII case. A secr
 pieces or otherwise transformed is not recognised (``docs/egress.md``). Upstream secrets stay
 registered; a minted token is registered while its call runs (its output is scrubbed before the
 lease is revoked). After that, and for tokens another router minted or this one minted before a
-restart, a stockade token as written (a JWT whose payload says ``iss: stockade``) is redacted by
-its shape, ``[REDACTED:stockade-token]``: an upstream can hand a revoked token back to any later
+restart, a stockade token as written (a JWT whose payload says ``iss: stockade``; not its other
+encodings, which are caught only while it is registered) is redacted by its shape,
+``[REDACTED:stockade-token]``: an upstream can hand a revoked token back to any later
 call, and a service that verifies with the JWKS alone takes it until it expires. One `Matcher`
 finds every form of every secret in one pass, built once each time the set changes: a redaction
 costs the length of the text, not that times the number of secrets.
@@ -33,14 +34,15 @@ TOKEN_ISSUER = "stockade"  # noqa: S105  (a claim value, not a secret)
 recognises by their shape."""
 TOKEN_LABEL = "stockade-token"  # noqa: S105  (a label, not a secret)
 # A JWT as written is header.payload.signature in base64url, and a JSON object's base64 starts
-# "eyJ". Found from the payload on (a literal start, which `re` seeks fast), with parts shorter
-# than a stockade token's not read (its payload holds a call's binding, its signature is 64
-# bytes): a flood of short look-alikes costs a scan, not a decode each. The payload is read to
-# tell a stockade token from another service's JWT a tool may rightly return; the header is the
-# run of base64url characters before it, with whatever is glued to it (`_header_start`).
-_TAIL = re.compile(r"\.(eyJ[A-Za-z0-9_-]{60,}+)\.[A-Za-z0-9_-]{80,}+")
+# "eyJ". Found at each '.' that a payload and a signature follow (a lookahead, so a header read as
+# a payload never hides the token after it; a literal start, which `re` seeks fast), with parts
+# shorter than a stockade token's not read (its payload holds a call's binding, its signature is
+# 64 bytes): a flood of short look-alikes costs a scan, not a decode each. Each run is read by at
+# most the two dots around it: linear. The payload is read to tell a stockade token from another
+# service's JWT a tool may rightly return. Payload and signature are redacted whether a header is
+# there or not (it is public: the JWKS gives its key id), with whatever is glued before them.
+_TAIL = re.compile(r"\.(?=(eyJ[A-Za-z0-9_-]{60,}+)\.([A-Za-z0-9_-]{80,}+))")
 _TAIL_BYTES = re.compile(_TAIL.pattern.encode())
-_HEADER_MIN = 16
 _B64URL = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
 _B64URL_TEXT = frozenset(map(chr, _B64URL))
 
@@ -212,13 +214,12 @@ def _without_tokens(text: AnyStr, tail: re.Pattern[AnyStr], alphabet: Container[
     pieces: list[AnyStr] = []
     done = 0
     for found in tail.finditer(text):
-        payload = found[1]
-        if not _is_token(payload.encode() if isinstance(payload, str) else payload):
+        dot, payload = found.start(), found[1]
+        if dot < done or not _is_token(payload.encode() if isinstance(payload, str) else payload):
             continue
-        start = _header_start(text, found.start(), done, alphabet)
-        if found.start() - start >= _HEADER_MIN:
-            pieces += [text[done:start], label]
-            done = found.end()
+        start = _header_start(text, dot, done, alphabet)
+        pieces += [text[done:start], label]
+        done = found.end(2)
     if not pieces:
         return text
     pieces.append(text[done:])

@@ -115,6 +115,14 @@ def test_stockade_tokens_are_redacted_by_their_shape_registered_or_not() -> None
         f'{{"authorization":"Bearer {mine}"}}': '{"authorization":"Bearer [REDACTED:stockade-token]"}',
         f"x{mine}y and {theirs}": f"[REDACTED:stockade-token] and {theirs}",  # glued to its ends: taken whole
         theirs: theirs,
+        # A '.' before it once made the header read as the payload, and the token after it was
+        # never looked at; two tokens joined by '.' let the second through.
+        f"sess.{mine}": "sess.[REDACTED:stockade-token]",
+        f"expired...{mine}": "expired...[REDACTED:stockade-token]",
+        f"{mine}.{mine}": "[REDACTED:stockade-token].[REDACTED:stockade-token]",
+        # Without its header (public: the JWKS gives its key id), once let through whole.
+        "Bearer x." + mine.split(".", 1)[1]: "Bearer [REDACTED:stockade-token]",
+        "header\n." + mine.split(".", 1)[1]: "header\n[REDACTED:stockade-token]",
     }.items():  # fmt: skip
         assert redactor(text) == expected
     assert redactor.deep({mine: [mine, {"k": f"={mine}"}]}) == {
