@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
 
 from router.audit.chain import head_of, line_hash
+from router.audit.duck import load_duckdb
 from router.audit.index import COLUMNS, AuditQuery, EventFilter, matches, promote
 from router.audit.layout import LogLayout
 from router.audit.ocsf import to_ocsf
@@ -203,9 +204,9 @@ def _write(query: AuditQuery, where: EventFilter, path: Path, fmt: ExportFormat)
 def _check_parquet_rows(path: Path, leaves: list[tuple[int, str]]) -> None:
     """The Parquet file holds exactly the events proven (it is written by one query, the proofs made
     from another: a view that changed between them must not go out unnoticed)."""
-    import duckdb  # noqa: PLC0415  (Parquet exports are written by DuckDB already)
+    engine = load_duckdb()  # Parquet exports are written by DuckDB already
 
-    connection = duckdb.connect(":memory:", config={"threads": 1})
+    connection = engine.connect(":memory:", config={"threads": 1})
     try:
         rows = connection.execute(
             "SELECT seq, sha256('\\x00'::BLOB || encode(event)) FROM read_parquet(?) ORDER BY seq", [str(path)]
@@ -643,12 +644,12 @@ def _parquet_records(path: Path) -> _Records:
     """The records of a Parquet export in seq order (Parquet rows are a set: the index writes them
     day by day), each with every promoted column compared with the same projection the index makes
     of its ``event``."""
-    import duckdb  # noqa: PLC0415  (reading Parquet needs it anyway)
+    engine = load_duckdb()  # reading Parquet needs it anyway
 
-    connection = duckdb.connect(":memory:", config={"threads": 1})
+    connection = engine.connect(":memory:", config={"threads": 1})
     try:
         yield from _parquet_rows(connection, path)
-    except duckdb.Error as exc:
+    except engine.Error as exc:
         yield b"", f"the Parquet file cannot be read: {str(exc).splitlines()[0]}"
     finally:
         connection.close()

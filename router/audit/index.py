@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 from router.audit.chain import canonical, head_of, line_hash
+from router.audit.duck import load_duckdb
 from router.audit.layout import LogLayout, Part, complete_lines, write_json_atomically
 from router.errors import AuditError
 from router.text import escape_invalid_text
@@ -566,7 +567,7 @@ def _lower_priority() -> None:
 
 
 def _connect(*, memory_limit: str, threads: int, temp: Path | None) -> duckdb.DuckDBPyConnection:
-    import duckdb  # noqa: PLC0415  (only the indexer and the readers load DuckDB)
+    engine = load_duckdb()  # only the indexer and the readers load DuckDB
 
     config: dict[str, Any] = {
         "threads": threads, "memory_limit": memory_limit,
@@ -574,7 +575,7 @@ def _connect(*, memory_limit: str, threads: int, temp: Path | None) -> duckdb.Du
     }  # fmt: skip
     if temp is not None:
         config["temp_directory"] = str(temp)
-    connection = duckdb.connect(":memory:", config=config)
+    connection: duckdb.DuckDBPyConnection = engine.connect(":memory:", config=config)
     connection.execute("SET TimeZone = 'UTC'")  # timestamps are UTC, read and shown
     return connection
 
@@ -892,13 +893,13 @@ def _holds(marker: _Marker | _Snapshot, rows: dict[str, int | None]) -> bool:
 def _file_rows(connection: duckdb.DuckDBPyConnection, index_dir: Path, names: Sequence[str]) -> dict[str, int | None]:
     """Each index file's row count, from its footer, in one query (~0.2 ms a file here, against ~1 ms
     for the seq column's statistics too); a file that cannot be read gives None."""
-    import duckdb  # noqa: PLC0415
+    engine = load_duckdb()
 
     paths = {str(index_dir / name): name for name in names}
     listed = ", ".join(_literal(path) for path in paths)
     try:
         found = connection.execute(f"SELECT file_name, num_rows FROM parquet_file_metadata([{listed}])").fetchall()  # noqa: S608  (quoted paths)
-    except duckdb.Error:  # one unreadable file fails them all: each on its own, then
+    except engine.Error:  # one unreadable file fails them all: each on its own, then
         if len(names) == 1:
             return {names[0]: None}
         return {k: v for name in names for k, v in _file_rows(connection, index_dir, [name]).items()}
@@ -1498,7 +1499,7 @@ class AuditQuery:
             _Vanished: a listed segment is gone (retention deleted it).
             AuditError: a segment cannot be read.
         """
-        import duckdb  # noqa: PLC0415
+        engine = load_duckdb()
 
         wanted = {_name(p.first_seq, p.last_seq): p for p in unindexed}
         for name in [n for n in self._fed if n != "active" and n not in wanted]:
@@ -1520,7 +1521,7 @@ class AuditQuery:
                         for found, offsets, _ in _line_chunks(handle):
                             _insert_lines(self._db, "fed", [name], found, offsets, whole=False)
                     missing = self._missing(name, part)
-            except (duckdb.Error, OSError) as exc:
+            except (engine.Error, OSError) as exc:
                 self._db.execute("DELETE FROM fed WHERE part = ?", [name])
                 if not part.path.exists():
                     raise _Vanished(name) from exc
@@ -1664,16 +1665,16 @@ class AuditQuery:
         Raises:
             AuditError: not a single SELECT, or DuckDB refused it (the message says why).
         """
-        import duckdb  # noqa: PLC0415
+        engine = load_duckdb()
 
         cursor = self.cursor()
         try:
             statements = cursor.extract_statements(statement)
-            if len(statements) != 1 or statements[0].type != duckdb.StatementType.SELECT:
+            if len(statements) != 1 or statements[0].type != engine.StatementType.SELECT:
                 found = ", ".join(s.type.name for s in statements) or "nothing"
                 raise AuditError(f"audit sql runs {_READ_ONLY}; this is {found}")
             self._run(cursor.execute, statement, list(params))
-        except duckdb.Error as exc:
+        except engine.Error as exc:
             cursor.close()
             raise AuditError(_message(exc)) from exc
         except AuditError:
@@ -1804,23 +1805,23 @@ _Run = Callable[..., Any]  # `AuditQuery._run`: a DuckDB call made on a query th
 def _batches(
     run: _Run, cursor: duckdb.DuckDBPyConnection, sql: str, params: list[Any], size: int
 ) -> Iterator[list[tuple[Any, ...]]]:
-    import duckdb  # noqa: PLC0415
+    engine = load_duckdb()
 
     try:
         run(cursor.execute, sql, params)
         while batch := run(cursor.fetchmany, size):
             yield batch
-    except duckdb.Error as exc:
+    except engine.Error as exc:
         raise AuditError(_message(exc)) from exc
 
 
 def _drain(run: _Run, cursor: duckdb.DuckDBPyConnection) -> Iterator[tuple[Any, ...]]:
-    import duckdb  # noqa: PLC0415
+    engine = load_duckdb()
 
     try:
         while rows := run(cursor.fetchmany, _BATCH):
             yield from rows
-    except duckdb.Error as exc:
+    except engine.Error as exc:
         raise AuditError(_message(exc)) from exc
     finally:
         cursor.close()

@@ -276,6 +276,7 @@ async def test_audit_queries_without_the_audit_extra_are_an_audited_503_naming_t
     answers its auditors a problem saying what to install, never a 500 (README, Install)."""
     client, plane = api
     monkeypatch.setitem(sys.modules, "duckdb", None)  # what an install without the extra finds
+    monkeypatch.setitem(sys.modules, "_duckdb", None)  # (its engine module, which the audit loads, too)
     answers = [
         await client.get("/v1/audit/events", headers=auth("audit")),
         await client.get("/v1/audit/events", headers={**auth("audit"), "Accept": "application/x-ndjson"}),

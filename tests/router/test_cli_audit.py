@@ -18,9 +18,11 @@ from router.settings import AuditSettings
 from tests.conftest import ECHO, python_tool
 
 STOCKADE = str(Path(sys.executable).parent / "stockade")
-# `stockade` in a process where DuckDB cannot be imported, as in an install without the `audit` extra.
+# `stockade` in a process where DuckDB cannot be imported, as in an install without the `audit` extra:
+# neither the package nor its engine module `_duckdb` (the wheel ships both; the audit loads the latter).
 WITHOUT_DUCKDB = (
-    "import sys; sys.modules['duckdb'] = None; from router.interfaces.cli import app; app(prog_name='stockade')"
+    "import sys; sys.modules['duckdb'] = sys.modules['_duckdb'] = None; "
+    "from router.interfaces.cli import app; app(prog_name='stockade')"
 )
 
 
