@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 import structlog
 
@@ -100,6 +100,9 @@ from router.tools import (
     show,
     validate_args,
 )
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 
 log = structlog.get_logger(__name__)
 configure_default_logging()  # in-process use: redacted, on stderr, unless the application configured structlog
@@ -278,7 +281,7 @@ class ControlPlane:
         self.policy_problem: str | None = None  # why the files on disk did not load, at the last try
         # The span exporter this plane set up from its settings (from_settings), if any; an
         # application's own provider is the application's to end.
-        self._tracing: object | None = None
+        self._tracing: SdkTracerProvider | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> ControlPlane:

@@ -177,7 +177,7 @@ def configure_tracing(settings: Settings, *, version: str | None = None) -> SdkT
     return provider
 
 
-def shutdown_tracing(provider: object | None = None, *, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> bool:
+def shutdown_tracing(provider: SdkTracerProvider | None = None, *, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> bool:
     """Export what `configure_tracing`'s provider still holds and end it (``provider``: only if it
     is that one), waiting at most ``timeout_s``; the router's spans go to the global provider again,
     and a later `configure_tracing` sets up a new one. Returns whether it ended in time (True when
