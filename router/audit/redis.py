@@ -31,11 +31,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import json
 import os
+import random
 import socket
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,7 +47,7 @@ import redis.asyncio
 import redis.exceptions
 import structlog
 
-from router.audit.base import GENESIS_HASH, AuditEvent, AuditFilter, VerifyReport, as_written, matches
+from router.audit.base import GENESIS_HASH, AuditEvent, AuditFilter, VerifyReport, as_written, matches, timestamp
 from router.audit.chain import Unsealed, canonical, document_of, line_hash
 from router.audit.checkpoint import Checkpoint, VerifyKey, sign_checkpoint
 from router.audit.jsonl import JsonlAuditLog, LogOptions, publish_file
@@ -57,7 +60,14 @@ log = structlog.get_logger(__name__)
 
 STREAM = f"{keys.PREFIX}audit"
 HEAD = f"{keys.PREFIX}audit:head"
-_MAX_RETRIES = 64
+# When another router moved the head, the put is tried again on the head it answered, at once the
+# first time (the usual case with several routers: one appended since this one's last append).
+# After a second loss in a row, each try waits a random while up to a bound that doubles with each
+# loss (full jitter, from `_BACKOFF_BASE_S` to `_BACKOFF_CAP_S`): routers that lost together do not
+# all come back together. Only after `_CONTENTION_S` of losses is the call denied.
+_BACKOFF_BASE_S = 0.001
+_BACKOFF_CAP_S = 0.05
+_CONTENTION_S = 10.0
 
 # KEYS: stream, head, this writer's list of entry ids. ARGV: expected seq, expected hash, the
 # event's line (chained to them), the genesis hash, then the last event this router appended: its
@@ -132,8 +142,14 @@ class RedisAuditLog:
         spool: Path | None = None
         if spool_dir is not None:
             self._spool_lock, spool = _claim_spool(spool_dir, instance)
+        # Anyone with access to Redis can add an entry that is not UTF-8: decoded strictly, one such
+        # reply would raise wherever it is read. Surrogate escapes keep its bytes (`_raw`) instead.
         self._redis = redis.asyncio.Redis.from_url(
-            url, decode_responses=True, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+            url,
+            decode_responses=True,
+            encoding_errors="surrogateescape",
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
         )
         script = _APPEND.replace("WRITER_IDS", str(_WRITER_IDS)).replace("WRITER_TTL_MS", str(_WRITER_TTL_MS))
         self._append = self._redis.register_script(script)
@@ -168,8 +184,10 @@ class RedisAuditLog:
 
     async def _put(self, event: AuditEvent, unsealed: Unsealed) -> AuditEvent:
         """Chain ``event`` onto the stream's head (retrying if another router moved it)."""
+        loop = asyncio.get_running_loop()
+        deadline, losses = loop.time() + _CONTENTION_S, 0
         try:
-            for _ in range(_MAX_RETRIES):
+            while True:
                 chain: dict[str, Any] = {"seq": self._seq + 1, "prev_hash": self._head}
                 chain["hash"], line = unsealed.seal(self._seq + 1, self._head)
                 tree = self._tree.copy()
@@ -197,9 +215,16 @@ class RedisAuditLog:
                 self._tree = CompactRange.from_json(json.loads(answer[3])) if answer[3] else CompactRange()
                 if self._tree.size != seq:
                     raise AuditError(f"the audit stream's head (seq {seq}) holds no matching Merkle tree state")
+                losses += 1
+                if loop.time() >= deadline:
+                    break
+                if losses > 1:  # the first loss only says another router appended since: its answer is the head now
+                    bound = min(_BACKOFF_CAP_S, _BACKOFF_BASE_S * 2 ** min(losses - 1, 16))
+                    await asyncio.sleep(random.uniform(0, bound))  # noqa: S311  (jitter, not a secret)
         except (redis.exceptions.RedisError, OSError) as exc:
             raise AuditError(f"cannot append to the audit stream: {exc}; check that Redis is up") from exc
-        raise AuditError(f"the audit stream's head moved {_MAX_RETRIES} times in a row; retry")
+        raise AuditError(f"the audit stream's head moved {losses} times in {_CONTENTION_S:g}s (other routers "
+                         "appending); retry")  # fmt: skip
 
     # -- checkpoints ------------------------------------------------------------------------
 
@@ -273,35 +298,71 @@ class RedisAuditLog:
         are in. Raises `AuditError` (the spool is kept) if the stream refuses one."""
         if self._spool is None or not self._pending:
             return
+        torn = await self._repair_spool()
         done = self._drained()
         landed: set[str] | None = None
         # Read one event at a time: while Redis is down, the first put fails at once, so an
         # append costs the same whether the spool holds ten events or a day's outage.
         with self._spool.path.open("rb") as handle:
-            for line in handle:
+            for number, line in enumerate(handle, start=1):
                 if not line.strip():
                     continue
-                document = json.loads(line)
+                document = _spooled_document(line, self._spool.path, number)
                 if document["seq"] <= done:
                     continue  # chained before a crash cut this drain short
+                labels = {**document.get("labels", {}), "spool": f"{self._spool.path.name}#{document['seq']}"}
+                body = {k: v for k, v in document.items() if k not in ("seq", "prev_hash", "hash")}
+                spooled, unsealed = as_written(AuditEvent.model_validate({**body, "labels": labels}))
                 if landed is None:
                     landed = await self._landed()
-                if _body(document) in landed:
-                    # Its put timed out, but Redis ran it: in the stream already, never twice.
+                # Its put timed out, but Redis ran it: in the stream already, never twice. Either put:
+                # the append that spooled it (as it is in the spool) or an earlier drain's (labelled).
+                if _body(document) in landed or _sealed_body(unsealed) in landed:
                     log.warning("audit_spooled_event_in_stream", spool_seq=document["seq"], kind=document.get("kind"))
                     self._progress(document["seq"])
                     continue
-                labels = {**document.get("labels", {}), "spool": f"{self._spool.path.name}#{document['seq']}"}
-                body = {k: v for k, v in document.items() if k not in ("seq", "prev_hash", "hash")}
-                spooled = AuditEvent.model_validate({**body, "labels": labels})
-                await self._put(*as_written(spooled))
+                await self._put(spooled, unsealed)
                 self._progress(document["seq"])
+        if torn is not None:
+            await self._put(*as_written(torn))
         path = self._spool.path
         await self._spool.aclose()
         await asyncio.to_thread(self._clear_spool)
         # A fresh writer: the old one's notion of what is synced belongs to the truncated file.
         self._spool = JsonlAuditLog(path)
         self._pending = False
+
+    async def _repair_spool(self) -> AuditEvent | None:
+        """Have the spool's own log set aside a last line a crash cut short (it does when it
+        loads, `JsonlAuditLog`): that line was never acknowledged, so it is not an event to chain.
+        Returns the event recording it, for the stream (the spool's own record of it goes with the
+        spool when the drain empties it).
+
+        Raises:
+            AuditError: the torn line is still there (the spool's log was loaded before the crash
+                tore it, or could not set it aside); the append that spools next sets it aside.
+        """
+        assert self._spool is not None  # noqa: S101  (the caller checks)
+        path = self._spool.path
+        before = _size(path)
+        if before == 0 or _last_byte(path) == b"\n":
+            return None
+        problem = await self._spool.check()
+        after = _size(path)
+        if after >= before:
+            raise AuditError(f"the audit spool {path} ends in a torn line that is not set aside yet ({problem})")
+        aside = path.with_name(f"{path.name}.torn-{after}")
+        try:
+            digest = hashlib.sha256(aside.read_bytes()).hexdigest()
+        except OSError as exc:
+            digest = f"unreadable: {exc.strerror}"
+        return AuditEvent(
+            kind="error", decision_id=str(uuid.uuid4()), timestamp=timestamp(), outcome="audit_torn_tail",
+            labels={"spool": f"{path.name}#torn-{after}"},
+            result={"code": "audit.torn_tail", "offset": after, "length": before - after, "sha256": digest,
+                    "set_aside": aside.name,
+                    "message": "the spool's last line, cut short by a crash (never acknowledged), was moved aside"},
+        )  # fmt: skip
 
     async def _landed(self) -> set[str]:
         """The events (chain fields aside, `_body`) this router appended after its last known
@@ -317,8 +378,10 @@ class RedisAuditLog:
             raise AuditError(f"cannot append to the audit stream: {exc}; check that Redis is up") from exc
         found = set()
         for _, fields in entries or []:
-            with contextlib.suppress(ValueError, TypeError, AttributeError, RecursionError):  # not an event
-                found.add(_body(json.loads(str((fields or {}).get("event", "")))))
+            # Parsed from its bytes: an entry that is not UTF-8 (UnicodeDecodeError is a ValueError)
+            # or not an event is no event of ours.
+            with contextlib.suppress(ValueError, TypeError, AttributeError, RecursionError):
+                found.add(_body(json.loads(_raw((fields or {}).get("event", "")))))
         return found
 
     async def _own_entries(self) -> list[Any] | None:
@@ -384,10 +447,13 @@ class RedisAuditLog:
                     await self._drain()
                 except AuditError as exc:
                     return f"spooled audit events cannot be chained into the stream: {exc}"
+                except Exception as exc:  # a probe reports, never raises (as `append` denies)
+                    return f"spooled audit events cannot be chained into the stream: {type(exc).__name__}: {exc}"
         return None
 
-    async def _chunks(self) -> AsyncIterator[list[bytes]]:
-        """The stream's lines, oldest first, a chunk at a time (never the whole stream in memory)."""
+    async def _chunks(self) -> AsyncIterator[tuple[list[str], list[bytes]]]:
+        """The stream's entry ids and lines (as the bytes Redis holds), oldest first, a chunk at a
+        time (never the whole stream in memory)."""
         after = "-"
         while True:
             try:
@@ -396,20 +462,28 @@ class RedisAuditLog:
                 raise AuditError(f"cannot read the audit stream: {exc}") from exc
             if not entries:
                 return
-            yield [str((fields or {}).get("event", "")).encode(errors="surrogateescape") for _, fields in entries]
+            yield (
+                [str(entry_id) for entry_id, _ in entries],
+                [_raw((fields or {}).get("event", "")) for _, fields in entries],
+            )
             if len(entries) < _READ_CHUNK:
                 return
             after = "(" + str(entries[-1][0])
 
     async def query(self, where: AuditFilter) -> list[AuditEvent]:
         found = []
-        async for chunk in self._chunks():
-            for line in chunk:
+        async for ids, chunk in self._chunks():
+            for entry_id, line in zip(ids, chunk, strict=True):
                 document = document_of(line)
-                if document is not None and matches(document, where):
+                if document is None or not matches(document, where):
+                    continue
+                try:
                     found.append(AuditEvent.model_validate(document))
-                    if where.limit is not None and len(found) >= where.limit:
-                        return found
+                except ValueError:  # an entry not written by stockade (`verify` reports where the chain breaks)
+                    log.warning("audit_stream_entry_unreadable", entry=entry_id)
+                    continue
+                if where.limit is not None and len(found) >= where.limit:
+                    return found
         return found
 
     async def inclusion_proofs(self, seqs: Sequence[int]) -> tuple[Checkpoint, dict[int, tuple[bytes, list[str]]]]:
@@ -429,7 +503,7 @@ class RedisAuditLog:
                 raise AuditError(f"seq {seq} is not covered by the latest checkpoint (size {checkpoint.size})")
         leaves: list[bytes] = []
         found: dict[int, bytes] = {}
-        async for chunk in self._chunks():
+        async for _, chunk in self._chunks():
             for line in chunk:
                 if len(leaves) >= checkpoint.size:
                     break
@@ -454,14 +528,39 @@ class RedisAuditLog:
         # The auditor's first: where it and the stream's disagree at one size, theirs is the root held to.
         found = gather_checkpoints([("the auditor's checkpoint", trusted), ("stream checkpoints", checkpoints)], keys,
                                    chained="stream checkpoints")  # fmt: skip
+        try:  # read before the stream: every event it records is in the stream by then
+            head_seq, head_hash = await self._redis.hmget(HEAD, ["seq", "hash"])
+        except (redis.exceptions.RedisError, OSError) as exc:
+            raise AuditError(f"cannot read the audit stream's head: {exc}") from exc
+        recorded = int(head_seq) if head_seq is not None and str(head_seq).isdigit() else 0
         walk = Walk(found)
         number = 0
-        async for chunk in self._chunks():
+        at_head: str | None = None  # the hash of the line at the head's seq (lines are seqs while the walk holds)
+        async for ids, chunk in self._chunks():
             await asyncio.to_thread(walk.feed, chunk, STREAM, number + 1)
-            number += len(chunk)
+            if number < recorded <= number + len(chunk):
+                at_head = line_hash(chunk[recorded - number - 1]).hex()
             if walk.report is not None:
+                if walk.report.line is not None and number < walk.report.line <= number + len(chunk):
+                    entry = ids[walk.report.line - number - 1]
+                    walk.report = dataclasses.replace(
+                        walk.report, problem=f"{walk.report.problem}; stream entry {entry}"
+                    )
                 break
-        return walk.finish(found)
+            number += len(chunk)
+        report = walk.finish(found)
+        if not report.ok or not recorded:
+            return report
+        # A cut tail leaves a chain that holds by itself; the head still records where it ended.
+        if report.events < recorded:
+            problem = (f"the stream ends at seq {report.events}, but its head ({HEAD}) records seq {recorded}: "
+                       f"events {report.events + 1}..{recorded} were cut off")  # fmt: skip
+            return dataclasses.replace(report, ok=False, broken_seq=report.events + 1, problem=problem, notes=())
+        if at_head != head_hash:
+            problem = (f"event seq {recorded} is not the one the stream's head ({HEAD}) records: events up to it "
+                       "were replaced or rewritten")  # fmt: skip
+            return dataclasses.replace(report, ok=False, broken_seq=recorded, problem=problem, notes=())
+        return report
 
     async def aclose(self) -> None:
         if self._timer is not None:
@@ -481,6 +580,46 @@ class RedisAuditLog:
         if self._spool_lock is not None:
             os.close(self._spool_lock)  # releases the spool for the next router on this host
             self._spool_lock = None
+
+
+def _raw(value: object) -> bytes:
+    """A field's bytes as Redis holds them (the client decodes with surrogate escapes: lossless)."""
+    return str(value).encode(errors="surrogateescape")
+
+
+def _sealed_body(unsealed: Unsealed) -> str:
+    """`_body` of the line a put of ``unsealed`` writes, wherever it is chained."""
+    return _body(json.loads(unsealed.seal(1, GENESIS_HASH)[1]))
+
+
+def _spooled_document(line: bytes, spool: Path, number: int) -> dict[str, Any]:
+    """An event as the spool holds it (a whole line: the drain repairs a torn one first).
+
+    Raises:
+        AuditError: the line is no event (kept: the spool is not emptied, the operator looks).
+    """
+    try:
+        document = json.loads(line) if line.endswith(b"\n") else None
+    except (ValueError, RecursionError):
+        document = None
+    if not isinstance(document, dict) or not isinstance(document.get("seq"), int):
+        raise AuditError(f"the audit spool {spool} line {number} is not an event; move the spool aside to look into it")
+    return document
+
+
+def _size(path: Path) -> int:
+    """A spool's size in bytes (0: none)."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _last_byte(path: Path) -> bytes:
+    """A non-empty file's last byte: a newline unless a crash cut its last line short."""
+    with path.open("rb") as handle:
+        handle.seek(-1, os.SEEK_END)
+        return handle.read(1)
 
 
 def _body(document: dict[str, Any]) -> str:

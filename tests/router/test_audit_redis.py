@@ -417,3 +417,151 @@ async def test_stockade_audit_prove_reads_the_stream_and_anyone_with_the_public_
                                      capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert beyond.returncode == 1
     assert "not covered by the latest checkpoint" in beyond.stdout + beyond.stderr
+
+
+def test_a_drained_event_whose_answer_was_lost_is_chained_once(tmp_path: Path, redis_url: str) -> None:
+    in_child("_drained_answer_lost", redis_url, str(tmp_path))
+
+
+async def _drained_answer_lost(redis_url: str, tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    down = RedisAuditLog(f"redis://127.0.0.1:{free_port()}/12", timeout_s=0.3, spool_dir=spool, instance="r1")
+    with pytest.raises(AuditError):
+        await down.append(event(0, "while-down"))
+    await down.aclose()
+
+    back = RedisAuditLog(redis_url, timeout_s=0.5, spool_dir=spool, instance="r1")
+    script, calls = back._append, []
+
+    async def answer_lost(keys: list[str], args: list[str]) -> object:
+        """The first put (the drain's) runs in Redis, but its answer never arrives (a timeout, Redis killed)."""
+        answer = await script(keys, args)
+        calls.append(answer)
+        if len(calls) == 1:
+            raise redis.exceptions.TimeoutError("Timeout reading from socket")
+        return answer
+
+    back._append = answer_lost  # type: ignore[assignment]
+    try:
+        with pytest.raises(AuditError, match="Timeout"):
+            await back.append(event(1, "first"))  # the drain's put landed: this call is denied and spooled
+        await back.append(event(2, "second"))  # the next drain finds the spooled event in the stream
+        events = await back.query(AuditFilter())
+        assert [e.decision_id for e in events] == ["d-while-down-0", "d-first-1", "d-second-2"]
+        assert [e.labels.get("spool") for e in events] == ["r1.jsonl#1", "r1.jsonl#2", None]
+        report = await back.verify()
+        assert (report.ok, report.events) == (True, 3)
+    finally:
+        await back.aclose()
+
+
+NOT_UTF8 = b'{"seq":4,"kind":"\xff\xfe"}'
+
+
+async def test_an_entry_that_is_not_utf8_is_reported_broken_where_it_is(redis_url: str) -> None:
+    log = RedisAuditLog(redis_url)
+    raw = redis.Redis.from_url(redis_url)
+    try:
+        for i in range(3):
+            await log.append(event(i, "a"))
+        bad = raw.xadd(STREAM, {"event": NOT_UTF8, "hash": "00"})
+        after = await log.append(event(3, "a"))  # the head is the router's: it chains past the entry
+        assert after.seq == 4
+        report = await log.verify()
+        assert (report.ok, report.broken_seq, report.line) == (False, 4, 4)
+        assert bad.decode() in report.problem
+        events = await log.query(AuditFilter())
+        assert [e.decision_id for e in events] == [f"d-a-{i}" for i in range(4)]
+    finally:
+        raw.close()
+        await log.aclose()
+
+
+def test_a_spool_drains_past_an_entry_that_is_not_utf8(tmp_path: Path, redis_url: str) -> None:
+    in_child("_drain_past_not_utf8", redis_url, str(tmp_path))
+
+
+async def _drain_past_not_utf8(redis_url: str, tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    down = RedisAuditLog(f"redis://127.0.0.1:{free_port()}/12", timeout_s=0.3, spool_dir=spool, instance="r1")
+    with pytest.raises(AuditError):
+        await down.append(event(0, "while-down"))
+    await down.aclose()
+    raw = redis.Redis.from_url(redis_url)
+    try:
+        raw.xadd(STREAM, {"event": b"\xff not an event", "hash": "00"})  # in the drain's look-back window
+    finally:
+        raw.close()
+
+    back = RedisAuditLog(redis_url, spool_dir=spool, instance="r1")
+    try:
+        assert await back.check() is None
+        written = await back.append(event(1, "after"))
+        assert written.seq == 2
+        assert [e.decision_id for e in await back.query(AuditFilter())] == ["d-while-down-0", "d-after-1"]
+    finally:
+        await back.aclose()
+
+
+async def test_a_tail_cut_after_the_last_checkpoint_is_seen_against_the_head(tmp_path: Path, redis_url: str) -> None:
+    log = RedisAuditLog(redis_url, options=keyed(tmp_path))
+    db = client(redis_url)
+    try:
+        for i in range(5):
+            await log.append(event(i, "a"))
+        await log.checkpoint()
+        for i in range(5, 8):
+            await log.append(event(i, "a"))
+        db.xdel(STREAM, *(entry_id for entry_id, _ in xrange(db, STREAM)[-2:]))  # no router signed since
+        report = await log.verify()
+        assert (report.ok, report.broken_seq) == (False, 7)
+        assert "7..8 were cut off" in report.problem
+    finally:
+        db.close()
+        await log.aclose()
+
+
+def test_a_spool_torn_by_a_crash_is_drained_up_to_its_last_whole_line(tmp_path: Path, redis_url: str) -> None:
+    in_child("_torn_spool", redis_url, str(tmp_path))
+
+
+async def _torn_spool(redis_url: str, tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    down = RedisAuditLog(f"redis://127.0.0.1:{free_port()}/12", timeout_s=0.3, spool_dir=spool, instance="r1")
+    for i in range(2):
+        with pytest.raises(AuditError):
+            await down.append(event(i, "while-down"))
+    await down.aclose()
+    torn = b'{"seq":3,"prev_hash":"ab","kind":"deci'
+    with (spool / "r1.jsonl").open("ab") as handle:
+        handle.write(torn)  # the router crashed mid-write
+
+    back = RedisAuditLog(redis_url, spool_dir=spool, instance="r1")
+    try:
+        assert await back.check() is None  # drained, the torn line set aside
+        written = await back.append(event(9, "after"))
+        assert written.seq == 4
+        events = await back.query(AuditFilter())
+        assert [e.decision_id for e in events][:2] == ["d-while-down-0", "d-while-down-1"]
+        assert events[2].outcome == "audit_torn_tail"
+        assert events[2].result is not None
+        assert events[2].result["sha256"] == hashlib.sha256(torn).hexdigest()
+        assert (spool / events[2].result["set_aside"]).read_bytes() == torn
+        assert events[3].decision_id == "d-after-9"
+        assert (await back.verify()).ok
+    finally:
+        await back.aclose()
+
+
+async def test_many_routers_appending_at_once_are_all_chained(redis_url: str) -> None:
+    logs = [RedisAuditLog(redis_url) for _ in range(16)]
+    try:
+        written = await asyncio.gather(
+            *(log.append(event(i, f"r{n}")) for i in range(40) for n, log in enumerate(logs)), return_exceptions=True
+        )
+        assert [w for w in written if isinstance(w, BaseException)] == []  # no call denied for contention
+        report = await logs[0].verify()
+        assert (report.ok, report.events) == (True, 16 * 40)
+    finally:
+        for log in logs:
+            await log.aclose()
