@@ -34,6 +34,7 @@ BUCKETS = 60
 """Buckets per period; a window counts this many plus the current one."""
 
 _MAX_SCOPES = 100_000  # beyond this, the idlest scopes are forgotten first
+_MINTED = ("session:", "principal:")  # scopes a caller makes at will (`RateCounter._forget_idlest`)
 
 
 def scopes(session_id: str, agent: str, principal: str, tool: str) -> dict[str, str]:
@@ -106,10 +107,17 @@ class RateCounter:
     def _forget_idlest(self, now: float) -> None:
         # A scope untouched for longer than the longest window counts nothing: forgetting it
         # changes no count. Only if there are none does a busy router forget live scopes (their
-        # counts then start again from 0: an undercount, bounded by memory).
+        # counts then start again from 0: an undercount, bounded by memory), a tenth at a time:
+        # the idlest of those a caller can make at will (`_MINTED`: a new session, a principal
+        # named in the request) first. A flood of fresh sessions or principals, which makes
+        # such scopes, so never forgets the windows it cannot escape by making more of them: an
+        # agent's, a tool's, an agent's calls to a tool.
         cutoff = now - self._longest
         stale = [k for k, v in self._scopes.items() if v.last <= cutoff]
-        for key in stale or sorted(self._scopes, key=lambda k: self._scopes[k].last)[: len(self._scopes) // 10]:
+        if not stale:
+            ranked = sorted(self._scopes, key=lambda k: (not k.startswith(_MINTED), self._scopes[k].last))
+            stale = ranked[: len(self._scopes) // 10]
+        for key in stale:
             del self._scopes[key]
 
     def _counts(self, scope_keys: Mapping[str, str], now: float | None, add: bool) -> RateCounts:

@@ -114,3 +114,22 @@ async def test_hour_and_day_limits_in_the_catalog_trip(tmp_path: Path, store_url
         assert (refused.status, refused.reasons) == ("denied", ["rate.exceeded"])
         bob = await plane.open_session("agent-2", "bob@example.com")
         assert (await plane.call(bob, "echo", {})).status == "awaiting_report"
+
+
+def test_a_flood_of_fresh_sessions_and_principals_never_forgets_an_agents_windows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A full counter with nothing stale forgets live scopes; an agent that floods it with calls in
+    fresh sessions under fresh principals (each makes two scopes) must not make it forget its own
+    agent and agent-tool windows, the ones it cannot escape by opening sessions (review finding:
+    a per-day limit reset by 50,500 calls on the embedded store)."""
+    monkeypatch.setattr(rates, "_MAX_SCOPES", 1000)
+    counter = RateCounter({"minute": 1.0, "hour": 2.0, "day": 400.0})
+    paying = scopes("s-main", "mallory", "alice", "pay")
+    for at in range(5):
+        counter.hit(paying, now=at)
+    for i in range(5000):  # later than every call to "pay": its windows are the idlest of all
+        counter.hit(scopes(f"s-{i}", "mallory", f"p{i}", "other"), now=10 + i / 100)
+    counts = counter.peek(paying, now=70)
+    assert (counts.agent_tool_per_day, counts.tool_per_day, counts.agent_per_day) == (5, 5, 5005)
+    assert len(counter._scopes) <= 1000
