@@ -141,6 +141,11 @@ def _derived(
     return False
 
 
+def _spec_text(spec: ToolSpec) -> str:
+    """A tool spec as canonical JSON (keys sorted): two specs are the same tool only if these are equal."""
+    return json.dumps(json.loads(spec.model_dump_json()), sort_keys=True, separators=(",", ":"))
+
+
 def _holds_text(value: Any) -> bool:
     """Whether ``value`` (JSON) holds a string that is not blank."""
     stack = [value]
@@ -422,21 +427,32 @@ class ControlPlane:
             log.info("tool_shared", tool=name, registry_version=version, added=added)
             raced = not added
         existing = ToolSpec.model_validate_json(known)
-        if existing != tool.spec:
+        # As canonical JSON, not as models: Python's == takes True for 1 (and 1.0 for 1), which a
+        # schema does not (`{"const": true}` is not `{"const": 1}`), and a router serves its own spec.
+        if _spec_text(existing) != _spec_text(tool.spec):
             if raced:  # another router's spec won: the registration audited above did not take effect
                 await self._record(event.model_copy(update={
                     "timestamp": _now(), "outcome": "tool_registration_lost",
                     "result": {"spec_sha256": spec_sha256, "registry_version": version},
                 }))  # fmt: skip
             if existing.name != name:  # the store answered with the look-alike it holds
-                raise DuplicateTool(
+                refusal = DuplicateTool(
                     f"tool {name!r} differs from the registered tool {existing.name!r} only in case or '-'/'_' "
                     "(an agent or a human could mistake one for the other): pick another name"
                 )
-            raise DuplicateTool(
-                f"tool {name!r} is already registered in the shared store with another spec (by another router "
-                "or an earlier run): pick another name, or register exactly the same spec"
-            )
+            else:
+                refusal = DuplicateTool(
+                    f"tool {name!r} is already registered in the shared store with another spec (by another router "
+                    "or an earlier run): pick another name, or register exactly the same spec"
+                )
+            if not raced:  # (a lost race is on record already, as tool_registration_lost)
+                await self._record(AuditEvent(
+                    kind="policy", decision_id=str(uuid.uuid4()), timestamp=_now(), tool=name,
+                    outcome="tool_duplicate", labels=self._labels, bundles={"policies": {"revision": revision}},
+                    result={"code": refusal.code, "message": str(refusal), "spec_sha256": spec_sha256,
+                            "registered_sha256": hashlib.sha256(known.encode()).hexdigest()},
+                ))  # fmt: skip
+            raise refusal
 
     async def tool(self, name: object) -> RegisteredTool:
         """The tool called ``name``: this router's, or one another router added to the shared

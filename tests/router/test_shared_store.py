@@ -14,7 +14,7 @@ import redis
 from policy import PolicySettings
 from router import ApprovalError, ApprovalStatus, ControlPlane, DuplicateTool, SessionNotFound, Settings
 from router.audit import AuditFilter
-from router.errors import StoreError
+from router.errors import InvalidCall, StoreError
 from router.settings import AuditSettings, StoreSettings
 from tests.conftest import ECHO, copy_policies, edit_catalog, external_tool, free_port, python_tool
 
@@ -202,6 +202,29 @@ async def test_the_same_spec_again_is_accepted_and_another_spec_under_the_name_r
         assert (await one.call(session, "echo", {"a": 1})).output == {"a": 1}  # the first spec still serves
     registered = [e.tool for e in await one.audit.query(AuditFilter(kind="policy")) if e.outcome == "tool_registered"]
     assert sorted(registered) == ["drop", "echo"]
+
+
+async def test_a_spec_that_differs_only_as_true_from_1_is_another_spec_and_the_refusal_audited(
+    shared: Settings,
+) -> None:
+    """Python's == takes True for 1, a JSON Schema does not: a second router registering
+    ``{"not": {"const": 1}}`` where ``{"not": {"const": true}}`` is registered served its own, looser
+    schema, unaudited (review finding). It is refused, and the refusal is on record."""
+
+    def deploy(force: object) -> dict[str, object]:
+        return python_tool("deploy", ECHO, input_schema={"type": "object", "properties": {"force": force}})
+
+    async with ControlPlane.from_settings(shared) as one, ControlPlane.from_settings(shared) as two:
+        await one.register(deploy({"not": {"const": True}}))
+        with pytest.raises(DuplicateTool, match="another spec"):
+            await two.register(deploy({"not": {"const": 1}}))
+        session = await two.open_session("assistant", "alice@example.com")
+        with pytest.raises(InvalidCall):  # the stored schema, on either router
+            await two.call(session, "deploy", {"force": True})
+    [duplicate] = [e for e in await one.audit.query(AuditFilter(kind="policy")) if e.outcome == "tool_duplicate"]
+    assert duplicate.tool == "deploy"
+    assert duplicate.result is not None
+    assert duplicate.result["spec_sha256"] != duplicate.result["registered_sha256"]
 
 
 async def test_a_tool_lookup_with_redis_down_fails_closed_and_is_audited(tmp_path: Path, policies: Path) -> None:
