@@ -32,6 +32,17 @@ if TYPE_CHECKING:
 
 _CHUNK = 1000  # rows per printed table: a long result prints as it is read
 
+# A decision is on record before it takes effect (`ApprovalBook.decide`): when another decision
+# came first, the loser's `approved` or `denied` event is followed by a `not_applied` one, the same
+# decision (approval, approver, status, decided_at). A report credits only decisions with none.
+_TOOK_EFFECT = """NOT EXISTS (
+    SELECT 1 FROM events n
+    WHERE n.kind = 'approval' AND n.outcome = 'not_applied' AND n.approval_id = {e}.approval_id
+      AND n.approver IS NOT DISTINCT FROM {e}.approver
+      AND json_extract_string(n.event, '$.result.status') = {e}.outcome
+      AND json_extract_string(n.event, '$.result.decided_at')
+          IS NOT DISTINCT FROM json_extract_string({e}.event, '$.result.decided_at'))"""
+
 
 class ExportFormat(StrEnum):
     jsonl = "jsonl"
@@ -343,8 +354,9 @@ def register(audit_app: typer.Typer) -> None:  # noqa: PLR0915  (one closure per
                      TRY_CAST(json_extract_string(event, '$.result.ttl_s') AS DOUBLE) AS ttl_s
               FROM events WHERE kind = 'credential' AND outcome = 'minted' AND {terms}),
             approved AS (
-              SELECT decision_id, string_agg(DISTINCT approver, ', ' ORDER BY approver) AS approver FROM events
+              SELECT decision_id, string_agg(DISTINCT approver, ', ' ORDER BY approver) AS approver FROM events d
               WHERE kind = 'approval' AND outcome = 'approved' AND decision_id IN (SELECT decision_id FROM minted)
+                AND {_TOOK_EFFECT.format(e="d")}
               GROUP BY decision_id),
             runs AS (
               SELECT call_id, string_agg(outcome, ', ' ORDER BY seq) AS run FROM events
@@ -365,15 +377,16 @@ def register(audit_app: typer.Typer) -> None:  # noqa: PLR0915  (one closure per
     def report_approvals(
         ctx: typer.Context, path: AuditPath = None, since: Since = None, until: Until = None, as_json: JsonFlag = False
     ) -> None:
-        """Who approved or denied which held call, and how long it waited for them."""
+        """Who approved or denied which held call, and how long it waited for them: only decisions
+        that took effect (one another decision beat is on record as ``not_applied``, and left out)."""
         terms, params = time_terms(since, until)
         sql = f"""
             SELECT timestamp AS decided_at, outcome, approver, tool, agent, principal, reason_codes,
                    round(TRY_CAST(json_extract_string(event, '$.result.decided_at') AS DOUBLE)
                          - TRY_CAST(json_extract_string(event, '$.result.created_at') AS DOUBLE), 3) AS waited_s,
                    json_extract_string(event, '$.result.note') AS note, approval_id, session_id, decision_id, seq
-            FROM events
-            WHERE kind = 'approval' AND outcome IN ('approved', 'denied') AND {terms}
+            FROM events d
+            WHERE kind = 'approval' AND outcome IN ('approved', 'denied') AND {terms} AND {_TOOK_EFFECT.format(e="d")}
             ORDER BY seq
         """  # noqa: S608  (constant SQL, bound values)
         report(ctx, path, sql, params, as_json, ())

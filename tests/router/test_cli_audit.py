@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from router import ControlPlane, Settings
+from router import Approval, ApprovalStatus, ControlPlane, Settings
+from router.audit import AuditEvent, AuditFilter, timestamp
 from router.settings import AuditSettings
 from tests.conftest import ECHO, python_tool
 
@@ -115,3 +116,66 @@ def test_verifying_a_parquet_export_without_the_audit_extra_says_how_to_install_
     result = run("audit", "verify-export", str(target), "--public-key", str(public), env=env, without_duckdb=True)
     assert result.returncode == 2, result.stdout + result.stderr
     assert "uv tool install -c requirements.lock '.[audit,otel]'" in " ".join(result.stderr.split())
+
+
+async def decided_at_once(
+    plane: ControlPlane, monkeypatch: pytest.MonkeyPatch, approval_id: str, *decisions: tuple[str, bool]
+) -> Approval:
+    """Decide ``approval_id`` by each (approver, approve) at once, every decision on record before
+    any takes effect (as when two approvers click together); the one that took effect."""
+    swap = plane.store.swap_approval
+    arrived, all_on_record = 0, asyncio.Event()
+
+    async def together(approval: Approval, expected: ApprovalStatus) -> bool:
+        nonlocal arrived
+        arrived += 1
+        if arrived == len(decisions):
+            all_on_record.set()
+        await all_on_record.wait()
+        return await swap(approval, expected)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(plane.store, "swap_approval", together)
+        results = await asyncio.gather(
+            *(plane.approvals.decide(approval_id, approver=who, approve=yes) for who, yes in decisions),
+            return_exceptions=True,
+        )
+    [took_effect] = [r for r in results if isinstance(r, Approval)]
+    return took_effect
+
+
+async def test_the_reports_credit_only_the_decision_that_took_effect(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each decision is on record before it takes effect; one that another decision beat is then
+    on record as ``not_applied`` too, and no report credits its approver."""
+    audit = tmp_path / "audit.jsonl"
+    settings = Settings(audit=AuditSettings(path=audit, signing_key=tmp_path / "keys" / "audit-signing.key"))
+    async with ControlPlane.from_settings(settings) as plane:
+        await plane.register(python_tool("drop_table", ECHO, risk="critical", capabilities=["mutates_state"]))
+        session = await plane.open_session("db-agent", "alice@example.com")
+        held = [await plane.call(session, "drop_table", {"table": table}) for table in ("users", "orders")]
+        contested, granted = [h.approval_id for h in held]
+        assert contested is not None
+        assert granted is not None
+        either = await decided_at_once(plane, monkeypatch, contested, ("bob", True), ("carol", False))
+        first = await decided_at_once(plane, monkeypatch, granted, ("bob", True), ("carol", True))
+        # The granted call ran with a credential (written as the router writes one).
+        await plane.audit.append(AuditEvent(
+            kind="credential", decision_id=first.decision_id, timestamp=timestamp(), session_id=session,
+            agent="db-agent", tool="drop_table", call_id="c-1", outcome="minted",
+            result={"lease_id": "l-1", "name": "db", "scopes": ["drop"], "ttl_s": 60},
+        ))  # fmt: skip
+        lost = await plane.audit.query(AuditFilter(kind="approval", outcome="not_applied"))
+        assert sorted((e.result or {})["id"] for e in lost) == sorted([contested, granted])  # each beaten once
+
+    def report(name: str) -> list[dict[str, object]]:
+        result = run("audit", "report", name, "--path", str(audit), "--json", env={})
+        assert result.returncode == 0, result.stderr
+        rows: list[dict[str, object]] = json.loads(result.stdout)
+        return rows
+
+    decided = [(r["approval_id"], r["approver"], r["outcome"]) for r in report("approvals")]
+    assert decided == [(contested, either.approver, either.status.value), (granted, first.approver, "approved")]
+    [minted] = report("credentials")
+    assert (minted["lease"], minted["approver"]) == ("l-1", first.approver)
