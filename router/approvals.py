@@ -168,8 +168,9 @@ class ApprovalBook:
             ApprovalError: unknown, not pending (decided, used, expired), or the approver is the
                 agent that asked (compared as `identity`: ``Claude`` is ``claude``): each refused
                 on record first (`refuse`: ``approval.not_found``, ``approval.not_pending``,
-                ``approval.self_decision``); or another decision came first (this one is then on
-                record as ``not_applied`` too).
+                ``approval.self_decision``), or no approver named (blank, or only invisible
+                characters: ``approval.no_approver``); or another decision came first (this one is
+                then on record as ``not_applied`` too).
             AuditError: the decision could not be audited; it was not made (still pending).
             StoreError: the store failed while the decision was being made: it is on record, and
                 may or may not be in force (`get` says).
@@ -184,7 +185,12 @@ class ApprovalBook:
             message = f"approval {approval.id} is {approval.status.value}, not pending"
             await self.refuse(approver, verb, approval, "approval.not_pending", message, peer=peer)
             raise ApprovalError(message)
-        if not identity(approver) or same_identity(approver, approval.agent):
+        if not identity(approver):
+            message = (f"approval {approval.id} needs the approver's name ({show(approver)} names nobody): "
+                       "give the name of the human who decides, e.g. --approver oncall@example.com")  # fmt: skip
+            await self.refuse(approver, verb, approval, "approval.no_approver", message, peer=peer)
+            raise ApprovalError(message)
+        if same_identity(approver, approval.agent):
             message = (f"approval {approval.id} cannot be decided by {show(approver)}: "
                        "the requesting agent never approves its own calls")  # fmt: skip
             await self.refuse(approver, verb, approval, "approval.self_decision", message, peer=peer)

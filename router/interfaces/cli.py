@@ -1,11 +1,12 @@
 """The ``stockade`` command line.
 
 Exit codes: 0 success; 1 the thing checked failed (a Rego test, a broken audit chain) or the
-request was refused (an approval that is not pending, or one's own); 2 bad usage or input that
-could not be read (a policy that does not load, an unreadable log, an unreachable store), or an
-optional dependency the command needs that is not installed (DuckDB, the `audit` extra); 3
-`policy replay` refused a log whose hash chain is broken; 70 an internal error (a bug: an
-exception no command expected), shown as one line on stderr, with its traceback under --debug.
+request was refused (an approval that is not pending, one's own, or with no approver named); 2 bad
+usage or input that could not be read (a policy that does not load, an unreadable log, an
+unreachable store, a router whose audit log cannot be written), or an optional dependency the
+command needs that is not installed (DuckDB, the `audit` extra); 3 `policy replay` refused a log
+whose hash chain is broken; 70 an internal error (a bug: an exception no command expected), shown
+as one line on stderr, with its traceback under --debug.
 """
 
 from __future__ import annotations

@@ -40,8 +40,9 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from router.approvals import Approval, ApprovalError, ApprovalStatus
-from router.errors import StockadeError
+from router.errors import AuditError, StockadeError, StoreError
 from router.settings import state_dir
+from router.wire import show
 
 if TYPE_CHECKING:
     from router.control import ControlPlane
@@ -160,37 +161,92 @@ async def approval_socket(plane: ControlPlane) -> AsyncIterator[Path | None]:
         path.unlink(missing_ok=True)
 
 
+_USAGE = 'send one JSON object per line: {"op": "list" | "get" | "approve" | "deny"}'
+
+
+class _BadRequest(ValueError):
+    """A request the socket does not take (not JSON, a field of the wrong type, an unknown op):
+    refused as ``request.invalid``, with the message naming what is wrong."""
+
+
 async def _answer(plane: ControlPlane, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> dict[str, Any]:
     peer = _peer(writer)
+    # Read now, while the peer is connected: later its pid may be gone, or another process's.
+    on_record = peer.record() if peer is not None else None
     if peer is not None and peer.uid not in (os.getuid(), 0):
-        return _error("auth.forbidden", f"uid {peer.uid} may not decide this router's approvals")
+        message = f"uid {peer.uid} may not decide this router's approvals"
+        return await _refuse(plane, on_record, "connect", "auth.forbidden", message)
+    what = "request"
     try:
-        line = await asyncio.wait_for(reader.readline(), _TIMEOUT_S)
-    except ValueError:  # over the line limit
-        return _error("request.invalid", f"a request is one JSON line of at most {_MAX_REQUEST} bytes")
-    try:
-        request = json.loads(line)
-        op = request["op"]
-    except (ValueError, KeyError, TypeError, RecursionError):
-        return _error("request.invalid", 'send one JSON object per line: {"op": "list" | "get" | "approve" | "deny"}')
-    try:
-        if op == "list":
-            status = ApprovalStatus(request["status"]) if request.get("status") else None
-            return {"approvals": [a.model_dump(mode="json") for a in await plane.list_approvals(status)]}
-        approval_id = str(request.get("id", ""))
-        if op == "get":
-            return {"approval": (await plane.get_approval(approval_id)).model_dump(mode="json")}
-        if op in ("approve", "deny"):
-            # The approver is the name the requester gives; who asked is recorded beside it,
-            # from the kernel, so an agent with a shell of this user is on record as itself.
-            decided = await plane.approvals.decide(
-                approval_id, approver=str(request.get("approver", "")), approve=op == "approve",
-                note=str(request.get("note", "")), peer=peer.record() if peer is not None else None,
-            )  # fmt: skip
-            return {"approval": decided.model_dump(mode="json")}
-    except (StockadeError, ValueError) as exc:
-        return _error(getattr(exc, "code", "request.invalid"), str(exc))
-    return _error("request.invalid", f"unknown op {op!r}: list, get, approve or deny")
+        try:
+            line = await asyncio.wait_for(reader.readline(), _TIMEOUT_S)
+        except ValueError as exc:  # over the line limit
+            raise _BadRequest(f"a request is one JSON line of at most {_MAX_REQUEST} bytes") from exc
+        try:
+            request = json.loads(line)
+        except (ValueError, RecursionError) as exc:
+            raise _BadRequest(_USAGE) from exc
+        if not isinstance(request, dict) or not isinstance(request.get("op"), str):
+            raise _BadRequest(_USAGE)
+        what = show(request["op"])
+        return await _serve(plane, request, on_record)
+    except ValueError as exc:  # a _BadRequest, or a value no check foresaw: refused all the same
+        return await _refuse(plane, on_record, what, "request.invalid", str(exc))
+    except StockadeError as exc:  # refused decisions are on record already (`ApprovalBook.decide`)
+        return _error(exc.code, str(exc))
+
+
+async def _serve(plane: ControlPlane, request: dict[str, Any], peer: dict[str, Any] | None) -> dict[str, Any]:
+    """The reply to one well-formed request (``op`` is a string).
+
+    Raises:
+        _BadRequest: a field of the wrong type or value, or an unknown op. StockadeError: as the
+            plane's approval methods.
+    """
+    op = request["op"]
+    if op == "list":
+        status = request.get("status")
+        statuses = [s.value for s in ApprovalStatus]
+        if status is not None and (not isinstance(status, str) or status not in statuses):
+            raise _BadRequest(f"status must be one of {', '.join(statuses)}, or null for every approval")
+        listed = await plane.list_approvals(ApprovalStatus(status) if status is not None else None)
+        return {"approvals": [a.model_dump(mode="json") for a in listed]}
+    approval_id = _text(request, "id")
+    if op == "get":
+        return {"approval": (await plane.get_approval(approval_id)).model_dump(mode="json")}
+    if op in ("approve", "deny"):
+        # The approver is the name the requester gives; who asked is recorded beside it,
+        # from the kernel, so an agent with a shell of this user is on record as itself.
+        decided = await plane.approvals.decide(
+            approval_id, approver=_text(request, "approver"), approve=op == "approve", note=_text(request, "note"),
+            peer=peer,
+        )  # fmt: skip
+        return {"approval": decided.model_dump(mode="json")}
+    raise _BadRequest(f"unknown op {show(op)}: list, get, approve or deny")
+
+
+def _text(request: dict[str, Any], field: str) -> str:
+    """The string ``field`` of ``request`` ("" if absent). Never the text of another JSON value:
+    ``{"x": 1}`` is no approver's name.
+
+    Raises:
+        _BadRequest: naming the field.
+    """
+    value = request.get(field, "")
+    if not isinstance(value, str):
+        raise _BadRequest(f"{field} must be a string, not JSON {type(value).__name__}")
+    return value
+
+
+async def _refuse(
+    plane: ControlPlane, peer: dict[str, Any] | None, what: str, code: str, message: str
+) -> dict[str, Any]:
+    """Audit a request refused at the socket, with the process that sent it (under the router's
+    refusal budget, as any refused request: a flood is counted, not written one by one), and
+    the error reply to it."""
+    await plane.record_refusal(None, f"approval socket {what}", message, code=code,
+                               detail={"peer": peer} if peer is not None else None)  # fmt: skip
+    return _error(code, message)
 
 
 def _check_private(directory: Path) -> None:
@@ -360,14 +416,15 @@ class LocalRouters:
             return path, await self._ask(path, request)
 
         asks = [asyncio.ensure_future(ask(path)) for path in self.sockets()]
-        errors = []
+        errors: list[dict[str, Any]] = []
         try:
             for next_reply in asyncio.as_completed(asks):
                 path, reply = await next_reply
                 if reply is not None and "approval" in reply:
                     return path, Approval.model_validate(reply["approval"])
                 if reply is not None:
-                    errors.append(reply.get("error", {}))
+                    error = reply.get("error")
+                    errors.append(error if isinstance(error, dict) else {})
         finally:
             for task in asks:
                 task.cancel()
@@ -377,7 +434,7 @@ class LocalRouters:
         if self.not_answering:  # it may be held by a router that did not answer
             raise StockadeError(f"no answering router holds approval {approval_id}; {self._silent_summary()}")
         known = [e for e in errors if not str(e.get("message", "")).startswith("no approval ")]
-        raise ApprovalError(str((known or errors or [{}])[0].get("message", f"no approval {approval_id}")))
+        raise _raised((known or errors)[0], f"no approval {approval_id}")
 
     async def get(self, approval_id: str) -> Approval:
         return (await self._holder(approval_id))[1]
@@ -390,5 +447,26 @@ class LocalRouters:
         if reply is None:
             raise StockadeError(f"the router holding approval {approval_id} stopped answering ({path})")
         if "approval" not in reply:
-            raise ApprovalError(str(reply.get("error", {}).get("message", "refused")))
+            error = reply.get("error")
+            raise _raised(
+                error if isinstance(error, dict) else {}, f"the router at {path} did not decide {approval_id}"
+            )
         return Approval.model_validate(reply["approval"])
+
+
+def _raised(error: dict[str, Any], fallback: str) -> StockadeError:
+    """The exception a router's error reply stands for, so the CLI's exit code says what happened:
+    `ApprovalError` for a decision refused (an ``approval.*`` code: not pending, the agent's own,
+    unknown); the router's failure (``audit.unavailable``: `AuditError`, ``store.unavailable``:
+    `StoreError`) or a request it would not take (``request.invalid``, ``auth.forbidden``) as such,
+    never as a refusal. ``fallback``: the message when the reply has none."""
+    code, message = str(error.get("code", "")), str(error.get("message", fallback))
+    if code.startswith("approval."):
+        return ApprovalError(message)
+    for failure in (AuditError, StoreError):
+        if code == failure.code:
+            return failure(message)
+    raised = StockadeError(message)
+    if code:
+        raised.code = code[:100]  # the router's code, for a caller that reads it
+    return raised

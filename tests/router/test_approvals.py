@@ -104,6 +104,19 @@ async def test_the_requesting_agent_cannot_approve_itself_spelled_another_way(
     assert (await plane.approve(approval_id, "DB-Admin")).status is ApprovalStatus.APPROVED
 
 
+@pytest.mark.parametrize("blank", ["", "   ", "\u200b", "\u200d\t"])
+async def test_a_blank_approver_is_refused_as_naming_nobody_not_as_the_agent(plane: ControlPlane, blank: str) -> None:
+    """A name of nothing but whitespace or invisible characters is nobody's: refused, on record,
+    with a code and message of its own (not the agent approving itself)."""
+    session, approval_id = await held(plane)
+    with pytest.raises(ApprovalError, match="needs the approver's name") as refused:
+        await plane.approve(approval_id, blank)
+    assert "never approves its own" not in str(refused.value)
+    assert (await plane.get_approval(approval_id)).status is ApprovalStatus.PENDING
+    errors = await plane.audit.query(AuditFilter(session_id=session, kind="error"))
+    assert [(e.result or {}).get("code") for e in errors] == ["approval.no_approver"]
+
+
 async def test_a_denied_approval_releases_nothing(plane: ControlPlane) -> None:
     session, approval_id = await held(plane)
     await plane.deny_approval(approval_id, "oncall@example.com", note="not today")

@@ -5,12 +5,16 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
 from router import ApprovalError, ApprovalStatus, ControlPlane, Settings, StockadeError
+from router.audit import AuditFilter
 from router.interfaces.local import LocalRouters, approval_socket, socket_dir, socket_dirs
 from router.settings import AuditSettings
 from tests.conftest import ECHO, python_tool
@@ -65,6 +69,76 @@ async def test_hostile_requests_get_an_answer_and_the_router_keeps_serving(tmp_p
         listed = await ask(path, b'{"op": "list"}\n')  # still serving
         assert [a["id"] for a in listed["approvals"]] == [approval_id]  # type: ignore[index, union-attr]
         assert (await plane.get_approval(approval_id)).status is ApprovalStatus.PENDING
+
+
+async def test_malformed_requests_are_refused_and_on_record_with_the_process_that_sent_them(tmp_path: Path) -> None:
+    """A request the socket does not take is refused as ``request.invalid``, naming the field,
+    and audited as any refused request is, with the peer as the kernel reports it; a value of
+    the wrong type is never read as another (``[]`` as no status, ``{"x": 1}`` as a name)."""
+    settings = Settings(audit=AuditSettings(path=tmp_path / "audit.jsonl"))
+    async with ControlPlane.from_settings(settings) as plane, approval_socket(plane) as path:
+        assert path is not None
+        approval_id = await held(plane)
+        bad = {
+            b"x" * (70 << 10): "one JSON line", b"[" * 60_000: "one JSON object", b"not json": "one JSON object",
+            b'"op"': "one JSON object", b"null": "one JSON object", b'{"op": []}': "one JSON object",
+            b'{"op": "drop"}': "unknown op", b'{"op": "list", "status": []}': "status must be",
+            b'{"op": "list", "status": {}}': "status must be", b'{"op": "list", "status": ""}': "status must be",
+            b'{"op": "get", "id": {"a": [1]}}': "id must be a string",
+            b'{"op": "approve", "id": "%s", "approver": {"x": 1}}' % approval_id.encode(): "approver must be a string",
+            b'{"op": "deny", "id": "%s", "approver": "oncall", "note": 7}' % approval_id.encode(): "note must be",
+        }  # fmt: skip
+        for line, problem in bad.items():
+            reply = await ask(path, line + b"\n")
+            error = reply.get("error")
+            assert isinstance(error, dict), (line[:40], reply)
+            assert (error["code"], problem in error["message"]) == ("request.invalid", True), (line[:40], error)
+        assert (await plane.get_approval(approval_id)).status is ApprovalStatus.PENDING
+        refused = await plane.audit.query(AuditFilter(kind="error", outcome="refused"))
+    assert [(e.result or {})["code"] for e in refused] == ["request.invalid"] * len(bad)
+    me = {"uid": os.getuid(), "gid": os.getgid(), "pid": os.getpid(), "exe": os.path.realpath(sys.executable)}
+    assert all((e.result or {})["peer"] == me for e in refused)
+
+
+async def test_a_blank_approver_is_refused_as_naming_nobody(tmp_path: Path) -> None:
+    """Not as the requesting agent approving itself: nobody is named at all."""
+    settings = Settings(audit=AuditSettings(path=tmp_path / "audit.jsonl"))
+    async with ControlPlane.from_settings(settings) as plane, approval_socket(plane) as path:
+        assert path is not None
+        approval_id = await held(plane)
+        routers = LocalRouters(socket_dir(settings))
+        for blank in ("", " ", "\u200b"):
+            with pytest.raises(ApprovalError, match="needs the approver's name"):
+                await routers.decide(approval_id, approver=blank, approve=True)
+        assert (await plane.get_approval(approval_id)).status is ApprovalStatus.PENDING
+        refused = await plane.audit.query(AuditFilter(kind="error", outcome="refused"))
+    assert [(e.result or {})["code"] for e in refused] == ["approval.no_approver"] * 3
+
+
+CAPS = "+dac_override,+dac_read_search"
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", f"--inh-caps={CAPS}", f"--ambient-caps={CAPS}"]
+"""Run a command as the user nobody, still able to reach root's 0700 socket directory: a
+neighbour of another uid that got as far as the socket."""
+CONNECT = (
+    "import socket, sys; s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); "
+    "s.sendall(b'{\"op\": \"list\"}\\n'); print(s.makefile().readline(), end='')"
+)
+
+
+@pytest.mark.skipif(os.getuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
+async def test_a_peer_of_another_uid_is_refused_and_on_record(tmp_path: Path) -> None:
+    settings = Settings(audit=AuditSettings(path=tmp_path / "audit.jsonl"))
+    async with ControlPlane.from_settings(settings) as plane, approval_socket(plane) as path:
+        assert path is not None
+        await held(plane)
+        argv = [*NOBODY, sys.executable, "-I", "-c", CONNECT, str(path)]
+        neighbour = await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True, timeout=60)
+        assert neighbour.returncode == 0, neighbour.stderr
+        reply = json.loads(neighbour.stdout)
+        assert (set(reply), reply["error"]["code"]) == ({"error"}, "auth.forbidden")  # the held call is not shown
+        [refused] = await plane.audit.query(AuditFilter(kind="error", outcome="refused"))
+    assert (refused.result or {})["code"] == "auth.forbidden"
+    assert (refused.result or {})["peer"]["uid"] == 65534
 
 
 async def test_a_socket_directory_others_could_write_to_is_never_used(

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from router import ControlPlane, Settings
-from router.audit import AuditFilter
+from router.audit import AuditEvent, AuditFilter
+from router.errors import AuditError
 from router.interfaces import local
 from router.interfaces.local import approval_socket
 from router.settings import AuditSettings
@@ -185,3 +186,31 @@ async def test_with_no_private_directory_a_router_runs_without_its_socket(
         await plane.register(python_tool("echo", ECHO))
         session = await plane.open_session("claude", "alice@example.com")
         assert (await plane.call(session, "echo", {"x": 1})).ok
+
+
+async def test_a_router_that_cannot_audit_the_decision_is_a_failure_not_a_refusal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Exit 1 says the approval was refused; a router whose audit log fails (a full disk) did not
+    refuse anything, and the CLI exits 2 with its reason, as it does against the shared store."""
+    audit = tmp_path / "audit.jsonl"
+    env = {"STOCKADE_AUDIT__PATH": str(audit)}
+    async with (
+        ControlPlane.from_settings(Settings(audit=AuditSettings(path=audit))) as plane,
+        approval_socket(plane) as path,
+    ):
+        assert path is not None
+        approval_id = await held(plane)
+
+        async def full_disk(event: AuditEvent) -> None:
+            raise AuditError("audit log unwritable (no space left on device)")
+
+        with monkeypatch.context() as patched:
+            patched.setattr(plane.audit, "append", full_disk)
+            for verb in ("approve", "deny"):
+                failed = await asyncio.to_thread(run, "approvals", verb, approval_id, "--approver", "oncall", env=env)
+                assert failed.returncode == 2, failed.stderr
+                assert "could not be audited; it is still pending" in failed.stderr
+        assert (await plane.get_approval(approval_id)).status.value == "pending"
+        own = await asyncio.to_thread(run, "approvals", "approve", approval_id, "--approver", "db-agent", env=env)
+        assert (own.returncode, "never approves its own" in own.stderr) == (1, True)  # a refusal is still 1
