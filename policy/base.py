@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from enum import StrEnum
 from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
@@ -367,8 +367,10 @@ class PolicyEngine(Protocol):
         """Evaluate the entrypoint for ``policy_input``."""
         ...
 
-    async def reload(self) -> str:
-        """Load the policy directory again; keep the old policy on any error. Returns the revision."""
+    async def reload(self, approve: Callable[[str], Awaitable[None]] | None = None) -> str:
+        """Load the policy directory again; keep the old policy on any error. Returns the revision.
+        ``approve(revision)`` is awaited once the new policy has loaded, before it takes effect (the
+        router audits the reload there): if it raises, the old policy stays and the error propagates."""
         ...
 
     async def aclose(self) -> None:

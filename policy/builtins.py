@@ -47,6 +47,11 @@ UNDEFINED_ON_BAD_INPUT: Mapping[str, tuple[int, str]] = {
     "array.slice": (3, "has an index that is not an integer, or too large"),
     "bits.lsh": (2, "shifts by more than it can represent"),
     "bits.rsh": (2, "shifts by more than it can represent"),
+    # An integer past 64 bits reaches regorus as a float: these give undefined for it.
+    "bits.and": (2, "has an integer it cannot represent (past 64 bits)"),
+    "bits.or": (2, "has an integer it cannot represent (past 64 bits)"),
+    "bits.xor": (2, "has an integer it cannot represent (past 64 bits)"),
+    "bits.negate": (1, "has an integer it cannot represent (past 64 bits)"),
 }
 """Each builtin regorus (and upstream, as of this writing) leaves undefined on bad input in
 strict mode too: its arity, and what is wrong with the input when it is undefined."""

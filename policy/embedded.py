@@ -9,11 +9,13 @@ non-strictly. A builtin error (``to_number("5000x")``, a division by zero, a bad
 the rule that hit it undefined, so a deny reason can silently vanish and the call be allowed.
 regorus's VM has a strict switch, but the Python binding (``gordon-to-regorus`` 0.13) does
 not expose it. The interpreter always raises on builtin errors. So the RVM answers first, and a
-deny stands as it is (an error can only have removed reasons from it, and it denies anyway);
-any other outcome is confirmed on the interpreter (one per thread, reused: ~0.15 ms): if that
-raises, or decides differently, the call is denied with ``policy.error``. An error can
-therefore never pass for "no reason", and every decision that lets a call through was reached
-by both engines, which also keeps them honest about each other in production.
+decision is then confirmed on the interpreter (one per thread, reused: ~0.15 ms on a quiet
+machine): if that raises, or decides differently, the call is denied with ``policy.error``. A
+deny is confirmed too: it denies anyway, but an error may have removed a reason from it (the
+call denied for another rule's reason, the error on record nowhere), so one the interpreter
+raises on keeps the RVM's reasons and gains ``policy.error``. An error can therefore never pass
+for "no reason", and every decision was reached by both engines, which also keeps them honest
+about each other in production.
 
 A few builtins are undefined on bad input even on the strict interpreter (``units.parse_bytes``
 of ``"5B"``, ``regex.replace`` with a pattern that does not compile, ...): the interpreter is
@@ -29,14 +31,14 @@ import asyncio
 import json
 import re
 import threading
-from collections.abc import Generator, Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import regorus
 import structlog
 
-from policy.base import POLICY_ERROR, Decision, Outcome, PolicyInput, deny, to_decision
+from policy.base import POLICY_ERROR, Decision, Outcome, PolicyInput, Reason, deny, to_decision
 from policy.builtins import argument_problems, strict_interpreter
 from policy.bundle import PolicyBundle, digest_of, load_configured
 from policy.config import PolicySettings
@@ -163,7 +165,7 @@ class EmbeddedEngine:
         """The revision in force, and whether the files on disk loaded at the last attempt."""
         return self._status
 
-    async def reload(self) -> str:
+    async def reload(self, approve: Callable[[str], Awaitable[None]] | None = None) -> str:
         # One reload at a time (an asyncio lock: the compile yields to the loop between modules,
         # and a thread lock held across that would block the loop for a second reload).
         async with self._reloading:
@@ -183,6 +185,8 @@ class EmbeddedEngine:
                 if refused is exc:
                     raise
                 raise refused from exc
+            if approve is not None:
+                await approve(new.bundle.revision)  # raises: not approved, the old policy stays
             with self._lock:
                 self._loaded = new
                 self._status = self._status.loaded(new.bundle.revision)
@@ -210,8 +214,9 @@ class EmbeddedEngine:
         return vm
 
     def evaluate(self, policy_input: PolicyInput) -> Decision:
-        """Synchronous decide on the RVM, confirmed on the strict interpreter unless it denies;
-        fails closed on every error and on any disagreement (see the module docstring)."""
+        """Synchronous decide on the RVM, confirmed on the strict interpreter; fails closed on
+        every error and on any disagreement, and a deny keeps every reason the engines found
+        (see the module docstring)."""
         loaded = self._loaded
         revision = loaded.bundle.revision
         try:
@@ -221,17 +226,15 @@ class EmbeddedEngine:
             return deny(POLICY_ERROR, str(exc), revision=revision)
         value = _value(raw)  # parsed once: the decision and the comparison both use it
         decision = to_decision(value, revision, loaded.reasons)
-        if decision.outcome is Outcome.DENY:
-            return decision
         try:
             confirmed = self._confirm(loaded, input_json)
         except _EvaluationFailed as exc:
-            return deny(POLICY_ERROR, str(exc), revision=revision)
+            return _failed(decision, str(exc))
         if confirmed != value:
             log.error("policy_engines_disagree", revision=revision, rvm=decision.outcome.value,
                       interpreter=str(confirmed)[:300])  # fmt: skip
-            return deny(POLICY_ERROR, "the compiled and the interpreted policy disagree on this input: "
-                        "run `stockade policy test`, which decides every test on both", revision=revision)  # fmt: skip
+            return _failed(decision, "the compiled and the interpreted policy disagree on this input: "
+                           "run `stockade policy test`, which decides every test on both")  # fmt: skip
         return decision
 
     def evaluate_raw(self, policy_input: PolicyInput) -> str | None:
@@ -304,6 +307,17 @@ class EmbeddedEngine:
         with self._lock:
             self._loaded = _Loaded(self._loaded.bundle, None, None, -1, self._loaded.reasons)
             self._local = threading.local()
+
+
+def _failed(decision: Decision, message: str) -> Decision:
+    """The decision when the interpreter could not confirm ``decision`` (it raised, or decided
+    otherwise): a deny with ``policy.error``, and with the RVM's own reasons if it denied too
+    (every reason found stays on record; ``policy.error`` is added once)."""
+    if decision.outcome is not Outcome.DENY:
+        return deny(POLICY_ERROR, message, revision=decision.policy_revision)
+    if any(r.code == POLICY_ERROR for r in decision.reasons):
+        return decision
+    return decision.model_copy(update={"reasons": [*decision.reasons, Reason(code=POLICY_ERROR, message=message)]})
 
 
 class _EvaluationFailed(Exception):

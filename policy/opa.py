@@ -230,7 +230,7 @@ class OpaEngine:
         value = answer.get("result") if isinstance(answer, dict) else None
         return to_decision(value, revision, reasons)
 
-    async def reload(self) -> str:
+    async def reload(self, approve: Callable[[str], Awaitable[None]] | None = None) -> str:
         try:
             bundle = load_configured(self._settings)
             reasons = validate_data(bundle)
@@ -241,6 +241,8 @@ class OpaEngine:
             if refused is exc:
                 raise
             raise refused from exc
+        if approve is not None:
+            await approve(bundle.revision)  # raises: not approved, the old policy stays (this router's)
         if not self._settings.opa_upload:  # the server watches the same files and reloads them itself
             old, self._bundle, self._reasons = self._bundle, bundle, reasons
             self._status = self._status.loaded(bundle.revision)

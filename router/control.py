@@ -532,6 +532,9 @@ class ControlPlane:
                 await self.reload_policy(source="watcher")
             except PolicyError:  # audited and logged by reload_policy; the old policy decides
                 pass
+            except AuditError as exc:  # not reloaded, the log could not take the record: next time again
+                log.error("policy_reload_unaudited", error=str(exc))
+                self._policy_seen = ()
             except Exception as exc:  # a file vanishing mid-read must not end the watcher for good
                 log.exception("policy_watch_failed")
                 self.policy_problem = f"the policy files could not be read: {type(exc).__name__}: {exc}"
@@ -749,12 +752,27 @@ class ControlPlane:
         (``kind: policy``) with the old and new revision or the error; ``source``: what asked
         (``api``, ``watcher``, ``cli``), ``by``: who. Returns the revision in force.
 
+        The ``reloaded`` event is written once the new policy has loaded and before it takes
+        effect: a reload the log cannot take is not made (no policy decides calls off the record).
+
         Raises:
             PolicyError: the files do not load (the old policy stays; `policy_problem` says why).
+            AuditError: the reload could not be audited (the old policy stays).
         """
         old = self.policy.revision
+
+        async def on_record(new: str) -> None:
+            reloaded = AuditEvent(
+                kind="policy", decision_id=str(uuid.uuid4()), timestamp=_now(), agent=by, outcome="reloaded",
+                labels=self._labels, bundles={"policies": {"revision": new}},
+                result={"source": source, "previous_revision": old, "revision": new, "changed": new != old},
+            )  # fmt: skip
+            if not await self._record(reloaded):
+                raise AuditError(f"the policy reload to revision {new[:12]} could not be audited; "
+                                 f"revision {old[:12]} stays in force")  # fmt: skip
+
         try:
-            new = await self.policy.reload()
+            new = await self.policy.reload(approve=on_record)
         except policy_pkg.PolicyBundleError as exc:
             self.policy_problem = str(exc)
             log.error("policy_reload_refused", error=str(exc), revision=old, source=source)
@@ -766,11 +784,6 @@ class ControlPlane:
             ))  # fmt: skip
             raise PolicyError(str(exc)) from exc
         self.policy_problem = None
-        await self._record(AuditEvent(
-            kind="policy", decision_id=str(uuid.uuid4()), timestamp=_now(), agent=by, outcome="reloaded",
-            labels=self._labels, bundles={"policies": {"revision": new}},
-            result={"source": source, "previous_revision": old, "revision": new, "changed": new != old},
-        ))  # fmt: skip
         return new
 
     # -- the pipeline -------------------------------------------------------------------

@@ -11,14 +11,42 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from policy import PolicySettings
 from router import ControlPlane, Settings
-from router.audit import AuditFilter
+from router.audit import AuditEvent, AuditFilter
+from router.errors import AuditError
 from router.settings import AuditSettings
 from tests.conftest import ECHO, copy_policies, edit_catalog, python_tool, stockade_server
 
 STOCKADE = str(Path(sys.executable).parent / "stockade")
+
+
+async def test_a_reload_the_audit_log_cannot_take_is_not_made(tmp_path: Path) -> None:
+    """A reload swapped the policy, then its record failed unnoticed: a widened policy decided calls
+    with no reload on record, and the API said 200 (review finding). The record is written before the
+    new policy takes effect; if it cannot be, the old policy stays and the caller is told."""
+    root = copy_policies(tmp_path)
+    settings = Settings(audit=AuditSettings(path=tmp_path / "a.jsonl"), policy=PolicySettings(dir=root))
+    async with ControlPlane.from_settings(settings) as plane:
+        before = plane.policy.revision
+        edit_catalog(root, auto_allow_risks=["low", "medium", "high", "critical"])  # a widening edit
+        append = plane.audit.append
+
+        async def failing(event: AuditEvent) -> AuditEvent:
+            raise AuditError("disk full")
+
+        plane.audit.append = failing  # type: ignore[method-assign]
+        with pytest.raises(AuditError, match="could not be audited"):
+            await plane.reload_policy(source="api", by="admin@example.com")
+        assert plane.policy.revision == before  # not in force
+        plane.audit.append = append  # type: ignore[method-assign]
+        after = await plane.reload_policy(source="api", by="admin@example.com")
+        assert after != before
+        [reloaded] = await plane.audit.query(AuditFilter(kind="policy", outcome="reloaded"))
+        assert (reloaded.result or {})["previous_revision"] == before
+        assert (reloaded.result or {})["revision"] == after
 
 
 async def test_a_changed_policy_is_picked_up_and_a_broken_one_is_refused(tmp_path: Path) -> None:

@@ -839,8 +839,9 @@ def _audit(app: FastAPI, plane: ControlPlane, gate: Gate) -> None:
         """The policy in force, and whether the files on disk loaded at the last try."""
         return policy_status(plane)
 
-    @app.post("/v1/policy/reload", tags=["audit"], responses=problems((503, "the policy did not load: the old one "
-                                                                           "stays in force")))  # fmt: skip
+    @app.post("/v1/policy/reload", tags=["audit"], responses=problems((503, "the policy did not load, or its reload "
+                                                                           "could not be audited: the old one stays in "
+                                                                           "force")))  # fmt: skip
     async def reload_policy(principal: Admin, source: Literal["api", "cli"] = "api") -> PolicyStatus:
         """Reload the policy directory or bundle now; audited (``kind: policy``) whether it loads or not."""
         await plane.reload_policy(source=source, by=principal.name)
