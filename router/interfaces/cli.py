@@ -234,10 +234,12 @@ def mcp(
     from router.control import ControlPlane  # noqa: PLC0415
     from router.interfaces.local import approval_socket  # noqa: PLC0415
     from router.interfaces.mcp import (  # noqa: PLC0415
+        audit_requests,
         build_server,
         is_loopback,
         rebinding_guard,
         require_bearer,
+        stdio_refusals,
         token_names,
     )
     from router.interfaces.mcp_stdio import stdio_wire  # noqa: PLC0415
@@ -270,12 +272,15 @@ def mcp(
             async with approval_socket(plane):  # `stockade approvals` reaches an embedded store here
                 if http:
                     asgi = server.streamable_http_app(host=host, transport_security=rebinding_guard(host, tokens))
-                    guarded = require_bearer(asgi, tokens, plane, acting_refused) if tokens else asgi
+                    # What the SDK refuses is on record either way: as each token's agent, or as --agent.
+                    guarded = (require_bearer(asgi, tokens, plane, acting_refused) if tokens
+                               else audit_requests(asgi, plane, agent))  # fmt: skip
                     config = uvicorn.Config(guarded, host=host, port=port, log_level=settings.log_level,
                                             access_log=False)  # fmt: skip
                     await uvicorn.Server(config).serve()
                     return
-                async with stdio_wire() as wire, mcp.server.stdio.stdio_server(*(wire or ())) as (read, write):
+                wire_of = stdio_wire(stdio_refusals(plane, agent))  # answers and audits what the SDK would drop
+                async with wire_of as wire, mcp.server.stdio.stdio_server(*(wire or ())) as (read, write):
                     await server.run(read, write, server.create_initialization_options())
 
     try:

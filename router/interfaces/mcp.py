@@ -21,9 +21,14 @@ refuses by the pipeline, one refused before it (an external tool, a lost session
 
 A held call is completed without anyone carrying an approval id: when the client supports
 elicitation the server asks the human in the client ("allow send_email to bob@…?"); the answer
-is recorded as the approval (approver: the session's principal, through the named client) and
-the call goes on. Without elicitation, a human approves out of band (``stockade approvals``) and
-the model calls again with the same arguments: the router redeems the granted approval.
+is recorded as the approval's decision (approver: the session's principal, through the named
+client; a decline is a no) and the call goes on, or is refused; a dismissal leaves it pending.
+Without elicitation, a human approves out of band (``stockade approvals``) and the model calls
+again with the same arguments: the router redeems the granted approval.
+
+Every JSON-RPC error a client is sent (a message that is not JSON-RPC, an unknown method, bad
+parameters) is audited as a refusal too, over either transport: `audit_requests` (or
+`require_bearer`) over HTTP, `stdio_refusals` over stdio.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from router.approvals import Approval, ApprovalStatus
 from router.control import VERSION, ControlPlane, session_refusals_recorded_by_caller
 from router.errors import InvalidCall, SessionNotFound, StockadeError, ToolNotFound
 from router.interfaces import bearer
+from router.interfaces.mcp_stdio import Refused, RequestId
 from router.results import ToolResult
 from router.text import json_escape
 from router.tools import ExternalExecutor, ToolSpec
@@ -147,12 +153,15 @@ def _answer(result: ToolResult) -> types.CallToolResult:
 
 
 def tool_annotations(spec: ToolSpec) -> types.ToolAnnotations:
-    """MCP's behaviour hints, from what the tool declares about itself."""
+    """MCP's behaviour hints, from what the tool declares about itself. A client may run a tool
+    it is told is read-only, or not destructive, with less care: each hint errs to the careful
+    side, so anything that acts (or whose risk is high or critical) is destructive, never read-only."""
     caps = set(spec.capabilities)
     acts = bool(caps & {"mutates_state", "sends_external", "financial", "executes_code"})
+    risky = spec.risk in ("high", "critical")
     return types.ToolAnnotations(
-        read_only_hint=not acts,
-        destructive_hint=acts and ("mutates_state" in caps or spec.risk in ("high", "critical")),
+        read_only_hint=not acts and not risky,
+        destructive_hint=acts or risky,
         open_world_hint=bool(caps & {"reads_untrusted", "sends_external"}),
     )
 
@@ -452,14 +461,21 @@ async def _decide(
     ctx: ServerRequestContext[Any, Any], plane: ControlPlane, approval: Approval, principal: str,
     answer: types.ElicitResult,
 ) -> bool:  # fmt: skip
-    """Record the human's answer as the approval's decision; False if they did not decide
-    (dismissed: it stays pending, for an approver out of band)."""
+    """Record the human's answer as the approval's decision: a yes grants it, a no or an explicit
+    decline denies it. False if they did not decide (dismissed, or an answer without a yes or no:
+    it stays pending, for an approver out of band)."""
     content = answer.content or {}
-    if answer.action != "accept" or not isinstance(content.get("approve"), bool):
-        return False
     client = ctx.session.client_params.client_info if ctx.session.client_params else None
     via = f"{_printable(client.name)} {_printable(client.version)}" if client else "an MCP client"
     approver = f"{principal} (via {via})"
+    if answer.action == "decline":  # the human said no to the question itself: never grantable after
+        await plane.deny_approval(approval.id, approver, f"declined in {via} (MCP elicitation)")
+        return True
+    if answer.action != "accept" or not isinstance(content.get("approve"), bool):
+        # No audit event fits a question left unanswered (the approval's own trail records
+        # decisions only): logged, and the approval stays pending, as it was.
+        log.info("approval_dismissed", approval_id=approval.id, action=answer.action, via=via)
+        return False
     note = f"answered in {via} (MCP elicitation)"
     said = content.get("note")
     if isinstance(said, str) and said.strip():
@@ -535,6 +551,58 @@ def require_bearer(
     return guarded
 
 
+def audit_requests(app: ASGIApp, plane: ControlPlane, agent: str) -> ASGIApp:
+    """Wrap the streamable-HTTP app served without tokens (loopback only): what the SDK refuses
+    (a 4xx, or a JSON-RPC error in a 200) is on record as ``agent``'s, as `require_bearer` puts
+    it on record as each token's agent."""
+
+    async def audited(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        wrapped = _Audited(send, plane, agent, scope)
+        await app(scope, receive, wrapped.send)
+        await wrapped.flush()
+
+    return audited
+
+
+def stdio_refusals(plane: ControlPlane, agent: str) -> Refused:
+    """For `stdio_wire`: each JSON-RPC error the stdio client is sent, and each response it sends
+    to no request, on record as ``agent``'s refusal (the SDK itself records none)."""
+
+    async def refused(given: RequestId | None, code: int, message: str) -> None:
+        what = "stdio" if given is None else f"stdio (JSON-RPC id {json.dumps(given)[:80]})"
+        await plane.record_refusal(
+            agent, what, f"MCP over stdio: JSON-RPC {code}: {message}", code=_jsonrpc_refusal(code)
+        )
+
+    return refused
+
+
+# What a JSON-RPC error the client is sent means (any other code, such as an internal error: mcp.error).
+_JSONRPC_REFUSALS = {
+    -32700: "mcp.bad_request",  # not JSON (or not UTF-8)
+    -32600: "mcp.bad_request",  # not a JSON-RPC message; over stdio, also a response to no request
+    -32601: "mcp.method_not_found",
+    -32602: "mcp.invalid_params",  # the method's parameters do not validate (or it came before initialize)
+}
+
+
+def _jsonrpc_refusal(code: int) -> str:
+    return _JSONRPC_REFUSALS.get(code, "mcp.error")
+
+
+# A JSON-RPC error at the start of a line of a 2xx body: a JSON answer, or an SSE event's data line.
+# Anchored at a message's start, so no JSON inside a result (a tool's output) can pose as one.
+_SENT_ERROR = re.compile(
+    rb'^(?:data: ?)?\{"jsonrpc":"2\.0","id":(?P<id>-?\d+|"(?:[^"\\]|\\.)*"|null),"error":'
+    rb'\{"code":(?P<code>-?\d+),"message":"(?P<message>(?:[^"\\]|\\.)*)',
+    re.MULTILINE,
+)
+_HEAD = 4096  # bytes of a body part read for JSON-RPC errors: a message's head is all that tells one
+
+
 # What the SDK's session manager means by each refusal it answers by itself (anything else 4xx: mcp.refused).
 _SDK_REFUSALS = {
     400: "mcp.bad_request",  # not JSON-RPC, a bad or missing header
@@ -548,20 +616,31 @@ _SDK_REFUSALS = {
 
 class _Audited:
     """``send``, for a request the SDK serves as ``agent``: a 4xx it answers (the SDK's session
-    manager refuses by itself, past `require_bearer`) is on record before the client gets it.
-    The answer's start is held until its first body part, whose JSON-RPC error message (if
-    any) goes into the record; `flush` sends a start the SDK never followed with a body."""
+    manager refuses by itself, past `require_bearer`), and each JSON-RPC error it answers in a
+    2xx (an unknown method, bad parameters), is on record before the client gets it. A 4xx's
+    start is held until its first body part, whose JSON-RPC error message (if any) goes into the
+    record; `flush` sends a start the SDK never followed with a body."""
 
     def __init__(self, send: Send, plane: ControlPlane, agent: str, scope: Scope) -> None:
         self._send, self._plane, self._agent, self._scope = send, plane, agent, scope
         self._held: Message | None = None
+        # Whether the next body part starts a message (the body's first, or one after a finished
+        # SSE event); only there can a JSON-RPC error start.
+        self._at_start = False
 
     async def send(self, message: Message) -> None:
-        if message["type"] == "http.response.start" and 400 <= message["status"] < 500:
-            self._held = message
-            return
+        if message["type"] == "http.response.start":
+            self._at_start = message["status"] < 400
+            if 400 <= message["status"] < 500:
+                self._held = message
+                return
         if self._held is not None and message["type"] == "http.response.body":
             await self._release(message.get("body", b""))
+        elif self._at_start and message["type"] == "http.response.body":
+            body = message.get("body", b"")
+            for sent in _SENT_ERROR.finditer(body, 0, _HEAD):
+                await self._record_error(sent)
+            self._at_start = body.endswith(b"\n") or not body
         await self._send(message)
 
     async def flush(self) -> None:
@@ -569,18 +648,32 @@ class _Audited:
             await self._release(b"")
             await self._send({"type": "http.response.body", "body": b""})
 
-    async def _release(self, body: bytes) -> None:
-        start, self._held = self._held, None
-        assert start is not None  # noqa: S101  (called only while a start is held)
-        status = int(start["status"])
+    def _what(self) -> str:
         scope = self._scope
         session = next((v for k, v in scope.get("headers") or [] if k.lower() == b"mcp-session-id"), b"")
         what = f"{scope.get('method', '?')} {scope.get('path', '?')}"
         if session:
             what += f" (Mcp-Session-Id {session[:80].decode('latin-1')!r})"
+        return what
+
+    async def _record_error(self, sent: re.Match[bytes]) -> None:
+        code = int(sent["code"])
+        message = sent["message"].decode("utf-8", "replace")
+        with contextlib.suppress(ValueError):  # cut off at the head's end, mid-escape: as it is
+            message = str(json.loads(f'"{message}"'))
+        what = f"{self._what()} (JSON-RPC id {sent['id'][:80].decode('utf-8', 'replace')})"
+        reason = f"MCP over HTTP: JSON-RPC {code}: {message[:300]}"
+        await self._plane.record_refusal(self._agent, what, reason, code=_jsonrpc_refusal(code))
+
+    async def _release(self, body: bytes) -> None:
+        start, self._held = self._held, None
+        assert start is not None  # noqa: S101  (called only while a start is held)
+        status = int(start["status"])
         said = _error_message(body)
         reason = f"MCP over HTTP: {status}: {said}" if said else f"MCP over HTTP: {status}"
-        await self._plane.record_refusal(self._agent, what, reason, code=_SDK_REFUSALS.get(status, "mcp.refused"))
+        await self._plane.record_refusal(
+            self._agent, self._what(), reason, code=_SDK_REFUSALS.get(status, "mcp.refused")
+        )
         await self._send(start)
 
 

@@ -123,22 +123,25 @@ asyncio.run(main())
 """
 
 
+HI = b'{"jsonrpc":"2.0","method":"hi"}'  # a JSON-RPC message (the wire answers any other line itself)
+
+
 def test_the_stdio_wire_carries_only_the_protocol_while_it_serves() -> None:
     """Served on the event loop (no thread per line), the wire is still the server's own: what
     the process or its children print goes to stderr, a child reads no message, and fd 1 is the
     client's again after, blocking as it came."""
     done = subprocess.run(
-        [sys.executable, "-c", _WIRE_SCRIPT], input=b"hello\n", capture_output=True, timeout=60, check=False
+        [sys.executable, "-c", _WIRE_SCRIPT], input=HI + b"\n", capture_output=True, timeout=60, check=False
     )
     assert done.returncode == 0, done.stderr.decode()[-2000:]
-    assert done.stdout == b"echo hello\nafter True True\n"
+    assert done.stdout == b"echo " + HI + b"\nafter True True\n"
     assert {b"stray print", b"stray write", b"child says"} <= set(done.stderr.splitlines())
 
 
 def test_a_stdin_asyncio_cannot_serve_falls_back_to_the_sdks_threads(tmp_path: Path) -> None:
     """A regular file on stdin (``stockade mcp < requests``) is no pipe: the SDK serves it."""
     requests = tmp_path / "requests"
-    requests.write_bytes(b"hello\n")
+    requests.write_bytes(HI + b"\n")
     with requests.open("rb") as stdin:
         done = subprocess.run(
             [sys.executable, "-c", _WIRE_SCRIPT], stdin=stdin, capture_output=True, timeout=60, check=False
@@ -151,12 +154,12 @@ def test_a_message_over_the_line_limit_ends_the_stream() -> None:
     from router.interfaces import mcp_stdio  # noqa: PLC0415
 
     async def read(data: bytes) -> list[str]:
-        reader = asyncio.StreamReader(limit=16)
+        reader = asyncio.StreamReader(limit=48)
         reader.feed_data(data)
         reader.feed_eof()
         return [line async for line in mcp_stdio._Lines(reader)]
 
-    assert asyncio.run(read(b"short\n" + b"x" * 64 + b"\nnever\n")) == ["short\n"]
+    assert asyncio.run(read(HI + b"\n" + b"x" * 64 + b"\n" + HI + b"\n")) == [HI.decode() + "\n"]
 
 
 @contextlib.contextmanager
