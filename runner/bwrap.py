@@ -420,6 +420,12 @@ def _sweep_staging(root: Path) -> None:
 def _result(
     status: int, child: _Child, timed_out: bool, usage: Usage, limits: ResourceLimits, cgroup: CgroupOutcome | None
 ) -> RunResult:
+    """The verdict on a run of the tool, from bwrap's wait ``status`` and what the router saw.
+
+    Raises:
+        SandboxError: bwrap itself was killed by a signal the router did not send: the sandbox
+            died, whatever the tool was doing.
+    """
     code = os.waitstatus_to_exitcode(status)
     stdout, stderr = bytes(child.stdout), bytes(child.stderr)
 
@@ -438,6 +444,13 @@ def _result(
             f"the sandbox's processes together reached the {limits.memory_mb} MiB memory limit{peak}; "
             f"the kernel killed {cgroup.oom_kills} of its processes",
         )
+    if code < 0:
+        # bwrap (--as-pid-1) reports a signalled tool as 128+signo: a status of "killed by a signal"
+        # is bwrap's own death, and the router sent none (no timeout, no output cap) nor did the
+        # sandbox's memory limit (above). Something outside killed it (an operator, the host's OOM
+        # killer) or it crashed.
+        log.error("bwrap_killed", signal=-code)
+        raise SandboxError(f"bwrap killed by signal {-code} ({_signal_name(-code)}) mid-call; the tool's run is lost")
     # bwrap reports a signalled tool as 128+signo; the kernel's CPU-limit kill lands at the limit,
     # give or take a scheduler tick. (With a cgroup there is no CPU-time rlimit: its quota throttles.)
     if cgroup is None and code == 128 + signal.SIGKILL and usage.cpu_s >= limits.cpu_seconds - 0.1:
@@ -447,6 +460,13 @@ def _result(
     if any(marker in stderr for marker in _MEMORY_MARKERS):
         return verdict(Verdict.MEMORY_LIMIT, f"allocation failed under the {limits.memory_mb} MiB limit")
     return verdict(Verdict.NONZERO_EXIT, f"exit code {code}")
+
+
+def _signal_name(signo: int) -> str:
+    try:
+        return signal.Signals(signo).name
+    except ValueError:
+        return "unknown signal"
 
 
 class _Child:

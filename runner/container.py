@@ -30,9 +30,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import re
 import secrets
+import signal
 import socket
 import stat
 import struct
@@ -64,6 +66,10 @@ log = structlog.get_logger(__name__)
 ContainerTier = Literal["docker", "gvisor"]
 _MEMORY_MARKERS = (b"MemoryError", b"Cannot allocate memory", b"std::bad_alloc", b"out of memory")
 _WORKER_STDERR_CAP = 16384
+# Host tasks gVisor uses per process of the sandbox: 64 processes peaked at 448 (runsc 20221219).
+_GVISOR_HOST_TASKS_PER_PROCESS = 8
+# How long a dead container's OOM event may lag its exit (it came within 10 ms when it did lag).
+_OOM_EVENT_WAIT_S = 0.5
 _MAX_USED_BACKLOG = 32  # used containers waiting for removal before removal stops waiting for idle
 _PATH = "/usr/local/bin:/usr/bin:/bin"
 # In place of Docker's /etc files: the sandbox has no network and no resolver (the proxy resolves).
@@ -289,8 +295,31 @@ class ContainerSandbox:
     # -- containers -----------------------------------------------------------------------
 
     def _class(self, limits: ResourceLimits) -> _Class:
-        pids = max(limits.pids, self._settings.gvisor_min_pids) if self.tier == "gvisor" else limits.pids
-        return _Class(self._image, limits.memory_mb, pids, limits.cpus)
+        return _Class(self._image, limits.memory_mb, limits.pids, limits.cpus)
+
+    def _pids_limit(self, cls: _Class) -> int:
+        """The container's pids limit. Under gVisor it counts host tasks: the sentry's own threads
+        and several for each process of the sandbox. Held to the tool's limit there, a tool reaching
+        it took the whole sandbox down (exit 2, its output lost). The container gets room for the
+        tool's processes (`_GVISOR_HOST_TASKS_PER_PROCESS` each) and ``gvisor_min_pids`` on top; the
+        tool's own limit is held inside the sandbox (`_worker_command`)."""
+        if self._runtime is None:
+            return cls.pids
+        return cls.pids * _GVISOR_HOST_TASKS_PER_PROCESS + self._settings.gvisor_min_pids
+
+    def _worker_command(self, cls: _Class, session: bool) -> list[str]:
+        """The container's main process: the worker (`runner.worker`), started by ``env -i`` with an
+        empty environment (Docker always sets PATH and HOSTNAME); each job brings its tool's.
+
+        Under gVisor it first sets RLIMIT_NPROC to the tool's pids limit, inherited by every tool:
+        gVisor's kernel counts only the sandbox's processes (all of them the worker's uid, as the
+        container's pids limit counts them under runc), so a fork bomb gets EAGAIN and the sandbox
+        lives on. Never under runc: there the count is of the host uid's processes, container or not.
+        """
+        code = WORKER
+        if self._runtime is not None:
+            code = f"import resource; resource.setrlimit(resource.RLIMIT_NPROC, ({cls.pids}, {cls.pids}))\n" + code
+        return ["env", "-i", self._settings.python, "-I", "-S", "-c", code, "session" if session else "pool"]
 
     def _create(self, cls: _Class, session: bool) -> _Box:
         """Create, attach and start one container (blocking: run in a thread)."""
@@ -307,9 +336,7 @@ class ContainerSandbox:
             remove_tree(staging)
             raise SandboxError(f"cannot prepare the staging directory {staging}: {exc}") from exc
         tmpfs_mb, out_mb = self._settings.tmpfs_mb, self._settings.out_mb
-        # `env -i`: the worker starts with an empty environment (Docker always sets PATH and
-        # HOSTNAME); each job brings its tool's environment.
-        command = ["env", "-i", self._settings.python, "-I", "-S", "-c", WORKER, "session" if session else "pool"]
+        command = self._worker_command(cls, session)
         container: Any = None
         handle: Any = None
         try:
@@ -320,7 +347,7 @@ class ContainerSandbox:
                 read_only=True, network_mode="none", runtime=self._runtime,
                 tmpfs={"/tmp": f"rw,nosuid,nodev,size={tmpfs_mb}m,nr_inodes=8192,mode=1777",
                        "/out": f"rw,nosuid,nodev,size={out_mb}m,nr_inodes={OUT_ENTRIES},mode=1777"},
-                mem_limit=f"{cls.memory_mb}m", memswap_limit=f"{cls.memory_mb}m", pids_limit=cls.pids,
+                mem_limit=f"{cls.memory_mb}m", memswap_limit=f"{cls.memory_mb}m", pids_limit=self._pids_limit(cls),
                 nano_cpus=int(cls.cpus * 1e9), log_config=LogConfig(type="none"),
                 volumes={str(staging / "in"): {"bind": "/in", "mode": "ro"},
                          str(staging / "run"): {"bind": "/run/stockade", "mode": "ro"},
@@ -586,8 +613,9 @@ class ContainerSandbox:
             reader, worker_err, timed_out = await self._exchange(box, encode_job(header, spec.stdin), spec)
             died = reader.reply.exit is None
             state: dict[str, Any] = {}
-            if died and not timed_out and not reader.reply.over_cap:
-                state = await asyncio.to_thread(self._state, box)
+            # Not when the host killed the container itself (timeout, output cap, protocol error).
+            if died and not (timed_out or reader.reply.over_cap or reader.reply.malformed):
+                state = await asyncio.to_thread(self._state, box, time.time() - (time.perf_counter() - started))
         except BaseException:
             keep = False
             raise
@@ -599,6 +627,7 @@ class ContainerSandbox:
             elif spec.session is not None and (box.sock.fileno() < 0):
                 self._sessions.pop(spec.session, None)
         wall = time.perf_counter() - started
+        self._check_not_killed(box, spec.session if keep else None, state)
         quarantine = None
         artifacts: tuple[Any, ...] = ()
         refused = tuple(reader.reply.refused)
@@ -665,18 +694,57 @@ class ContainerSandbox:
         # the housekeeper does that (and the container's teardown) when no call is running.
         return reader, bytes(worker_err), timed_out
 
+    def _check_not_killed(self, box: _Box, session: str | None, state: dict[str, Any]) -> None:
+        """Fail the call if its worker was killed by a signal other than at the memory limit
+        (`_killed_by`): the sandbox failed, not the tool. A session's container goes with it.
+
+        Raises:
+            SandboxError: the worker was killed mid-call.
+        """
+        signo = _killed_by(state)
+        if signo is None:
+            return
+        if session is not None:
+            self._drop(box, session)
+        log.error("sandbox_worker_killed", tier=self.tier, container=box.id[:12], signal=signo)
+        raise SandboxError(
+            f"{self.tier} sandbox worker killed (signal {signo}) mid-call, not at the memory limit (the container "
+            "was not OOM-killed): stopped from outside (docker kill, an operator, the host's OOM killer) or its "
+            "runtime failed; the tool's run is lost"
+        )
+
     def _kill(self, box: _Box) -> None:
         with contextlib.suppress(Exception):
             self._docker().api.kill(box.id)
 
-    def _state(self, box: _Box) -> dict[str, Any]:
-        """The container's state after its worker died mid-job (OOM, or gVisor taking the sandbox down)."""
+    def _state(self, box: _Box, since: float) -> dict[str, Any]:
+        """The container's state after its worker died mid-job (OOM, or gVisor taking the sandbox
+        down) in a call that started at ``since`` (epoch seconds), with ``OOMKilled`` true if the
+        container's memory cgroup killed a process meanwhile."""
         try:
-            self._docker().api.wait(box.id, timeout=10)
-            state: dict[str, Any] = self._docker().api.inspect_container(box.id)["State"]
+            api = self._docker().api
+            api.wait(box.id, timeout=10)
+            state: dict[str, Any] = api.inspect_container(box.id)["State"]
+            if not state.get("OOMKilled") and isinstance(code := state.get("ExitCode"), int) and code > 128:
+                state["OOMKilled"] = self._oom_event(box, since)
         except Exception as exc:
             return {"Error": str(exc)}
         return state
+
+    def _oom_event(self, box: _Box, since: float) -> bool:
+        """Whether Docker logged an ``oom`` event for ``box`` since ``since``, waiting for it at most
+        `_OOM_EVENT_WAIT_S`. dockerd sets ``State.OOMKilled`` only if the runtime's OOM event comes
+        before its exit event; under gVisor it came a few milliseconds after, now and then (2 runs
+        in 20), and a container killed at its memory limit read as killed from outside."""
+        # Whole seconds (the SDK's type): the wait may run up to a second longer.
+        until = math.ceil(time.time() + _OOM_EVENT_WAIT_S)
+        events = self._docker().api.events(
+            since=math.floor(since), until=until, filters={"container": box.id, "event": "oom"}, decode=True
+        )
+        try:
+            return any(True for _ in events)  # the stream ends at `until`; the first event ends the wait
+        finally:
+            events.close()
 
     async def close_session(self, session: str) -> None:
         box = self._sessions.pop(session, None)
@@ -795,6 +863,21 @@ def _proxy_env(enabled: bool) -> dict[str, str]:
     return {"HTTP_PROXY": url, "HTTPS_PROXY": url, "http_proxy": url, "https_proxy": url, "NO_PROXY": ""}
 
 
+def _killed_by(state: dict[str, Any]) -> int | None:
+    """The signal that killed a worker which died mid-job, if the container's memory limit did not
+    (``state``: Docker's ``State`` of the exited container; empty when the host killed it itself).
+
+    Exit 128+N is only a death by signal N: ``docker kill``, an operator, the host's OOM killer, a
+    runtime crash. Only ``OOMKilled`` (Docker's, set under runc and runsc alike when the container's
+    memory cgroup killed a process, or `_state`'s from a late OOM event) says the memory limit did
+    it. The worker itself never exits above 128.
+    """
+    code = state.get("ExitCode")
+    if state.get("OOMKilled") or not isinstance(code, int) or not 128 < code < 128 + signal.NSIG:
+        return None
+    return code - 128
+
+
 def _verdict(
     reader: FrameReader, worker_err: bytes, timed_out: bool, state: dict[str, Any], limits: ResourceLimits,
     wall: float, tier: str,
@@ -819,8 +902,9 @@ def _verdict(
     if reply.malformed:
         return verdict(Verdict.ERROR, f"worker protocol error: {reply.malformed}")
     if reply.exit is None:
-        # The worker died mid-job: the kernel's (or gVisor's) OOM killer, or the sandbox went down.
-        if state.get("OOMKilled") or code in (137, -9):
+        # The worker died mid-job: the kernel's (or gVisor's) OOM killer, or the sandbox went down
+        # (a worker killed by a signal otherwise is `_killed_by`'s, raised before this).
+        if state.get("OOMKilled"):
             return verdict(Verdict.MEMORY_LIMIT, f"killed at the {limits.memory_mb} MiB memory limit")
         err = worker_err.decode(errors="replace").strip()[-300:]
         return verdict(Verdict.ERROR, f"sandbox worker died (exit {code}): {err or state.get('Error', '')}")
