@@ -10,7 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from runner import EgressRecord, ResourceLimits, RunnerSettings, RunResult, Sandbox, SandboxSpec, make_sandbox
+from runner import (
+    ContainerSandbox,
+    EgressRecord,
+    ResourceLimits,
+    RunnerSettings,
+    RunResult,
+    Sandbox,
+    SandboxSpec,
+    make_sandbox,
+)
 from runner.base import EgressRule, InputFile
 from tests.conftest import ALLOWED_HOST, Upstream
 
@@ -45,6 +54,15 @@ async def sandbox(request: pytest.FixtureRequest, settings: RunnerSettings) -> A
     box = make_sandbox(settings, request.param)
     problem = box.check()
     assert problem is None, f"{request.param} must work in the test environment: {problem}"
+    yield box
+    await box.aclose()
+
+
+@pytest.fixture(params=["docker", "gvisor"])
+async def container(request: pytest.FixtureRequest, settings: RunnerSettings) -> AsyncIterator[ContainerSandbox]:
+    """A container tier's sandbox, each tier in turn (the container-only attacks)."""
+    box = ContainerSandbox(settings, request.param)
+    assert box.check() is None
     yield box
     await box.aclose()
 

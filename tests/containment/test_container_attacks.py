@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
-
-import pytest
 
 from runner import ContainerSandbox, EgressRule, ResourceLimits, RunnerSettings, RunResult, SandboxSpec, Verdict
 from runner.python import parse_result, python_job
@@ -111,14 +108,6 @@ print(json.dumps({"tunnels": int(ok), "sent": sent}))
 """,
 }
 ROUNDS = 1  # each attack once per tier; 10 rounds (50 calls) is the soak the fix was measured with
-
-
-@pytest.fixture(params=["docker", "gvisor"])
-async def container(request: pytest.FixtureRequest, settings: RunnerSettings) -> AsyncIterator[ContainerSandbox]:
-    box = ContainerSandbox(settings, request.param)
-    assert box.check() is None
-    yield box
-    await box.aclose()
 
 
 def attack(name: str, upstream: Upstream, **spec: object) -> SandboxSpec:

@@ -9,7 +9,6 @@ import asyncio
 import dataclasses
 import os
 import signal
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import docker
@@ -46,14 +45,6 @@ except OSError as e:
 def spinners(marker: str = "") -> SandboxSpec:
     code = SPINNERS.format(marker=marker)
     return SandboxSpec(argv=("python3", "-I", "-c", code), limits=ResourceLimits(timeout_s=30))
-
-
-@pytest.fixture(params=["docker", "gvisor"])
-async def container(request: pytest.FixtureRequest, settings: RunnerSettings) -> AsyncIterator[ContainerSandbox]:
-    box = ContainerSandbox(settings, request.param)
-    assert box.check() is None
-    yield box
-    await box.aclose()
 
 
 async def kill_containers_once_running(owner: str) -> int:

@@ -6,21 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import AsyncIterator
 
-import pytest
-
-from runner import ContainerSandbox, OutputCaps, ResourceLimits, RunnerSettings, SandboxSpec, Verdict
+from runner import ContainerSandbox, OutputCaps, ResourceLimits, SandboxSpec, Verdict
 from runner.python import parse_result, python_job
 from runner.worker import OUT_ENTRIES
-
-
-@pytest.fixture(params=["docker", "gvisor"])
-async def container(request: pytest.FixtureRequest, settings: RunnerSettings) -> AsyncIterator[ContainerSandbox]:
-    box = ContainerSandbox(settings, request.param)
-    assert box.check() is None
-    yield box
-    await box.aclose()
 
 
 def python_tool(source: str, **spec: object) -> SandboxSpec:
