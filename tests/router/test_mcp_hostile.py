@@ -9,7 +9,7 @@ import json
 import os
 import select
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -19,26 +19,19 @@ import mcp_types as types
 import pytest
 from mcp import Client
 
-from router import ApprovalStatus, ControlPlane, Settings
+from router import ApprovalStatus, ControlPlane
 from router.audit import AuditFilter
 from router.errors import ApprovalError
 from router.interfaces.mcp import build_server, tool_annotations
-from router.settings import AuditSettings
 from router.wire import ToolSpec
 from tests.conftest import ECHO, python_tool
-from tests.router.test_mcp import STOCKADE, TOOLS, elicitation, mcp_http, write_tools
+from tests.router.test_mcp import STOCKADE, elicitation, mcp_http, plane, write_tools
+
+__all__ = ["plane"]  # the fixture, shared with test_mcp
 
 HELLO = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18",
          "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}}  # fmt: skip
 INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
-
-
-@pytest.fixture
-async def plane(tmp_path: Path) -> AsyncIterator[ControlPlane]:
-    async with ControlPlane.from_settings(Settings(audit=AuditSettings(path=tmp_path / "audit.jsonl"))) as p:
-        for tool in TOOLS:
-            await p.register(tool)
-        yield p
 
 
 def refusals(log: Path) -> list[tuple[str | None, str, str]]:
