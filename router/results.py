@@ -13,7 +13,8 @@ CallStatus = Literal["completed", "denied", "pending_approval", "awaiting_report
 class DecisionResult(BaseModel):
     """The answer of `ControlPlane.decide`: what would happen, without running anything."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # defer_build: built on first use, not at import (as router.wire's models; see _Frozen there).
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
 
     decision_id: str
     outcome: Literal["allow", "deny", "require_approval"]
@@ -23,7 +24,7 @@ class DecisionResult(BaseModel):
 class RunUsage(BaseModel):
     """What a sandboxed run consumed."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
 
     wall_ms: float
     cpu_ms: float
@@ -33,7 +34,7 @@ class RunUsage(BaseModel):
 class Artifact(BaseModel):
     """A file the tool wrote under ``/out``, copied into the call's quarantine. Untrusted content."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
 
     path: str
     size: int
@@ -49,7 +50,7 @@ class ToolResult(BaseModel):
     (an external tool the framework must now run and `report`), ``error`` (the sandbox failed).
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
 
     status: CallStatus
     decision_id: str
