@@ -78,6 +78,24 @@ async def test_missing_unknown_and_wrong_role_tokens_are_refused_and_audited(
     assert [e.agent for e in refusals] == [None, None, "oncall", "agent-1", "agent-1", "agent-2"]
 
 
+async def test_refusals_at_the_door_are_recorded_under_their_problem_code_with_the_client(
+    api: tuple[httpx.AsyncClient, ControlPlane],
+) -> None:
+    """401s and 403s were both recorded as ``auth.refused`` (an auditor could not tell token
+    guessing from role probing), and two Authorization headers were served as the first."""
+    client, plane = api
+    two = httpx.Headers([("Authorization", "Bearer tok-agent-1"), ("Authorization", "Bearer tok-root")])
+    doubled = await client.get("/v1/tools", headers=two)
+    agent_audits = await client.get("/v1/audit/events", headers=auth("agent-1"))
+    assert [doubled.status_code, agent_audits.status_code] == [401, 403]
+    assert doubled.json()["code"] == "auth.unauthenticated"
+    assert "one Authorization" in doubled.json()["detail"]
+    refusals = [e for e in await plane.audit.query(AuditFilter(kind="error")) if e.outcome == "refused"]
+    assert [(e.agent, (e.result or {})["code"]) for e in refusals] == [
+        (None, "auth.unauthenticated"), ("agent-1", "auth.forbidden")]  # fmt: skip
+    assert all((e.result or {})["client"].startswith("127.0.0.1:") for e in refusals), refusals
+
+
 async def test_a_refused_introspection_is_on_record_like_every_refusal_at_the_door(
     api: tuple[httpx.AsyncClient, ControlPlane],
 ) -> None:

@@ -240,7 +240,7 @@ async def test_a_flood_of_refusals_is_written_up_to_a_burst_and_counted_past_it(
     counted = [e for e in unauthenticated if "count" in e["result"]]
     assert (len(first), len(one_by_one), len(counted)) == (6, 8, 1)
     assert len(one_by_one) + sum(e["result"]["count"] for e in counted) == 63
-    assert counted[0]["result"]["code"] == "auth.refused"
+    assert counted[0]["result"]["code"] == "auth.unauthenticated"
     assert codes(log)[-1] == ("agent-1", "session.not_found")  # another kind has a burst of its own
 
 

@@ -73,7 +73,7 @@ log = structlog.get_logger("stockade.api")
 
 Role = Literal["agent", "approver", "auditor", "admin"]
 _MAX_FORM = 16 * 1024
-_UNAUTHENTICATED = "send Authorization: Bearer <token> of a configured principal"
+_UNAUTHENTICATED = "send one Authorization: Bearer <token> header, of a configured principal"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _DATE_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)", re.IGNORECASE)
 # Levels of lists and objects a body on FastAPI's routes may nest: twice what a call's arguments
@@ -246,8 +246,12 @@ class Gate:
         self._roles: dict[Callable[..., Any], tuple[Role, ...]] = {}  # each `require` dependency's
 
     async def refuse(self, request: Request, status: int, reason: str, who: str | None = None) -> _Refused:
-        await self._plane.record_refusal(who, f"{request.method} {request.url.path}", reason)
+        # Recorded under the problem's own code, so an auditor tells token guessing (401) from
+        # role probing (403), and with the client's address.
         code = "auth.unauthenticated" if status == 401 else "auth.forbidden"
+        client = f"{request.client.host}:{request.client.port}" if request.client is not None else None
+        await self._plane.record_refusal(who, f"{request.method} {request.url.path}", reason, code=code,
+                                         detail={"client": client} if client else None)  # fmt: skip
         headers = {"WWW-Authenticate": 'Bearer realm="stockade"'} if status == 401 else None
         return _Refused(
             problem(status, code, "Unauthorized" if status == 401 else "Forbidden", reason, headers=headers)
@@ -385,8 +389,10 @@ def checked_route(gate: Gate) -> type[APIRoute]:
 
 
 def presented(request: Request) -> bytes | None:
-    """The sha256 of the request's bearer token, if it has one."""
-    return bearer.presented(request.headers.get("authorization"))
+    """The sha256 of the request's bearer token, if it sends exactly one Authorization header:
+    with several, a proxy in front might check one while this reads another (as MCP over HTTP)."""
+    headers = request.headers.getlist("authorization")
+    return bearer.presented(headers[0]) if len(headers) == 1 else None
 
 
 class Limits:
