@@ -315,6 +315,21 @@ class Settings(BaseSettings):
                 )
         return self
 
+    @model_validator(mode="after")
+    def _one_principal_per_token(self) -> Self:
+        """A token is one principal's: a copied entry would otherwise make the same token whichever
+        entry is matched last (an agent's token an admin's), with nothing said."""
+        owners: dict[str, int] = {}
+        for n, entry in enumerate(self.api_principals):
+            first = owners.setdefault(entry.token_sha256, n)
+            if first != n:
+                raise ValueError(
+                    f"STOCKADE_API_PRINCIPALS entries {first} ({self.api_principals[first].name}, "
+                    f"{self.api_principals[first].role}) and {n} ({entry.name}, {entry.role}) have the same "
+                    "token_sha256: give each principal its own token (stockade api-token)"
+                )
+        return self
+
     def principal_config(self, name: str) -> PrincipalConfig:
         """What is configured for the principal ``name`` (nothing: no groups, no labels)."""
         found = self.principals.get(name)

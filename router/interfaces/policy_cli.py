@@ -463,9 +463,14 @@ def policy_reload(
     an admin's), 2 if it cannot be reached."""
     import httpx  # noqa: PLC0415
 
+    # Checked here, not left to the HTTP library: its errors would print the header, token and all.
+    if not token.isascii() or not token.isprintable() or " " in token:
+        raise fail("--token is not a bearer token: printable ASCII without spaces, as `stockade api-token` prints")
     try:
         response = httpx.post(f"{url.rstrip('/')}/v1/policy/reload", params={"source": "cli"},
                               headers={"Authorization": f"Bearer {token}"}, timeout=30)  # fmt: skip
+    except httpx.InvalidURL as exc:
+        raise fail(f"--url {url!r} is not a URL the router can be reached at: {exc}") from exc
     except httpx.HTTPError as exc:
         raise fail(f"cannot reach the router at {url}: {exc}") from exc
     try:

@@ -231,3 +231,32 @@ def test_a_setting_that_is_not_json_is_named_by_its_variable(audit_log: Path) ->
     result = run("audit", "verify", env={"STOCKADE_AUDIT__PATH": str(audit_log), "STOCKADE_AUDIT__MASK": "[{bad"})
     assert result.returncode == 2, result.stderr
     assert "invalid settings: STOCKADE_AUDIT__MASK is not valid JSON" in one_error_line(result)
+
+
+def test_two_principals_with_one_token_are_refused_naming_both(tmp_path: Path) -> None:
+    """A copied entry once made an agent's token an admin's (the entry matched last won), silently."""
+    shared = "a" * 64
+    principals = [{"name": "agent-1", "role": "agent", "token_sha256": shared},
+                  {"name": "root", "role": "admin", "token_sha256": shared}]  # fmt: skip
+    result = run("serve", "--port", "1", env={"STOCKADE_API_PRINCIPALS": json.dumps(principals),
+                                               "STOCKADE_AUDIT__PATH": str(tmp_path / "audit.jsonl")})  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    line = one_error_line(result)
+    assert "entries 0 (agent-1, agent) and 1 (root, admin) have the same token_sha256" in line, line
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--token", "t\u00f6k"], "--token is not a bearer token"),
+    (["--token", "secret-tok\n"], "--token is not a bearer token"),
+    (["--token", "secret-tok", "--url", "http://[::1"], "is not a URL the router can be reached at"),
+])  # fmt: skip
+def test_policy_reload_refuses_a_token_or_url_it_cannot_send_without_echoing_the_token(
+    args: list[str], said: str
+) -> None:
+    """A non-ASCII token or a bad URL ended in an internal error (exit 70); a token with a newline
+    was reported as an unreachable router, with the token on stderr."""
+    result = run("policy", "reload", *args)
+    assert result.returncode == 2, result.stderr
+    line = one_error_line(result)
+    assert said in line, line
+    assert "secret" not in result.stderr
