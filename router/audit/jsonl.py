@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, Literal
 
@@ -138,6 +139,10 @@ class JsonlAuditLog:
         self.failed: str | None = None  # why the last append failed; None after a good one
         self._grown_at = 0  # the active segment's size at the last on_grown call
         self._anchored = 0  # the size of the checkpoint kept at `LogOptions.anchor`: it never goes down
+        # At load: the roots of the signed checkpoints the writer knows (the checkpoints file's last,
+        # the anchor), by size, which the tree rebuilt from the files must match (see `_load`).
+        self._known: dict[int, tuple[str, str]] = {}
+        self._forged: str | None = None  # why the files disagree with a checkpoint (set at load)
 
     # -- state ------------------------------------------------------------------------------
 
@@ -221,8 +226,27 @@ class JsonlAuditLog:
         (the active segment was deleted, truncated or moved while no writer was running), the chain
         goes on from there, so there is one chain and no second seq 1, and the gap is recorded."""
         self._finish_interrupted_seal()
+        self._finish_interrupted_retirement()
         self._active = self._open_active()
+        try:
+            self._load_state()
+        except BaseException:
+            os.close(self._active.fd)  # tried again at the next append: no descriptor left behind
+            self._active = None
+            raise
+        finally:
+            self._known, self._forged = {}, None
+
+    def _load_state(self) -> None:
+        """`_load` once the active segment is open.
+
+        Raises:
+            AuditError: the files do not hold the history a known signed checkpoint covers (they
+                were changed under the writer): it never signs on top of them.
+        """
         self._seq, self._head, self._tree = 0, GENESIS_HASH, CompactRange()
+        self._forged = None
+        self._known = self._known_checkpoints()  # (sets `_forged` if two of them disagree)
         for part in reversed(self.layout.parts()):
             if part.kind == "active":
                 continue
@@ -231,7 +255,9 @@ class JsonlAuditLog:
                 self._seq, self._head, self._tree = end.last_seq, end.last_hash, CompactRange.from_json(end.tree)
             except (OSError, ValueError) as exc:
                 raise AuditError(f"{part.path} cannot be read ({exc}); run `stockade audit verify`") from exc
+            self._compare_known()
             break
+        assert self._active is not None  # noqa: S101  (_load opened it)
         torn = self._read_rest(self._active)
         self._pending_notes = [torn] if torn is not None else []
         state = _read_state(self.layout.state)
@@ -240,8 +266,13 @@ class JsonlAuditLog:
             self._seq, self._head = int(state["seq"]), str(state["head"])
             self._tree = CompactRange.from_json(state["tree"])
             self._pending_notes.append(missing)
+            self._compare_known()
         self._read_checkpoints()
-        lost = self._restore_anchor()
+        lost = self._restore_anchor()  # first: verification then checks the files against it
+        if self._forged is not None:
+            self._pending_notes = []
+            log.error("audit_history_forged", path=str(self.path), problem=self._forged)
+            raise AuditError(self._forged)
         if lost is not None:
             self._pending_notes.append(lost)
         if self._checkpoint is not None and self._checkpoint.size > self._seq:
@@ -249,6 +280,48 @@ class JsonlAuditLog:
             # (verify reports it against that checkpoint for as long as the log exists).
             why = "a signed checkpoint covers events the log's files no longer hold"
             self._pending_notes.append(_missing(self.path, self._seq + 1, self._checkpoint.size, why))
+
+    def _known_checkpoints(self) -> dict[int, tuple[str, str]]:
+        """The roots the rebuilt tree must match, by size: the checkpoints file's last checkpoint
+        and the one kept at `LogOptions.anchor` (where it is, for the message)."""
+        known: dict[int, tuple[str, str]] = {}
+        try:
+            last = _last_line_of(self.layout.checkpoints, os.stat(self.layout.checkpoints).st_size)
+        except FileNotFoundError:
+            last = None
+        found: list[tuple[bytes | None, str]] = [(last, str(self.layout.checkpoints))]
+        if self.options.anchor is not None:
+            with contextlib.suppress(OSError):
+                found.append((self.options.anchor.read_bytes(), str(self.options.anchor)))
+        for text, where in found:
+            if text is None:
+                continue
+            try:
+                checkpoint = Checkpoint.model_validate_json(text)
+            except ValueError:
+                continue  # an unreadable one is reported where it is read
+            if checkpoint.log == self.options.log_name and checkpoint.size > 0:
+                known.setdefault(checkpoint.size, (checkpoint.root, where))
+                if known[checkpoint.size][0] != checkpoint.root:  # two signed roots for one size
+                    self._forged = self._forged or (
+                        f"{self.path}: checkpoint {checkpoint.size} in {where} and in {known[checkpoint.size][1]} "
+                        "disagree; the writer will not sign on top of either. Run `stockade audit verify`"
+                    )
+        return known
+
+    def _compare_known(self) -> None:
+        """At load: note (once) where the tree rebuilt so far disagrees with a known checkpoint."""
+        known = self._known.get(self._seq)
+        if known is None or self._forged is not None:
+            return
+        root = self._tree.root().hex()
+        if root != known[0]:
+            self._forged = (
+                f"{self.path}: the log's files do not hold the history checkpoint {self._seq} (in {known[1]}) "
+                f"signed: its root is {known[0][:16]}…, the events up to seq {self._seq} give {root[:16]}… "
+                "(changed after they were signed). The writer will not sign on top of them, and refuses "
+                "every append until the log is repaired; run `stockade audit verify`"
+            )
 
     def _finish_interrupted_seal(self) -> None:
         """A seal writes the manifest, then renames the segment: finish one a crash cut short."""
@@ -271,6 +344,35 @@ class JsonlAuditLog:
             os.rename(self.path, target)
             sync_directory(self.path.parent)
             log.warning("audit_seal_completed", segment=target.name)
+
+    def _finish_interrupted_retirement(self) -> None:
+        """Retention writes a segment's tombstone, then deletes it: finish one a crash cut short,
+        if the tombstone is this log's, signed, and records the segment's bytes as its manifest does."""
+        signer = self.options.signer
+        if signer is None:
+            return
+        parts = self.layout.parts()
+        for segment, part in pairwise(parts):
+            if (segment.kind, part.kind) != ("sealed", "tombstone") or (segment.first_seq, segment.last_seq) != (
+                part.first_seq, part.last_seq
+            ):  # fmt: skip
+                continue
+            try:
+                retired, manifest = part.tombstone(), segment.manifest()
+                with segment.path.open("rb") as handle:
+                    digest = hashlib.file_digest(handle, "sha256").hexdigest()
+                matches = retired.verify(signer.verify_key) and retired.log == self.options.log_name and (
+                    retired.bytes, retired.sha256, retired.last_hash, retired.tree, retired.checkpoint
+                ) == (manifest.bytes, digest, manifest.last_hash, manifest.tree, manifest.checkpoint)  # fmt: skip
+            except (OSError, ValueError):
+                matches = False
+            if not matches:  # left as it is: `stockade audit verify` names it
+                log.error("audit_retirement_unfinished", segment=segment.path.name, tombstone=part.path.name)
+                continue
+            segment.path.unlink()
+            self.layout.segment_path(segment.first_seq, segment.last_seq, "manifest.json").unlink(missing_ok=True)
+            sync_directory(self.layout.segments_dir)
+            log.warning("audit_retirement_completed", segment=segment.path.name)
 
     def _read_rest(self, active: _Active) -> AuditEvent | None:
         """Chain into the state every complete line past what the state covers; a last line
@@ -296,6 +398,8 @@ class JsonlAuditLog:
             leaf = line_hash(line)
             self._tree.append(leaf)
             self._seq, self._head = head[0], leaf.hex()
+            if self._known:
+                self._compare_known()
             stamp = _timestamp_of(line)
             if not active.first_seq:
                 active.first_seq, active.first_time = self._seq, stamp
@@ -456,12 +560,36 @@ class JsonlAuditLog:
         if days is None or signer is None:
             return
         cutoff = (datetime.now(UTC) - timedelta(days=days)).isoformat()[:19]
+        before = CompactRange()  # the tree where the next segment's events resume
         for part in self.layout.parts():
-            if part.kind != "sealed":
+            if part.kind == "active":
+                break
+            if part.kind == "tombstone":
+                try:
+                    end = part.tombstone()
+                except (OSError, ValueError) as exc:
+                    log.error("audit_retention_stopped", segment=part.path.name, why=f"unreadable: {exc}")
+                    return
+                resumes = CompactRange.from_json(end.tree)
+                if not end.verify(signer.verify_key) or resumes.root().hex() != end.checkpoint.root:
+                    log.error("audit_retention_stopped", segment=part.path.name, why="the tombstone does not check")
+                    return
+                before = resumes
                 continue
-            manifest = part.manifest()
-            if manifest.last_time[:19] >= cutoff:
+            # By the segment's own last event, never the manifest's unsigned times: a newer-looking
+            # file only keeps it longer, and an old-looking one is checked in full before it goes.
+            if _last_time_of(part.path)[:19] >= cutoff:
                 break  # segments are in seq order, and so in time order
+            try:
+                manifest = part.manifest()
+                problem, tree = _retirable(part.path, manifest, before, signer.verify_key)
+            except (OSError, ValueError) as exc:
+                problem, tree = f"cannot be read: {exc}", before
+            if problem is not None:
+                # Nothing is signed over a segment that does not check: it stays for `audit verify`.
+                log.error("audit_retention_stopped", segment=part.path.name, why=problem)
+                return
+            before = tree
             tombstone = sign_tombstone(
                 signer, log=self.options.log_name, first_seq=manifest.first_seq, last_seq=manifest.last_seq,
                 bytes=manifest.bytes, sha256=manifest.sha256, last_hash=manifest.last_hash, tree=manifest.tree,
@@ -800,6 +928,39 @@ def _verify_elsewhere(path: Path, pems: list[bytes], publish_dir: Path | None) -
 
     keys = [VerifyKey.from_pem(pem) for pem in pems]
     return verify_log(LogLayout(path), keys=keys, publish_dir=publish_dir, workers=2)
+
+
+def _last_time_of(path: Path) -> str:
+    """The timestamp of a segment's last event, read from its end ("" if none)."""
+    line = _last_line_of(path, path.stat().st_size)
+    return _timestamp_of(line) if line is not None else ""
+
+
+def _retirable(path: Path, manifest: Manifest, before: CompactRange, key: VerifyKey) -> tuple[str | None, CompactRange]:
+    """Whether retention may sign a tombstone from ``manifest`` and delete the segment at ``path``:
+    its bytes are those the manifest records (size, sha256), its events continue the tree from
+    ``before`` up to the root of the manifest's checkpoint, which this log's key signed, and they
+    end where the manifest says, its last event older than the cutoff as read (the caller).
+    Returns why not (None: it may), and the tree at its end."""
+    checkpoint, tree = manifest.checkpoint, before.copy()
+    if not checkpoint.verify(key) or checkpoint.size != manifest.last_seq:
+        return "its manifest's checkpoint is not one this log's key signed at its end", before
+    digest, size, last, seq = hashlib.sha256(), 0, b"", before.size
+    for _, line in lines(path):
+        head = head_of(line)
+        if head is None or head[0] != seq + 1:
+            return f"it does not hold seq {seq + 1} where expected", before
+        seq, last = head[0], line
+        tree.append(line_hash(line))
+        digest.update(line + b"\n")
+        size += len(line) + 1
+    if size != manifest.bytes or digest.hexdigest() != manifest.sha256 or size != path.stat().st_size:
+        return "its bytes are not those its manifest records", before
+    if (manifest.first_seq, seq) != (before.size + 1, manifest.last_seq) or tree.root().hex() != checkpoint.root:
+        return "its events do not hash to the root its signed checkpoint records", before
+    if line_hash(last).hex() != manifest.last_hash or manifest.tree != tree.to_json():
+        return "its manifest records another last event or tree than its events make", before
+    return None, tree
 
 
 def _file_sha256(fd: int) -> str:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from router.audit.base import VerifyReport
 from router.audit.chain import GENESIS_HASH, head_of, line_hash
-from router.audit.checkpoint import Checkpoint, Tombstone, VerifyKey
+from router.audit.checkpoint import Checkpoint, Manifest, Tombstone, VerifyKey
 from router.audit.layout import LogLayout, Part, line_blocks, read_checkpoint_source
 from router.audit.merkle import CompactRange, MerkleTree
 from router.errors import AuditError
@@ -314,9 +314,13 @@ def _verify_parts(
     walk = Walk(checkpoints)
     if from_seq is not None:
         parts = _from(parts, from_seq, walk, keys)
-    for part in parts:
+    for index, part in enumerate(parts):
         if walk.report is not None:
             break
+        before = parts[index - 1] if index else None
+        if part.kind == "tombstone" and before is not None and _same_range(before, part) and before.kind == "sealed":
+            _check_retiring(before, part, walk, keys)  # a retirement cut short: the segment is still there
+            continue
         if part.kind == "tombstone":
             try:
                 walk.tombstone(part.tombstone(), keys)
@@ -394,9 +398,53 @@ def _check_sealed(
     elif (size := _size(part.path)) != manifest.bytes:
         walk.fail(part.last_seq + 1, f"{name} holds {size} bytes, but its manifest records {manifest.bytes}: bytes "
                                      "were added after its last event, or the manifest was edited")  # fmt: skip
+    elif (times := _first_and_last_time(part.path)) != (manifest.first_time[:19], manifest.last_time[:19]):
+        # Unsigned, but retention once went by them: held to the events they summarise (to the
+        # second: the writer records a time read back from the file in its first 27 characters).
+        walk.fail(part.first_seq, f"{name}: its manifest records times {manifest.first_time}..{manifest.last_time}, "
+                                  f"its events run {times[0]}..{times[1]}: the manifest was edited")  # fmt: skip
     else:
         checkpoints.roots.setdefault(part.last_seq, manifest.checkpoint.root)
         walk.matched = max(walk.matched, part.last_seq)
+
+
+def _check_retiring(segment: Part, tombstone: Part, walk: Walk, keys: Sequence[VerifyKey]) -> None:
+    """A sealed segment (checked) beside the tombstone retiring it: retention wrote the tombstone
+    and stopped before deleting the segment (the writer finishes it at its next start). The
+    tombstone must be signed and record that segment, as its manifest does."""
+    try:
+        manifest, retired = segment.manifest(), tombstone.tombstone()
+    except (OSError, ValueError) as exc:
+        walk.fail(tombstone.first_seq, f"{tombstone.path.name} is unreadable: {exc}")
+        return
+    if keys and not any(retired.verify(key) for key in keys):
+        walk.fail(retired.first_seq, f"the tombstone for seq {retired.first_seq}..{retired.last_seq} is not signed "
+                                     "by a trusted key")  # fmt: skip
+    elif _retires(retired) != _retires(manifest):
+        walk.fail(retired.first_seq, f"{tombstone.path.name} does not record the segment still beside it")
+
+
+def _same_range(one: Part, other: Part) -> bool:
+    return (one.first_seq, one.last_seq) == (other.first_seq, other.last_seq)
+
+
+def _retires(record: Manifest | Tombstone) -> tuple[object, ...]:
+    """What a tombstone must record as the manifest of the segment it retires does."""
+    return record.bytes, record.sha256, record.last_hash, record.tree, record.checkpoint
+
+
+def _first_and_last_time(path: Path) -> tuple[str, str]:
+    """The timestamps of a segment's first and last events (to the second), read from its two ends."""
+    stamps = []
+    with path.open("rb") as handle:
+        first = handle.readline(1 << 16)
+        size = handle.seek(0, 2)
+        handle.seek(max(0, size - (1 << 16)))
+        last = handle.read().rstrip(b"\n").rsplit(b"\n", 1)[-1]
+    for line in (first, last):
+        at = line.find(b'"timestamp":"')
+        stamps.append(line[at + 13 : at + 32].split(b'"', 1)[0].decode(errors="replace") if at != -1 else "")
+    return stamps[0], stamps[1]
 
 
 def _size(path: Path) -> int:
@@ -427,19 +475,32 @@ class Proofs(Mapping[int, list[str]]):
         return len(self._seqs)
 
 
-def inclusion_proofs(layout: LogLayout, seqs: Sequence[int]) -> tuple[Checkpoint, Proofs]:
+def inclusion_proofs(
+    layout: LogLayout, seqs: Sequence[int], *, keys: Sequence[VerifyKey] | None = None
+) -> tuple[Checkpoint, Proofs]:
     """An RFC 9162 inclusion proof for each of ``seqs`` against the log's latest checkpoint, which
     anyone holding the public key can check (`router.audit.merkle.verify_inclusion`, index = seq - 1).
     After retention, the tree resumes from the last tombstone's tree state (its perfect subtrees
     stand for the deleted leaves), so every event the log still holds can be proven.
 
+    With ``keys``, the latest checkpoint one of them signed: anyone who can write the log's volume
+    can add a checkpoint to its file, and a proof against one unsigned proves nothing.
+
     Raises:
-        AuditError: no checkpoint covers a seq, or a seq lies in a segment retention deleted.
+        AuditError: no checkpoint (signed by ``keys``) covers a seq, or a seq lies in a segment
+            retention deleted.
     """
     checkpoints = layout.read_checkpoints()
     if not checkpoints:
         raise AuditError(f"{layout.checkpoints} holds no checkpoint yet: nothing to prove against")
-    checkpoint = max(checkpoints, key=lambda c: c.size)
+    checkpoints = sorted(checkpoints, key=lambda c: c.size, reverse=True)
+    if keys is not None:
+        signed = (c for c in checkpoints if any(c.verify(key) for key in keys))
+        checkpoints = [found] if (found := next(signed, None)) is not None else []
+        if not checkpoints:
+            raise AuditError(f"no checkpoint in {layout.checkpoints} is signed by the log's public key: nothing to "
+                             "prove against; run `stockade audit verify`")  # fmt: skip
+    checkpoint = checkpoints[0]
     for seq in seqs:
         if not 1 <= seq <= checkpoint.size:
             raise AuditError(f"seq {seq} is not covered by the latest checkpoint (size {checkpoint.size})")

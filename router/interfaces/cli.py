@@ -17,6 +17,7 @@ import gc
 import getpass
 import hashlib
 import json
+import os
 import secrets
 import sys
 import traceback
@@ -30,7 +31,7 @@ from rich.text import Text
 from typer.core import TyperGroup
 
 from router.audit.chain import head_of
-from router.audit.layout import line_blocks, read_checkpoint_source
+from router.audit.layout import LogLayout, line_blocks, read_checkpoint_source
 from router.errors import AuditError, StockadeError
 from router.interfaces.cli_common import AuditPath, JsonFlag, audit_engine_missing, err, out, tool_specs, verify_keys
 from router.interfaces.cli_common import audit_log as _audit_log
@@ -368,14 +369,15 @@ def audit_verify(
             where = f"the Redis stream at {settings.store.url}"
             report = asyncio.run(_verify_redis(settings, keys, trusted))
         else:
-            log = _audit_log(ctx, path)
+            log = _audit_log(ctx, path, without_active=True)
             where = str(log.path)
-            if not keys and (_has_bytes(log.layout.checkpoints) or trusted):
-                # Signatures unchecked, anyone who can write the log's volume could have signed
-                # its checkpoints: "intact" would mean nothing.
-                raise _fail(f"{log.layout.checkpoints} holds signed checkpoints, and no public key was found to check "
-                            "them: pass --public-key FILE (the signing key's .pub, as given to auditors)")  # fmt: skip
             publish_dir = settings.audit.publish_dir
+            signed = _signed_artefact(log.layout, publish_dir, trusted) if not keys else None
+            if signed is not None:
+                # Signatures unchecked, anyone who can write the log's volume could have signed
+                # its checkpoints, manifests and tombstones: "intact" would mean nothing.
+                raise _fail(f"{signed}, and no public key was found to check signatures: pass --public-key FILE "
+                            "(the signing key's .pub, as given to auditors)")  # fmt: skip
             if publish_dir is not None and not publish_dir.is_dir():
                 why = "the checkpoints kept there cannot be checked; mount it, or unset it to go without"
                 raise _fail(f"STOCKADE_AUDIT__PUBLISH_DIR={publish_dir} is not a directory (not mounted?): {why}")
@@ -411,6 +413,32 @@ def _has_bytes(path: Path) -> bool:
         return False
 
 
+def _signed_artefact(layout: LogLayout, publish_dir: Path | None, trusted: list[Checkpoint]) -> str | None:
+    """What of the log (or the auditor's) carries a signature `verify` would check with a public
+    key: the checkpoints file, a sealed segment's manifest, a tombstone, the publish directory, a
+    --checkpoint. None: nothing is signed (a log kept without a signing key)."""
+    if trusted:
+        return "--checkpoint names signed checkpoints"
+    if _has_bytes(layout.checkpoints):
+        return f"{layout.checkpoints} holds signed checkpoints"
+    try:
+        names = sorted(os.listdir(layout.segments_dir))
+    except OSError:
+        names = []
+    for name in names:
+        if name.endswith((".manifest.json", ".tombstone.json")):
+            what = "a sealed segment's manifest" if name.endswith(".manifest.json") else "a tombstone"
+            return f"{layout.segments_dir / name} holds {what} with a signature"
+    if publish_dir is not None:
+        try:
+            published = any(os.scandir(publish_dir))
+        except OSError:
+            published = False
+        if published:
+            return f"the publish directory {publish_dir} holds signed checkpoints"
+    return None
+
+
 async def _verify_redis(settings: Settings, keys: list[VerifyKey], trusted: list[Checkpoint]) -> VerifyReport:
     if settings.store.url is None:
         raise AuditError("STOCKADE_AUDIT__BACKEND=redis needs the store's Redis: set STOCKADE_STORE__URL")
@@ -428,11 +456,13 @@ def audit_prove(
     ctx: typer.Context,
     seq: Annotated[list[int], typer.Option("--seq", min=1, help="The event to prove (repeatable).")],
     path: AuditPath = None,
+    public_key: PublicKey = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Print an RFC 9162 inclusion proof of each event against the latest signed checkpoint: the
-    event's line, its leaf hash, the audit path and the checkpoint. Anyone with the public key can
-    check it (`router.audit.merkle.verify_inclusion`; see docs/audit.md)."""
+    """Print an RFC 9162 inclusion proof of each event against the latest checkpoint the log's
+    public key verifies (exit 1 if none does): the event's line, its leaf hash, the audit path and
+    the checkpoint. Anyone with the public key can check it (`router.audit.merkle.verify_inclusion`;
+    see docs/audit.md)."""
     from router.audit.verify import inclusion_proofs, proof_document  # noqa: PLC0415
 
     proofs: Mapping[int, list[str]]
@@ -443,7 +473,11 @@ def audit_prove(
             proofs = {s: proof for s, (_, proof) in proven.items()}
         else:
             log = _audit_log(ctx, path)
-            checkpoint, proofs = inclusion_proofs(log.layout, seq)
+            keys = verify_keys(_settings(ctx), public_key)
+            if not keys:  # a checkpoint in the log's file may be anyone's: only a signed one is proven against
+                raise _fail("no public key was found to check the checkpoint a proof is made against: pass "
+                            "--public-key FILE (the signing key's .pub, as given to auditors)")  # fmt: skip
+            checkpoint, proofs = inclusion_proofs(log.layout, seq, keys=keys)
             found = dict(_lines_at(log, set(seq)))
     except AuditError as exc:
         raise _fail(str(exc), 1) from exc

@@ -215,17 +215,26 @@ def parse_json(raw: bytes, what: str) -> Any:
         raise fail(f"{what}: not JSON ({exc})") from exc
 
 
-def audit_log(ctx: typer.Context, path: Path | None) -> JsonlAuditLog:
-    """The JSONL audit log at ``path`` (default: the configured one); exits 2 if there is none."""
+def audit_log(ctx: typer.Context, path: Path | None, *, without_active: bool = False) -> JsonlAuditLog:
+    """The JSONL audit log at ``path`` (default: the configured one); exits 2 if there is none.
+    With ``without_active`` (verify), a log whose active segment is gone while its sealed segments
+    or checkpoints are there is still one: what is missing is a verdict, not a wrong path."""
     settings = settings_of(ctx).audit
     target = path or settings.path
-    if not target.exists():
+    if not target.exists() and not (without_active and _log_parts_exist(target)):
         raise fail(f"no audit log at {target}; pass --path or set STOCKADE_AUDIT__PATH")
     if target.is_dir():
         raise fail(f"{target} is a directory, not an audit log; pass --path with the log file (audit.jsonl)")
     from router.audit import JsonlAuditLog  # noqa: PLC0415
 
     return JsonlAuditLog(target, durability=settings.durability)
+
+
+def _log_parts_exist(target: Path) -> bool:
+    from router.audit.layout import LogLayout  # noqa: PLC0415
+
+    layout = LogLayout(target)
+    return layout.segments_dir.is_dir() or layout.checkpoints.is_file()
 
 
 def tool_specs(path: Path) -> list[dict[str, Any]]:

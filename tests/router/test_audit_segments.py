@@ -572,8 +572,8 @@ async def test_stockade_audit_prove_and_verify_from_the_cli_across_segments(tmp_
     stockade = Path(sys.executable).parent / "stockade"
     public = tmp_path / "keys" / "public.pem"
     public.write_bytes(key_of(tmp_path).public_pem())
-    argv = [str(stockade), "audit", "prove", "--path", str(path), "--seq", "1", "--seq", str(sealed[-1].first_seq),
-            "--seq", "30", "--json"]  # fmt: skip
+    argv = [str(stockade), "audit", "prove", "--path", str(path), "--public-key", str(public), "--seq", "1",
+            "--seq", str(sealed[-1].first_seq), "--seq", "30", "--json"]  # fmt: skip
     said = await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True, timeout=60, check=False)
     assert said.returncode == 0, said.stderr
     verify_key = VerifyKey.load(public)

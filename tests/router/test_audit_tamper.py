@@ -38,6 +38,7 @@ from router.audit.layout import LogLayout
 from router.audit.merkle import CompactRange
 from router.audit.redis import CHECKPOINTS, HEAD, STREAM, RedisAuditLog
 from router.audit.verify import verify_log
+from router.errors import AuditError
 
 N = 40
 CHECKPOINT_EVERY = 4
@@ -489,10 +490,12 @@ async def test_a_restarted_writer_never_signs_history_forged_under_it(tmp_path: 
     and deletes the writer's state; then the router restarts and appends. The writer once chained
     on and signed the forged history, and verification found nothing. Now it keeps its last
     checkpoint beside its key (off the log's volume), puts it back into the checkpoints file,
-    records that, and verification names the forgery. With ``probe``, the restarted router only
-    answers a readiness probe and is stopped (a rollout): its shutdown checkpoint once signed the
-    forged files unrecorded and replaced the anchor with it. The control, a writer with nothing
-    kept beside its key, shows the same tampering passing."""
+    records that, and verification names the forgery; where the files were rewritten under it
+    (their tree disagrees with it), the writer puts it back and refuses to append (calls are
+    denied). With ``probe``, the restarted router only answers a readiness probe and is stopped (a
+    rollout): its shutdown checkpoint once signed the forged files unrecorded and replaced the
+    anchor with it. The control, a writer with nothing kept beside its key, shows the same
+    tampering passing."""
     got_through = 0
     passed_without_anchor = 0
     for anchored in (True, False):
@@ -512,12 +515,19 @@ async def test_a_restarted_writer_never_signs_history_forged_under_it(tmp_path: 
         copy.save()
         copy.layout.state.unlink(missing_ok=True)
 
+        # A rewrite the anchor disagrees with: the writer refuses (fails closed) rather than chain on.
+        refuses = anchored and how == "rewritten"
         if restart == "probe":
             probed = JsonlAuditLog(copy.layout.active, options=_options(root, key, publish_dir=None, anchor=kept))
-            assert await probed.check() is None
+            problem = await probed.check()
+            assert (problem is not None and "will not sign" in problem) if refuses else problem is None
             await probed.aclose()
         log = JsonlAuditLog(copy.layout.active, options=_options(root, key, publish_dir=None, anchor=kept))
-        await log.append(event(N + 1))
+        if refuses:
+            with pytest.raises(AuditError, match=f"checkpoint {N} .*will not sign"):
+                await log.append(event(N + 1))
+        else:
+            await log.append(event(N + 1))
         await log.aclose()
         report = copy.verify(publish=False)
         if not anchored:
@@ -531,7 +541,9 @@ async def test_a_restarted_writer_never_signs_history_forged_under_it(tmp_path: 
         assert report.broken_seq <= (first if how == "rewritten" else N), report.problem
         lost = [json.loads(line) for _, lines in Copy(root, key).parts for line in lines
                 if b"audit.checkpoints_lost" in line]  # fmt: skip
-        assert [e["result"]["size"] for e in lost] == [N]
+        # (A writer that refuses chains nothing: the checkpoint put back is the record.)
+        assert [e["result"]["size"] for e in lost] == ([] if refuses else [N])
+        assert max(c.size for c in copy.layout.read_checkpoints()) >= N
     assert got_through == 0
     assert passed_without_anchor == 1
 
