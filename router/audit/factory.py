@@ -54,6 +54,44 @@ def log_options(settings: Settings, *, index: bool = True) -> LogOptions:
     )  # fmt: skip
 
 
+def make_side_log(settings: Settings) -> AuditLog:
+    """The log ``settings`` name, for a process that adds a few events beside the routers that
+    write it (`stockade approvals`): the same backend and masking rules, but it signs nothing,
+    seals nothing and starts no indexer. The routers checkpoint its events with theirs; a key
+    this process made (another user's config directory) would sign with a key no auditor holds.
+
+    Raises:
+        AuditError: the Redis stream is chosen without a store URL, or the masking rules hash
+            values and their key is not there to read (it is never made here: a new key would
+            hash the same value differently from the routers).
+    """
+    audit = settings.audit
+    mask_key = None
+    if any(rule.hash for rule in audit.mask):
+        if not audit.mask_key.exists():
+            raise AuditError(f"the audit masking key {audit.mask_key} is not there: run this as the routers' user, "
+                             "with their STOCKADE_AUDIT__MASK_KEY")  # fmt: skip
+        try:
+            mask_key = load_or_create_key(audit.mask_key)
+        except (OSError, ValueError) as exc:
+            raise AuditError(f"the audit masking key {audit.mask_key} cannot be used: {exc}") from exc
+    options = LogOptions(masks=tuple((rule.path, rule.hash) for rule in audit.mask), mask_key=mask_key,
+                         log_name=audit.log_name, segment_max_bytes=None)  # fmt: skip
+    return _backend(settings, options)
+
+
+def _backend(settings: Settings, options: LogOptions) -> AuditLog:
+    if settings.audit.backend == "redis":
+        if settings.store.url is None:
+            raise AuditError("STOCKADE_AUDIT__BACKEND=redis needs the store's Redis: set STOCKADE_STORE__URL")
+        spool = settings.audit.spool_dir or settings.audit.path.parent / "audit-spool"
+        return RedisAuditLog(
+            settings.store.url, timeout_s=settings.store.timeout_s, spool_dir=spool, instance=settings.instance,
+            options=options,
+        )  # fmt: skip
+    return JsonlAuditLog(settings.audit.path, durability=settings.audit.durability, options=options)
+
+
 def anchor_path(signing_key: Path, log_path: Path) -> Path:
     """Where the writer of the log at ``log_path`` keeps the last checkpoint it signed: beside the
     signing key (off the log's volume, as the key is), one file per log, named after the log's
@@ -151,13 +189,4 @@ def make_audit_log(settings: Settings) -> AuditLog:
     Raises:
         AuditError: the Redis stream is chosen without a store URL, or the signing key is unusable.
     """
-    options = log_options(settings)
-    if settings.audit.backend == "redis":
-        if settings.store.url is None:
-            raise AuditError("STOCKADE_AUDIT__BACKEND=redis needs the store's Redis: set STOCKADE_STORE__URL")
-        spool = settings.audit.spool_dir or settings.audit.path.parent / "audit-spool"
-        return RedisAuditLog(
-            settings.store.url, timeout_s=settings.store.timeout_s, spool_dir=spool, instance=settings.instance,
-            options=options,
-        )  # fmt: skip
-    return JsonlAuditLog(settings.audit.path, durability=settings.audit.durability, options=options)
+    return _backend(settings, log_options(settings))

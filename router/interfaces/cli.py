@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import secrets
+import socket
 import sys
 import traceback
 from collections.abc import Awaitable, Callable, Mapping
@@ -176,6 +177,7 @@ def serve(
     specs = tool_specs(tools) if tools else []
     if not settings.api_principals:
         err.print("warning: STOCKADE_API_PRINCIPALS is empty: every /v1 request will be refused (401)")
+    listening = _listen(host, port)
     try:
         plane = ControlPlane.from_settings(settings)
     except StockadeError as exc:
@@ -199,7 +201,7 @@ def serve(
                 await plane.aclose()
                 return
         async with approval_socket(plane):  # `stockade approvals` reaches an embedded store here
-            await uvicorn.Server(config).serve()
+            await uvicorn.Server(config).serve(sockets=[listening])
 
     with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:  # uvloop, as uvicorn.run picks
         runner.run(run())
@@ -244,6 +246,7 @@ def mcp(
         token_names,
     )
     from router.interfaces.mcp_stdio import stdio_wire  # noqa: PLC0415
+    from router.sessions import new_session  # noqa: PLC0415
 
     settings = _settings(ctx)
     specs = tool_specs(tools) if tools else []
@@ -256,6 +259,11 @@ def mcp(
     if http and not tokens and not is_loopback(host):
         raise _fail(f"refusing to serve MCP on {host} without authentication: configure agent principals "
                     "(STOCKADE_API_PRINCIPALS, tokens from `stockade api-token`) or listen on 127.0.0.1")  # fmt: skip
+    try:  # checked now: at the first call, an MCP client would only see every request fail
+        new_session(agent, principal, trusted or [])
+    except StockadeError as exc:
+        raise _fail(f"--agent, --principal or --trusted: {exc}") from exc
+    listening = _listen(host, port) if http else None
     refused: list[str] = []
 
     async def run() -> None:
@@ -278,7 +286,7 @@ def mcp(
                                else audit_requests(asgi, plane, agent))  # fmt: skip
                     config = uvicorn.Config(guarded, host=host, port=port, log_level=settings.log_level,
                                             access_log=False)  # fmt: skip
-                    await uvicorn.Server(config).serve()
+                    await uvicorn.Server(config).serve(sockets=[listening] if listening is not None else None)
                     return
                 wire_of = stdio_wire(stdio_refusals(plane, agent))  # answers and audits what the SDK would drop
                 async with wire_of as wire, mcp.server.stdio.stdio_server(*(wire or ())) as (read, write):
@@ -290,6 +298,18 @@ def mcp(
         raise _fail(str(exc)) from exc
     if refused:
         raise _fail(refused[0])
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host``:``port``, handed to uvicorn: a port in use (or an address
+    this host does not have) is bad usage, exit 2 naming it, not uvicorn's own exit 3, which this
+    command gives another meaning."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # as uvicorn binds
+    try:
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as exc:
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise _fail(f"cannot listen on {host}:{port}: {why}") from exc
 
 
 @app.command("api-token")
@@ -542,7 +562,7 @@ def _with_approvals(
     router that does not answer is reported on stderr (a JSON line with ``--json``), and the
     others still answer."""
     from router.approvals import ApprovalBook, ApprovalError  # noqa: PLC0415
-    from router.audit import JsonlAuditLog  # noqa: PLC0415
+    from router.audit.factory import make_side_log  # noqa: PLC0415
     from router.control import VERSION  # noqa: PLC0415
     from router.interfaces.local import LocalRouters, socket_dirs  # noqa: PLC0415
     from router.store import make_store  # noqa: PLC0415
@@ -554,7 +574,9 @@ def _with_approvals(
         if local is not None:
             return await work(local)
         store = make_store(settings)
-        audit = JsonlAuditLog(settings.audit.path, durability=settings.audit.durability)
+        # The log the routers write (the Redis stream, or the JSONL file), with their masking rules:
+        # a decision written anywhere else is missing from the record.
+        audit = make_side_log(settings)
         labels = {"instance": settings.instance, "version": VERSION, "via": "cli"}
         try:
             return await work(ApprovalBook(store, audit, ttl_s=settings.approval_ttl_s,

@@ -245,6 +245,37 @@ async def test_an_approver_lists_shows_and_decides_held_calls_from_the_command_l
         assert (await plane.audit.verify()).ok  # the CLI and the router wrote one chain
 
 
+async def test_an_approvers_decisions_from_the_command_line_go_to_the_redis_audit_stream(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """With the Redis audit backend, `stockade approvals` wrote its events to a local JSONL file
+    no auditor reads: a denial was missing from the shared trail."""
+    audit = tmp_path / "audit.jsonl"
+    settings = Settings(audit=AuditSettings(path=audit, backend="redis"), store=StoreSettings(url=redis_url))
+    env = {"STOCKADE_STORE__URL": redis_url, "STOCKADE_AUDIT__PATH": str(audit), "STOCKADE_AUDIT__BACKEND": "redis"}
+    async with ControlPlane.from_settings(settings) as plane:
+        await plane.register(python_tool("drop_table", ECHO, risk="critical", capabilities=["mutates_state"]))
+        session = await plane.open_session("db-agent", "alice@example.com")
+        held = await plane.call(session, "drop_table", {"table": "users"})
+        other = await plane.call(session, "drop_table", {"table": "orders"})
+        assert held.approval_id is not None
+        assert other.approval_id is not None
+        for verb, approval in (("approve", held.approval_id), ("deny", other.approval_id)):
+            done = await asyncio.to_thread(run, "approvals", verb, approval, "--approver", "oncall", env=env)
+            assert done.returncode == 0, done.stderr
+        own = await asyncio.to_thread(run, "approvals", "approve", held.approval_id, "--approver", "db-agent", env=env)
+        assert own.returncode == 1, own.stderr
+        trails = [
+            await plane.audit.query(AuditFilter(decision_id=d.decision_id, kind="approval")) for d in (held, other)
+        ]
+        assert [[(e.outcome, e.labels.get("via")) for e in trail] for trail in trails] == [
+            [("requested", None), ("approved", "cli")], [("requested", None), ("denied", "cli")]]  # fmt: skip
+        refusals = [e for e in await plane.audit.query(AuditFilter(kind="error")) if e.outcome == "refused"]
+        assert [e.agent for e in refusals] == ["db-agent"]  # the refused self-approval, on the shared record too
+        assert (await plane.audit.verify()).ok
+    assert not audit.exists()  # nothing went to a file of its own
+
+
 def test_approvals_with_the_embedded_store_and_no_router_running_say_where_they_looked(tmp_path: Path) -> None:
     result = run("approvals", "list", env={"STOCKADE_AUDIT__PATH": str(tmp_path / "audit.jsonl")})
     assert result.returncode == 2

@@ -9,6 +9,7 @@ import json
 import os
 import pty
 import resource
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -260,3 +261,27 @@ def test_policy_reload_refuses_a_token_or_url_it_cannot_send_without_echoing_the
     line = one_error_line(result)
     assert said in line, line
     assert "secret" not in result.stderr
+
+
+@pytest.mark.parametrize("command", [["serve"], ["mcp", "--http", "--agent", "a", "--principal", "p"]])
+def test_a_port_in_use_is_bad_usage_naming_it(command: list[str], tmp_path: Path) -> None:
+    """uvicorn's own exit (3, which `stockade` gives another meaning) and its log line were all a
+    busy port got."""
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = str(taken.getsockname()[1])
+        result = run(*command, "--port", port, env={"STOCKADE_AUDIT__PATH": str(tmp_path / "audit.jsonl")})
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.splitlines()[-1] == f"error: cannot listen on 127.0.0.1:{port}: Address already in use"
+
+
+@pytest.mark.parametrize(("args", "field"), [(["--agent", "", "--principal", "p"], "agent"),
+                                             (["--agent", "a", "--principal", "\x1b[2J"], "principal")])  # fmt: skip
+def test_mcp_refuses_an_agent_or_principal_no_session_can_have_at_start(
+    args: list[str], field: str, tmp_path: Path
+) -> None:
+    """It started, and then failed every request with a traceback on stderr, and exited 0."""
+    result = run("mcp", *args, env={"STOCKADE_AUDIT__PATH": str(tmp_path / "audit.jsonl")})
+    assert result.returncode == 2, result.stderr
+    line = one_error_line(result)
+    assert f"{field} must be a non-empty printable string" in line, line
