@@ -146,6 +146,11 @@ MAX_MAPPED_HOSTS = 512
 INLINE_CHARS = 64 * 1024
 _SPAN = 64 * 1024  # characters of distinct words scanned at a time while a budget lasts
 _CUT_WITHIN = 4096  # how far past a span's end to look for a place to cut a long line
+# A distinct line at least this long is read for the IBAN and account scans as its distinct
+# segments, if its cuts repeat (`_Distinct._segments`); its first `_CUT_SAMPLE` characters show
+# which cut is common.
+_SEGMENT_MIN = 4096
+_CUT_SAMPLE = 1024
 
 # The matchers. Each is linear: repeats are possessive where giving characters back could only
 # fail again; a pattern that must not start inside a token begins with its first character class
@@ -303,14 +308,19 @@ class _Distinct:
     """The distinct words (``sep`` None) or lines (``sep`` "\\n") of a text, first occurrence
     first, split a span of about `_SPAN` characters at a time as the matchers ask for them: a
     flood of distinct pieces is split only as far as the budget reads, and each span is split once
-    however many matchers read it."""
+    however many matchers read it. Lines with a ``cut`` pattern (where no match can span) are
+    also read as their distinct segments between cuts when those repeat (`_segments`)."""
 
-    __slots__ = ("_cut", "_pos", "_seen", "_sep", "_text", "spans")
+    __slots__ = ("_cut", "_cut_end", "_ended", "_pos", "_seen", "_segmenting", "_sep", "_sep_found", "_text", "spans")
 
     def __init__(self, text: str, sep: str | None, cut: re.Pattern[str] | None = None) -> None:
         self._text = text
         self._sep = sep
         self._cut = cut
+        self._cut_end = None if cut is None else _ending(cut)
+        self._ended: set[str] = set()  # segments whose end `_cut_end` found to be a cut
+        self._segmenting = True  # until splitting a long line into segments does not pay
+        self._sep_found = ""  # the separator of the segments that did
         self._pos = 0
         self._seen: set[str] = set()
         self.spans: list[list[str]] = []
@@ -337,8 +347,12 @@ class _Distinct:
                     if cut is not None:
                         end, resume = cut.end(), cut.end() - 1
             piece = text[pos:end]
-            pieces = piece.split() if self._sep is None else piece.split(self._sep)
-            fresh = list(dict.fromkeys(pieces))
+            if self._sep is None:
+                fresh = self._words(piece)
+            else:
+                fresh = list(dict.fromkeys(piece.split(self._sep)))
+                if self._cut is not None and max(map(len, fresh)) >= _SEGMENT_MIN:
+                    fresh = list(dict.fromkeys([part for line in fresh for part in self._segments(line)]))
             if self._seen:  # the first span (often the whole text) has nothing to compare with
                 fresh = [piece for piece in fresh if piece not in self._seen]
             if resume < len(text):  # only a later span needs to know what this one held
@@ -346,6 +360,73 @@ class _Distinct:
             self.spans.append(fresh)
             self._pos = resume
         return self.spans[index]
+
+    def _words(self, piece: str) -> list[str]:
+        """The distinct words of ``piece``, first occurrence first. If it repeats a few runs of
+        words (a MiB of a hundred IBANs in any order), it is first split where a space is followed
+        by one character (`_separator`), and each distinct run is split into words once. Exact: no
+        word spans a space, so the words of ``first + sep + run + sep + run ...`` are those of
+        ``first`` and of each ``sep + run``. Once that does not pay, the text is split plainly."""
+        if self._segmenting and len(piece) >= _SEGMENT_MIN:
+            sep = self._sep_found or _separator(piece)
+            parts = piece.split(sep) if sep else []
+            rest = dict.fromkeys(parts[1:])
+            if len(parts) >= 8 and len(rest) * 4 <= len(parts):
+                self._sep_found = sep
+                return list(dict.fromkeys(parts[0].split() + (sep + sep.join(rest)).split()))
+            self._segmenting = False
+        return list(dict.fromkeys(piece.split()))
+
+    def _segments(self, line: str) -> list[str]:
+        """``line`` as its distinct segments, if it is long and made of few that repeat (a MiB of
+        a hundred IBANs in any order): each segment is scanned once, not every time it occurs.
+        Else ``[line]``.
+
+        Exact: ``line`` is cut only where ``cut`` finds a place no match can span, keeping the
+        character there on both sides (as a long line is cut between spans), so its segments hold
+        the same matches. The cuts are found fast, with ``str.split``: the separator is the
+        commonest two characters at a cut in the line's first `_CUT_SAMPLE` (the character a cut
+        keeps, and the next), and each distinct piece between two separators must end where
+        ``cut`` finds a cut after the separator's first character, with what precedes in the
+        line: then every occurrence of the separator is a cut. (``cut`` reads no further back
+        than one character: a piece is checked from the separator's first character on, which
+        is the character before it in the line.) If one is not, the line is read whole."""
+        cut, ending = self._cut, self._cut_end
+        if not self._segmenting or len(line) < _SEGMENT_MIN or cut is None or ending is None:
+            return [line]
+        sep = self._sep_found
+        if not sep:
+            counts: dict[str, int] = {}
+            for match in cut.finditer(line, 1, _CUT_SAMPLE):
+                pair = line[match.end() - 1 : match.end() + 1]
+                counts[pair] = counts.get(pair, 0) + 1
+            sep = max(counts, key=counts.__getitem__) if counts else ""
+        parts = line.split(sep) if len(sep) == 2 else []
+        # Segments that repeat: a line of distinct ones is read whole, as before (and once that
+        # does not pay, no later line is tried).
+        if len(parts) < 8 or len(middle := dict.fromkeys(parts[1:-1])) * 4 > len(parts):
+            self._segmenting = False
+            return [line]
+        self._sep_found = sep
+        kept, ended = sep[0], self._ended
+        segments = []
+        if parts[0]:  # else the line starts with the separator, as a segment does: no cut there
+            # The first piece follows a line break, or the start of the text, or the character a
+            # cut between spans kept (which starts no match of ``cut`` that could read before it).
+            first = parts[0] + kept
+            if ending.search("\n" + first, 1) is None:
+                self._segmenting = False
+                return [line]
+            segments.append(first)
+        middle_segments = [sep + part + kept for part in middle]
+        for segment in [segment for segment in middle_segments if segment not in ended]:
+            if ending.search(segment, 1) is None:
+                self._segmenting = False
+                return [line]
+            ended.add(segment)
+        segments += middle_segments
+        segments.append(sep + parts[-1])
+        return segments
 
     def joined(self, index: int, containing: str = "") -> str | None:
         """The ``index``-th span's new pieces (those ``containing`` a character, if given) joined
@@ -358,6 +439,28 @@ class _Distinct:
     def ended(self, index: int) -> bool:
         """Whether the text has no ``index``-th span (without splitting one to find out)."""
         return index >= len(self.spans) and self._pos >= len(self._text)
+
+
+def _separator(text: str) -> str:
+    """Where to split ``text`` into runs of words that may repeat (`_Distinct._words`): a space
+    and the character after it, one that follows at most every fourth space in its first
+    `_CUT_SAMPLE` characters; the first character of its first word if that is one (a text that
+    repeats a few units in any order likely starts with one), else the commonest. "" if none is."""
+    words = text[:_CUT_SAMPLE].split(" ")
+    after: dict[str, int] = {}
+    for word in words[1:]:
+        after[word[:1]] = after.get(word[:1], 0) + 1
+    common = {first: count for first, count in after.items() if first and count >= 8 and 4 * count <= len(words)}
+    if not common:
+        return ""
+    start = text.lstrip()[:1]
+    return " " + (start if start in common else max(common, key=common.__getitem__))
+
+
+@functools.cache
+def _ending(cut: re.Pattern[str]) -> re.Pattern[str]:
+    """``cut`` anchored at the end of the text: whether a text ends where ``cut`` finds a cut."""
+    return re.compile(f"(?:{cut.pattern})\\Z", cut.flags)
 
 
 def _email_scan(words: _Distinct, budget: _Budget | None) -> list[str]:
@@ -430,31 +533,64 @@ def _number_key(text: str, digits: int | None = None) -> str | None:
     return "n:" + canonical
 
 
-def _iban_in(country: str, digit: str, rest: str) -> list[str]:
-    """The IBAN keys an ``_IBAN`` match gives. A spaced IBAN's last groups may have run into the
-    next word ("... 7034 BEFORE"): the longest run of whole groups whose check digits are right
-    is the IBAN. If none is right, the string is still an account an agent could be told to pay
-    (an attacker need not write valid check digits): every run of whole groups of an IBAN's
-    length (15 to 34) is a key, so the one the argument holds is among them."""
-    groups = rest.split(" ")
-    compact = country + digit + "".join(groups)
+def _iban_in(match: str) -> list[str]:
+    """The IBAN keys an IBAN match gives (country, check digits, groups of four, as
+    `_IBAN_BY_LETTER` finds it). A spaced IBAN's last groups may have run into the next word
+    ("... 7034 BEFORE"): the longest run of whole groups whose check digits are right is the IBAN.
+    If none is right, the string is still an account an agent could be told to pay (an attacker
+    need not write valid check digits): every run of whole groups of an IBAN's length (15 to 34)
+    is a key, so the one the argument holds is among them."""
+    compact = match.replace(" ", "")
+    size = len(compact)
     # ISO 13616 check: the IBAN with its first four characters moved to the end, letters as
-    # numbers (A = 10 ... Z = 35), mod 97 is 1. Past the country, most IBANs are digits only:
-    # each run's number is then a prefix of one string.
-    body = compact[4:]
-    numeric = body.isdecimal()
-    tail = _IBAN_COUNTRY[country] + compact[2:4]
-    candidates = []
+    # numbers (A = 10 ... Z = 35), mod 97 is 1.
+    tail = _IBAN_COUNTRY[compact[:2]] + compact[2:4]
+    if not compact[4:].isdecimal():
+        return _lettered_iban_in(match, compact, tail)
+    # Past the country, most IBANs are digits only: then a shorter run's number is the whole
+    # run's without its last digits, followed by the same six of the tail (t), and
+    # ``x * 10**6 + t`` is 1 mod 97 exactly when x is ``(1 - t) * 18`` (18 * 10**6 is 1 mod 97).
+    number = int(compact[4:] + tail)
+    whole = 15 <= size <= 34
+    if whole and number % 97 == 1:
+        return ["i:" + compact]
+    keys = ["i:" + compact] if whole else []
+    if " " in match:
+        target = (1 - number % 1_000_000) * 18 % 97
+        for end, scale in _shorter_runs(tuple(map(len, match.split(" ")))):
+            if number // scale % 97 == target:
+                return ["i:" + compact[:end]]
+            keys.append("i:" + compact[:end])
+    return keys
+
+
+@functools.lru_cache(maxsize=1024)
+def _shorter_runs(lengths: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """For an IBAN match whose space-separated parts are ``lengths`` long: the runs of its whole
+    groups shorter than all of it and of an IBAN's length, longest first, as (run length, the
+    power of ten its number is the whole run's number divided by, tail included)."""
+    size = end = sum(lengths)
+    runs = []
+    for length in reversed(lengths[1:]):
+        end -= length
+        if 15 <= end <= 34:
+            runs.append((end, 10 ** (6 + size - end)))
+    return tuple(runs)
+
+
+def _lettered_iban_in(match: str, compact: str, tail: str) -> list[str]:
+    """`_iban_in` of a match with letters past its country (``compact``: without spaces;
+    ``tail``: its first four characters as the check moves them to the end, as digits)."""
+    keys = []
     end = len(compact)
-    for group in reversed(groups):  # the runs of whole groups, longest first
+    for group in reversed(match.split(" ")):  # the runs of whole groups, longest first
         if 15 <= end <= 34:
             iban = compact[:end]
-            number = body[: end - 4] if numeric else iban[4:].translate(_IBAN_DIGITS)
-            if int(number + tail) % 97 == 1:
-                return [iban]
-            candidates.append(iban)
+            if int(iban[4:].translate(_IBAN_DIGITS) + tail) % 97 == 1:
+                return ["i:" + iban]
+            keys.append("i:" + iban)
         end -= len(group)
-    return candidates
+    return keys
 
 
 def canonical_host(host: str, budget: _Budget | None = None) -> str | None:
@@ -713,12 +849,12 @@ def _iban_keys(text: str, pattern: re.Pattern[str], budget: _Budget | None) -> l
     """The IBAN keys in ``text``'s distinct lines (upper-cased), found with ``pattern``:
     `_IBAN_BY_LETTER` (whole matches) or `_IBAN` (groups)."""
     lines = _Distinct(text.upper(), "\n", _IBAN_CUT)
-    found: list[tuple[str, str, str]]
+    found: list[str]
     if pattern is _IBAN_BY_LETTER:
-        found = [(iban[:2], iban[2], iban[3:]) for iban in _scan(pattern, lines, budget)]
+        found = _scan(pattern, lines, budget)
     else:
-        found = _scan(pattern, lines, budget, _SKIPPED3)
-    return ["i:" + iban for country, digit, rest in found for iban in _iban_in(country, digit, rest)]
+        found = [country + digit + rest for country, digit, rest in _scan(pattern, lines, budget, _SKIPPED3)]
+    return [key for match in found for key in _iban_in(match)]
 
 
 def _unsigned_keys(words: _Distinct, grouped: bool, ascii_: bool, budget: _Budget | None) -> list[str]:

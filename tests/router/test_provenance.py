@@ -5,6 +5,7 @@ the real router (regorus, bubblewrap, audit log)."""
 from __future__ import annotations
 
 import asyncio
+import random
 import re
 import string
 import time
@@ -482,10 +483,11 @@ def _keys_read_in_pieces(text: str, *, indexing: bool) -> set[str]:
 
 
 def _keys_read_whole(text: str, *, indexing: bool) -> set[str]:
-    """``text``'s keys read in one span, repeats and all."""
+    """``text``'s keys read in one span, repeats and all, each line whole (not as segments)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(provenance_module, "_SPAN", 1 << 30)
         patch.setattr(provenance_module, "_REPEAT_MIN", 1 << 30)
+        patch.setattr(provenance_module, "_SEGMENT_MIN", 1 << 30)
         return set(string_keys(text, indexing=indexing))
 
 
@@ -542,6 +544,211 @@ def test_an_iban_is_found_alike_from_its_letters_and_from_its_digits(text: str) 
         by_letter = [(m[:2], m[2], m[3:]) for m in provenance_module._IBAN_BY_LETTER.findall(text)]
         assert by_letter == by_digit
     assert [m.group(0) for m in _OLD_IBAN.finditer(text)] == ["".join(m) for m in by_digit]
+
+
+def _reference_iban_in(country: str, digit: str, rest: str) -> list[str]:
+    """`provenance._iban_in` as it was written first (one ``int`` per run): the reference."""
+    groups = rest.split(" ")
+    compact = country + digit + "".join(groups)
+    body = compact[4:]
+    numeric = body.isdecimal()
+    tail = provenance_module._IBAN_COUNTRY[country] + compact[2:4]
+    candidates = []
+    end = len(compact)
+    for group in reversed(groups):
+        if 15 <= end <= 34:
+            iban = compact[:end]
+            number = body[: end - 4] if numeric else iban[4:].translate(provenance_module._IBAN_DIGITS)
+            if int(number + tail) % 97 == 1:
+                return ["i:" + iban]
+            candidates.append("i:" + iban)
+        end -= len(group)
+    return candidates
+
+
+def _valid_iban(bban: str, country: str = "DE") -> str:
+    check = 98 - int("".join(str(int(ch, 36)) for ch in bban + country + "00")) % 97
+    return f"{country}{check:02d}{bban}"
+
+
+def _spaced(iban: str) -> str:
+    return " ".join(iban[k : k + 4] for k in range(0, len(iban), 4))
+
+
+_bban = st.text(alphabet="0123456789", min_size=11, max_size=30) | st.text(
+    alphabet="0123456789ABZ\u0661", min_size=11, max_size=30
+)
+_iban_like = st.one_of(
+    st.builds(_valid_iban, _bban),  # right check digits
+    st.builds(lambda iban, extra: iban + extra, st.builds(_valid_iban, _bban), st.text("0123456789", max_size=9)),
+    st.builds(
+        lambda c, d, b: c + d + b,
+        st.sampled_from(["DE", "GB", "ZZ"]),
+        st.text("0123456789\u0661", min_size=2, max_size=2),
+        _bban,
+    ),
+)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(_iban_like, st.booleans())
+def test_the_iban_check_gives_the_keys_it_gave_with_one_int_per_run(iban: str, spaced: bool) -> None:
+    """`_iban_in` finds the shorter runs' check digits from the whole run's number: the same
+    keys as converting each run (valid IBANs, ones run into the next digits, wrong ones)."""
+    for match in provenance_module._IBAN_BY_LETTER.findall(_spaced(iban) if spaced else iban) or [iban]:
+        if provenance_module._IBAN[False].fullmatch(match):  # (the last branch: groups, not skipped)
+            assert provenance_module._iban_in(match) == _reference_iban_in(match[:2], match[2], match[3:])
+    match = _spaced(iban) if spaced else iban
+    assert provenance_module._iban_in(match) == _reference_iban_in(match[:2], match[2], match[3:])
+
+
+def _segmented(text: str, *, indexing: bool = True, budget: int | None = None) -> tuple[set[str], int]:
+    """``text``'s keys with lines read as segments from a few characters on (`_SEGMENT_MIN`), and
+    how many lines were read as segments (the test must see some); ``budget``: as content is,
+    with this many tokens."""
+    segmented = 0
+    split = provenance_module._Distinct._segments
+
+    def spy(self: Any, line: str) -> list[str]:
+        nonlocal segmented
+        segments = split(self, line)
+        segmented += len(segments) > 1
+        return segments
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(provenance_module, "_SEGMENT_MIN", 64)
+        patch.setattr(provenance_module, "_CUT_SAMPLE", 256)
+        patch.setattr(provenance_module._Distinct, "_segments", spy)
+        if budget is None:
+            return set(string_keys(text, indexing=indexing)), segmented
+        patch.setattr(provenance_module, "MAX_INDEXED_TOKENS", budget)
+        return content_keys([text]), segmented
+
+
+def _unsegmented(text: str, budget: int) -> set[str]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(provenance_module, "_SEGMENT_MIN", 1 << 30)
+        patch.setattr(provenance_module, "MAX_INDEXED_TOKENS", budget)
+        return content_keys([text])
+
+
+# Tokens a long line may repeat in any order, and what may stand between them: IBANs (valid,
+# wrong, spaced or not, lower-case, run into digits), account numbers, numbers, words, and
+# separators a cut may or may not fall after.
+_line_token = st.sampled_from(
+    [
+        "DE89 3704 0044 0532 0130 00",
+        "de89 3704 0044 0532 0130 00",
+        "DE89370400440532013000",
+        "DE12 3704 0044 0532 0130 00",
+        "GB82 WEST 1234 5698 7654 32",
+        "DE89 3704 0044 0532 0130",
+        "DE89 3704 0044 0532 0130 0012",
+        "FR76 3000 6000 0112 3456 7890 189",
+        "1234 5678 9012",
+        "1234-5678-9012-34",
+        "4000 1234 5678 9010",
+        "12345678",
+        "00",
+        "7",
+        "123",
+        "X",
+        "Z12",
+        "ab_DE89",
+        "a@b.co",
+        "x.example.org",
+        "-12.50",
+        "1.5",
+        "\u0661\u0662\u0663 4567 8901",
+    ]
+)
+_line_gap = st.sampled_from([" ", " ", " ", "  ", ", ", " - ", "-", "_", ".", "; ", " (", ") ", "\u00e9", "", "\t"])
+_long_line = st.builds(
+    lambda pool, picks, gaps: "".join(pool[i % len(pool)] + gaps[i % len(gaps)] for i in picks),
+    st.lists(_line_token, min_size=1, max_size=6),
+    st.lists(st.integers(min_value=0, max_value=5), min_size=8, max_size=160),
+    st.lists(_line_gap, min_size=1, max_size=4),
+)
+
+
+@settings(max_examples=600, deadline=None)
+@given(_long_line)
+def test_a_line_read_as_its_distinct_segments_has_exactly_its_keys(text: str) -> None:
+    """A long line of a few tokens repeated in any order, read as its distinct segments (cut only
+    where a match cannot span, found by splitting at a common separator), has the keys the old
+    patterns find in it whole: no key dropped, none invented (an IBAN's or account's prefix,
+    or one joined across a cut)."""
+    keys, _ = _segmented(text)
+    assert keys == _keys_read_whole(text, indexing=True)
+    assert _segmented(text, indexing=False)[0] == _keys_read_whole(text, indexing=False)
+    # (IBAN keys as the line read whole gives them: the old reference also keys a valid run of
+    # groups longer than an IBAN's 34 characters, "DE89 3704 0044 0532 0130 0012 4000 1234 5678".)
+    assert {key for key in _unnamed(keys) if key[:2] != "i:"} == {
+        key for key in _old_string_keys(text) if key[:2] != "i:"
+    }
+
+
+def test_lines_of_ibans_and_accounts_in_any_order_are_read_as_segments() -> None:
+    """Lines over 128 KiB of a hundred IBANs (or accounts) drawn in random order, with various
+    separators, are read as their segments (the IBAN, account and word scans each split them)
+    and give exactly the keys of the line read whole, which the old patterns find too."""
+    rng = random.Random(13)  # noqa: S311  (reproducible test data, not secrets)
+    ibans = [_valid_iban(f"37040044{i:010d}") for i in range(100)]
+    lines = {
+        "spaced IBANs": "".join(_spaced(rng.choice(ibans)) + " " for _ in range(6000)),
+        "IBANs, lower-case, between commas": "".join(_spaced(rng.choice(ibans)).lower() + ", " for _ in range(6000)),
+        "IBANs without spaces": "".join(rng.choice(ibans) + " " for _ in range(7000)),
+        "accounts with dashes": "".join(f"4000-1234-{rng.randrange(100):04d} x " for _ in range(9000)),
+        "addresses and amounts": "".join(
+            f"to mail{rng.randrange(20)}@h{rng.randrange(2)}.example pay {rng.randrange(3)}00.50 EUR; "
+            for _ in range(4000)
+        ),
+        "IBANs and accounts": "".join(
+            rng.choice([_spaced(rng.choice(ibans)) + " ", f"account 1234 5678 {rng.randrange(50):02d}; "])
+            for _ in range(7000)
+        ),
+    }
+    split, words = provenance_module._Distinct._segments, provenance_module._Distinct._words
+    segmented: list[int] = []  # how many segments each long line was read as
+    worded: list[str] = []  # the separator of the runs of words each span was split at, if any
+
+    def spy(self: Any, line: str) -> list[str]:
+        segments = split(self, line)
+        segmented.append(len(segments))
+        return segments
+
+    def word_spy(self: Any, piece: str) -> list[str]:
+        found = words(self, piece)
+        worded.append(self._sep_found)
+        return found
+
+    for name, text in lines.items():
+        assert len(text) > 128 << 10, name
+        assert "\n" not in text, name
+        segmented.clear()
+        worded.clear()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(provenance_module._Distinct, "_segments", spy)
+            patch.setattr(provenance_module._Distinct, "_words", word_spy)
+            keys = set(string_keys(text))
+        # Which of them is read in segments: lines (IBAN and account scans), runs of words.
+        assert (max(segmented, default=1) > 1, any(worded)) == {
+            "IBANs without spaces": (True, False),  # a word or two each: nothing to gain
+            "accounts with dashes": (True, False),
+            "IBANs and accounts": (False, False),  # too many distinct runs to be worth it
+        }.get(name, (True, True)), name
+        assert keys == _keys_read_whole(text, indexing=True), name
+        assert _unnamed(keys) == set(_old_string_keys(text)), name
+        assert len(content_keys([text])) < provenance_module.MAX_INDEXED_TOKENS  # not cut
+        assert content_keys([text]) >= keys
+
+
+@settings(max_examples=200, deadline=None)
+@given(_long_line, st.integers(min_value=1, max_value=40))
+def test_reading_segments_spends_the_token_budget_as_reading_lines_did(text: str, budget: int) -> None:
+    """Under a token budget, a line read as segments gives exactly the keys it gave read whole:
+    the same distinct matches, in the same order, so a budget takes the same ones."""
+    assert _segmented(text, budget=budget)[0] == _unsegmented(text, budget)
 
 
 _url_tail = st.text(alphabet="aZ9.-:/?#@%[]_~ \x00\x7f\u00e9", max_size=16)
