@@ -136,6 +136,10 @@ class JsonlAuditLog:
         self._synced = 0  # bytes of the active segment known durable
         self._waiting = 0  # appends written and waiting for their sync
         self._sync_task: asyncio.Task[None] | None = None
+        # Retention after a seal runs in a worker thread (`_start_retention`): it reads and hashes
+        # whole segments, which must hold neither the event loop nor the log's lock for that long.
+        self._retention_due = False
+        self._retention: asyncio.Task[None] | None = None
         self.failed: str | None = None  # why the last append failed; None after a good one
         self._grown_at = 0  # the active segment's size at the last on_grown call
         self._anchored = 0  # the size of the checkpoint kept at `LogOptions.anchor`: it never goes down
@@ -548,14 +552,31 @@ class JsonlAuditLog:
         self._active = self._open_active()
         self._write_state()
         log.info("audit_segment_sealed", segment=target.name, events=self._seq - active.first_seq + 1)
-        self._apply_retention()
+        self._retention_due = self.options.retention_days is not None and self.options.signer is not None
         if self.options.on_sealed is not None:
             try:
                 self.options.on_sealed(self.path)
             except Exception:  # indexing is best effort; the log itself is complete
                 log.exception("audit_on_sealed_failed", path=str(self.path))
 
+    def _start_retention(self) -> None:
+        """Apply retention in a worker thread after a seal, one pass at a time (a seal while one
+        runs is covered by the next pass: each pass reads the segments as they are then)."""
+        if not self._retention_due or (self._retention is not None and not self._retention.done()):
+            return
+        self._retention_due = False
+        self._retention = asyncio.get_running_loop().create_task(asyncio.to_thread(self._retention_pass))
+
+    def _retention_pass(self) -> None:
+        try:
+            self._apply_retention()
+        except Exception:  # the log itself is complete; the next seal tries again
+            log.exception("audit_retention_failed", path=str(self.path))
+
     def _apply_retention(self) -> None:
+        """Replace each sealed segment older than the retention days by a signed tombstone. The
+        segments are checked without the log's lock (they never change once sealed); each is
+        retired under it, if its file is still the one checked."""
         days, signer = self.options.retention_days, self.options.signer
         if days is None or signer is None:
             return
@@ -581,10 +602,11 @@ class JsonlAuditLog:
             if _last_time_of(part.path)[:19] >= cutoff:
                 break  # segments are in seq order, and so in time order
             try:
+                checked = _identity(part.path)
                 manifest = part.manifest()
                 problem, tree = _retirable(part.path, manifest, before, signer.verify_key)
             except (OSError, ValueError) as exc:
-                problem, tree = f"cannot be read: {exc}", before
+                problem, tree, checked = f"cannot be read: {exc}", before, None
             if problem is not None:
                 # Nothing is signed over a segment that does not check: it stays for `audit verify`.
                 log.error("audit_retention_stopped", segment=part.path.name, why=problem)
@@ -595,11 +617,25 @@ class JsonlAuditLog:
                 bytes=manifest.bytes, sha256=manifest.sha256, last_hash=manifest.last_hash, tree=manifest.tree,
                 checkpoint=manifest.checkpoint, reason=f"retention: older than {days} days", time=timestamp(),
             )  # fmt: skip
-            write_json_atomically(self.layout.segment_path(manifest.first_seq, manifest.last_seq, "tombstone.json"),
-                                  tombstone.model_dump(mode="json"))  # fmt: skip
-            part.path.unlink()
-            self.layout.segment_path(manifest.first_seq, manifest.last_seq, "manifest.json").unlink(missing_ok=True)
-            sync_directory(self.layout.segments_dir)
+            # A descriptor of its own: flock excludes another open file description, even this
+            # process's event loop appending under the writer's.
+            lock = os.open(self.layout.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+            try:
+                with _flock(lock):
+                    if not _unchanged(part.path, checked):
+                        log.error("audit_retention_stopped", segment=part.path.name, why="changed while checked")
+                        return
+                    write_json_atomically(
+                        self.layout.segment_path(manifest.first_seq, manifest.last_seq, "tombstone.json"),
+                        tombstone.model_dump(mode="json"),
+                    )
+                    part.path.unlink()
+                    self.layout.segment_path(manifest.first_seq, manifest.last_seq, "manifest.json").unlink(
+                        missing_ok=True
+                    )
+                    sync_directory(self.layout.segments_dir)
+            finally:
+                os.close(lock)
             log.info("audit_segment_retired", segment=part.path.name)
 
     # -- checkpoints ------------------------------------------------------------------------
@@ -793,6 +829,7 @@ class JsonlAuditLog:
         # The write is synchronous (no await), so appends on one event loop cannot interleave.
         chained = self._write(event)
         self._schedule_checkpoint()
+        self._start_retention()
         if self.durability == "relaxed":
             return chained
         active = self._active
@@ -893,6 +930,12 @@ class JsonlAuditLog:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._retention is not None:
+            await self._retention  # (it logs its own failures)
+            self._retention = None
+        if self._retention_due:  # a seal while the last pass ran: its segments are not left waiting
+            self._retention_due = False
+            await asyncio.to_thread(self._retention_pass)
         if self._sync_task is not None:
             with contextlib.suppress(OSError):
                 await self._sync_task
@@ -928,6 +971,19 @@ def _verify_elsewhere(path: Path, pems: list[bytes], publish_dir: Path | None) -
 
     keys = [VerifyKey.from_pem(pem) for pem in pems]
     return verify_log(LogLayout(path), keys=keys, publish_dir=publish_dir, workers=2)
+
+
+def _identity(path: Path) -> tuple[int, int, int]:
+    """What tells a file from its replacement or from itself changed: inode, size, mtime."""
+    found = path.stat()
+    return found.st_ino, found.st_size, found.st_mtime_ns
+
+
+def _unchanged(path: Path, checked: tuple[int, int, int] | None) -> bool:
+    try:
+        return checked is not None and _identity(path) == checked
+    except OSError:
+        return False
 
 
 def _last_time_of(path: Path) -> str:

@@ -387,6 +387,29 @@ async def test_retention_deletes_whole_old_segments_and_leaves_signed_tombstones
     assert check.selection == {"filter": {}, "after_seq": 12, "to_seq": 33, "complete": True}
 
 
+async def test_retention_checks_a_segment_off_the_append_that_sealed_it(tmp_path: Path) -> None:
+    """Before a segment is retired, all of it is read and hashed against its signed checkpoint (some
+    1.5 s for 64 MiB here, far more on a busy machine). Done inside the seal, that held the
+    router's event loop and every writer's lock: now a worker thread does it, after the append."""
+    limit = 12 << 20
+    log = JsonlAuditLog(tmp_path / "audit.jsonl", durability="relaxed",
+                        options=options(tmp_path, retention_days=30, segment_max_bytes=limit))  # fmt: skip
+    pad, n = "x" * 4000, 0
+    while os.stat(log.path).st_size < limit if log.path.exists() else True:
+        n += 1
+        await log.append(event(n, "2020-01-01T10:00:00.000000Z", input={"pad": pad}))
+    started = asyncio.get_running_loop().time()
+    await log.append(event(n + 1, timestamp()))  # seals 2020's segment: retention is due
+    sealing = asyncio.get_running_loop().time() - started
+    started = asyncio.get_running_loop().time()
+    await log.aclose()  # waits for the retention pass
+    closing = asyncio.get_running_loop().time() - started
+    parts = log.layout.parts()
+    assert [(p.kind, p.first_seq, p.last_seq) for p in parts if p.kind != "active"] == [("tombstone", 1, n)]
+    assert seqs(log.layout) == [n + 1]
+    assert sealing < closing, (sealing, closing)
+
+
 async def test_retention_never_touches_the_active_segment(tmp_path: Path) -> None:
     log = JsonlAuditLog(tmp_path / "audit.jsonl", options=options(tmp_path, retention_days=1,
                                                                   segment_max_bytes=1 << 20))  # fmt: skip
