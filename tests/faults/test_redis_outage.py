@@ -248,18 +248,23 @@ async def test_an_append_that_landed_is_found_however_many_others_appended_since
         return await script(keys, args)
 
     monkeypatch.setattr(idle, "_append", stall_before_the_retry)
-    with pytest.raises(AuditError):
-        await idle.append(event("timed-out"))
-    await asyncio.sleep(2)  # the stall ends; Redis runs the retry
-    monkeypatch.setattr(idle, "_append", script)
-    await idle.append(event("after"))
-    stalling.close()
-    stream = await idle.query(AuditFilter())
-    mine = [e.decision_id for e in stream if not (e.decision_id or "").startswith("busy-")]
-    assert mine == ["before", "timed-out", "after"]
-    assert len(stream) == 10_004
-    assert (await idle.verify()).ok
-    await idle.aclose()
+    try:
+        with pytest.raises(AuditError):
+            await idle.append(event("timed-out"))
+        await asyncio.sleep(2)  # the stall ends; Redis runs the retry
+        monkeypatch.setattr(idle, "_append", script)
+        await idle.append(event("after"))
+        # Read through the busy router: the idle one's 0.3 s timeout is for the stall above, and
+        # a chunk of 2,000 entries once took longer than that to read on a loaded CI machine.
+        stream = await busy.query(AuditFilter())
+        mine = [e.decision_id for e in stream if not (e.decision_id or "").startswith("busy-")]
+        assert mine == ["before", "timed-out", "after"]
+        assert len(stream) == 10_004
+        assert (await busy.verify()).ok
+    finally:  # closed on every path: a client left open warns in whichever test collects it
+        stalling.close()
+        await idle.aclose()
+        await busy.aclose()
     await busy.aclose()
 
 
