@@ -37,18 +37,12 @@ def log_options(settings: Settings, *, index: bool = True) -> LogOptions:
         signer = SigningKey.load_or_create(audit.signing_key)
     except (OSError, ValueError) as exc:
         raise AuditError(f"the audit signing key {audit.signing_key} cannot be used: {exc}") from exc
-    mask_key = None
-    if any(rule.hash for rule in audit.mask):
-        try:
-            mask_key = load_or_create_key(audit.mask_key)
-        except (OSError, ValueError) as exc:
-            raise AuditError(f"the audit masking key {audit.mask_key} cannot be used: {exc}") from exc
     return LogOptions(
         signer=signer, log_name=audit.log_name, checkpoint_interval_s=audit.checkpoint_interval_s,
         checkpoint_every=audit.checkpoint_every, publish_dir=audit.publish_dir,
         segment_max_bytes=audit.segment_max_bytes, rotate_daily=audit.rotate_daily,
         retention_days=audit.retention_days, masks=tuple((rule.path, rule.hash) for rule in audit.mask),
-        mask_key=mask_key,
+        mask_key=_mask_key(settings, create=True),
         on_sealed=indexer, on_grown=indexer, on_close=indexer.stop if indexer is not None else None,
         anchor=anchor_path(audit.signing_key, audit.path),
     )  # fmt: skip
@@ -66,18 +60,28 @@ def make_side_log(settings: Settings) -> AuditLog:
             hash the same value differently from the routers).
     """
     audit = settings.audit
-    mask_key = None
-    if any(rule.hash for rule in audit.mask):
-        if not audit.mask_key.exists():
-            raise AuditError(f"the audit masking key {audit.mask_key} is not there: run this as the routers' user, "
-                             "with their STOCKADE_AUDIT__MASK_KEY")  # fmt: skip
-        try:
-            mask_key = load_or_create_key(audit.mask_key)
-        except (OSError, ValueError) as exc:
-            raise AuditError(f"the audit masking key {audit.mask_key} cannot be used: {exc}") from exc
-    options = LogOptions(masks=tuple((rule.path, rule.hash) for rule in audit.mask), mask_key=mask_key,
-                         log_name=audit.log_name, segment_max_bytes=None)  # fmt: skip
+    options = LogOptions(masks=tuple((rule.path, rule.hash) for rule in audit.mask),
+                         mask_key=_mask_key(settings, create=False), log_name=audit.log_name,
+                         segment_max_bytes=None)  # fmt: skip
     return _backend(settings, options)
+
+
+def _mask_key(settings: Settings, *, create: bool) -> bytes | None:
+    """The masking key, if a masking rule hashes values; made on first use only if ``create``.
+
+    Raises:
+        AuditError: it cannot be read (or made), or is not there and may not be made.
+    """
+    audit = settings.audit
+    if not any(rule.hash for rule in audit.mask):
+        return None
+    if not create and not audit.mask_key.exists():
+        raise AuditError(f"the audit masking key {audit.mask_key} is not there: run this as the routers' user, "
+                         "with their STOCKADE_AUDIT__MASK_KEY")  # fmt: skip
+    try:
+        return load_or_create_key(audit.mask_key)
+    except (OSError, ValueError) as exc:
+        raise AuditError(f"the audit masking key {audit.mask_key} cannot be used: {exc}") from exc
 
 
 def _backend(settings: Settings, options: LogOptions) -> AuditLog:

@@ -47,7 +47,7 @@ import structlog
 from router.audit.base import AuditEvent, AuditFilter, VerifyReport, as_written, matches, timestamp
 from router.audit.chain import GENESIS_HASH, Unsealed, document_of, head_of, line_hash, sha256_hex
 from router.audit.checkpoint import Checkpoint, Manifest, SigningKey, VerifyKey, sign_checkpoint, sign_tombstone
-from router.audit.layout import LogLayout, lines, sync_directory, write_json_atomically
+from router.audit.layout import LogLayout, last_line_of, lines, sync_directory, timestamp_of, write_json_atomically
 from router.audit.merkle import CompactRange
 from router.errors import AuditError
 
@@ -290,7 +290,7 @@ class JsonlAuditLog:
         and the one kept at `LogOptions.anchor` (where it is, for the message)."""
         known: dict[int, tuple[str, str]] = {}
         try:
-            last = _last_line_of(self.layout.checkpoints, os.stat(self.layout.checkpoints).st_size)
+            last = last_line_of(self.layout.checkpoints, os.stat(self.layout.checkpoints).st_size)
         except FileNotFoundError:
             last = None
         found: list[tuple[bytes | None, str]] = [(last, str(self.layout.checkpoints))]
@@ -404,7 +404,7 @@ class JsonlAuditLog:
             self._seq, self._head = head[0], leaf.hex()
             if self._known:
                 self._compare_known()
-            stamp = _timestamp_of(line)
+            stamp = timestamp_of(line)
             if not active.first_seq:
                 active.first_seq, active.first_time = self._seq, stamp
             active.last_time = stamp
@@ -652,7 +652,7 @@ class JsonlAuditLog:
         if size == self._checkpoints_size:
             return
         self._checkpoints_size = size
-        last = _last_line_of(self.layout.checkpoints, size)
+        last = last_line_of(self.layout.checkpoints, size)
         if last is not None:
             try:
                 self._checkpoint = Checkpoint.model_validate_json(last)
@@ -988,8 +988,8 @@ def _unchanged(path: Path, checked: tuple[int, int, int] | None) -> bool:
 
 def _last_time_of(path: Path) -> str:
     """The timestamp of a segment's last event, read from its end ("" if none)."""
-    line = _last_line_of(path, path.stat().st_size)
-    return _timestamp_of(line) if line is not None else ""
+    line = last_line_of(path, path.stat().st_size)
+    return timestamp_of(line) if line is not None else ""
 
 
 def _retirable(path: Path, manifest: Manifest, before: CompactRange, key: VerifyKey) -> tuple[str | None, CompactRange]:
@@ -1031,11 +1031,6 @@ def _fd_path(fd: int) -> Path:
     return Path(f"/proc/self/fd/{fd}")
 
 
-def _timestamp_of(line: bytes) -> str:
-    at = line.find(b'"timestamp":"')
-    return line[at + 13 : at + 40].split(b'"', 1)[0].decode() if at != -1 else ""
-
-
 def _prev_of_first(path: Path) -> str:
     for _, line in lines(path):
         head = head_of(line)
@@ -1061,18 +1056,6 @@ def _read_state(path: Path) -> dict[str, Any] | None:
         return value if isinstance(value, dict) else None
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-def _last_line_of(path: Path, size: int) -> bytes | None:
-    """The last complete line of a file, read from its end."""
-    if size <= 0:
-        return None
-    with path.open("rb") as handle:
-        start = max(0, size - _TAIL_CHUNK)
-        handle.seek(start)
-        block = handle.read(size - start).rstrip(b"\n")
-    cut = block.rfind(b"\n")
-    return block[cut + 1 :] if cut != -1 or start == 0 else None
 
 
 def publish_file(directory: Path, checkpoint: Checkpoint) -> None:

@@ -145,6 +145,29 @@ def _checkpoint(raw: bytes) -> Checkpoint | None:
         return None
 
 
+def timestamp_of(line: bytes) -> str:
+    """The ``timestamp`` of an event as written (its first occurrence: the event's own, which
+    comes before any field an agent fills), without parsing the line; "" if it has none."""
+    at = line.find(b'"timestamp":"')
+    return line[at + 13 : at + 40].split(b'"', 1)[0].decode(errors="replace") if at != -1 else ""
+
+
+_TAIL_CHUNK = 1 << 16
+
+
+def last_line_of(path: Path, size: int) -> bytes | None:
+    """The last complete line of the first ``size`` bytes of a file, read from their end (None if
+    the last 64 KiB hold no line break and do not start the file)."""
+    if size <= 0:
+        return None
+    with path.open("rb") as handle:
+        start = max(0, size - _TAIL_CHUNK)
+        handle.seek(start)
+        block = handle.read(size - start).rstrip(b"\n")
+    cut = block.rfind(b"\n")
+    return block[cut + 1 :] if cut != -1 or start == 0 else None
+
+
 def lines(path: Path, start: int = 0) -> Iterator[tuple[int, bytes]]:
     """The complete lines of a segment from byte ``start`` on, each with its byte offset, without
     newlines. A last line without its newline (never acknowledged) is not yielded."""

@@ -25,7 +25,7 @@ from pathlib import Path
 from router.audit.base import VerifyReport
 from router.audit.chain import GENESIS_HASH, head_of, line_hash
 from router.audit.checkpoint import Checkpoint, Manifest, Tombstone, VerifyKey
-from router.audit.layout import LogLayout, Part, line_blocks, read_checkpoint_source
+from router.audit.layout import LogLayout, Part, last_line_of, line_blocks, lines, read_checkpoint_source, timestamp_of
 from router.audit.merkle import CompactRange, MerkleTree
 from router.errors import AuditError
 
@@ -435,16 +435,9 @@ def _retires(record: Manifest | Tombstone) -> tuple[object, ...]:
 
 def _first_and_last_time(path: Path) -> tuple[str, str]:
     """The timestamps of a segment's first and last events (to the second), read from its two ends."""
-    stamps = []
-    with path.open("rb") as handle:
-        first = handle.readline(1 << 16)
-        size = handle.seek(0, 2)
-        handle.seek(max(0, size - (1 << 16)))
-        last = handle.read().rstrip(b"\n").rsplit(b"\n", 1)[-1]
-    for line in (first, last):
-        at = line.find(b'"timestamp":"')
-        stamps.append(line[at + 13 : at + 32].split(b'"', 1)[0].decode(errors="replace") if at != -1 else "")
-    return stamps[0], stamps[1]
+    first = next((line for _, line in lines(path)), b"")
+    last = last_line_of(path, path.stat().st_size) or b""
+    return timestamp_of(first)[:19], timestamp_of(last)[:19]
 
 
 def _size(path: Path) -> int:
