@@ -92,6 +92,8 @@ class ExportReport:
     left_out: int
     """Events matching the filter after ``checkpoint_size``: not covered yet, so not exported."""
     sha256: str
+    signed_selection: bool = False
+    """Whether the proof's header (the selection) is signed with the checkpoint's key."""
 
     def as_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "file": str(self.file), "proof": str(self.proof)}
@@ -105,21 +107,33 @@ def export_events(
     where: EventFilter | None = None,
     index_dir: Path | None = None,
     signer: SigningKey | None = None,
+    keys: Sequence[VerifyKey] | None = None,
 ) -> ExportReport:
     """Export the events ``where`` selects (lowest seq first) from the log at ``audit_path`` to
     ``target``, and their proofs to `proof_path` (each written whole, or not at all). ``signer``
     (the log's signing key, if the exporter holds it) signs the proof's header: the selection, the
     checkpoint and the digest of the exported leaves, so no one can narrow the selection after.
 
+    The proofs are against the largest checkpoint one of ``keys`` (default: ``signer``'s public
+    key) signed: anyone who can write the log's volume can add a checkpoint to its file, and an
+    export proven against one no key signed would be refused by its recipient. With neither, the
+    largest checkpoint in the file.
+
     Raises:
-        AuditError: the log has no checkpoint yet, does not match it, or the events cannot be read.
+        AuditError: the log has no checkpoint (signed by ``keys``) yet, does not match it, or the
+            events cannot be read.
         OSError: ``target`` cannot be written.
     """
     where = where or EventFilter()
     layout = LogLayout(audit_path)
+    if keys is None and signer is not None:
+        keys = [signer.verify_key]
     checkpoints = layout.read_checkpoints()
+    if keys is not None:
+        checkpoints = [c for c in checkpoints if any(c.verify(key) for key in keys)]
     if not checkpoints:
-        raise AuditError(f"{layout.checkpoints} holds no checkpoint yet: nothing to prove an export against")
+        signed = " signed by the log's public key" if keys is not None else ""
+        raise AuditError(f"{layout.checkpoints} holds no checkpoint{signed} yet: nothing to prove an export against")
     size = max(c.size for c in checkpoints)
     covered = dataclasses.replace(
         where,
@@ -133,7 +147,9 @@ def export_events(
         try:
             leaves = _write(query, covered, partial, fmt)
             seqs = [seq for seq, _ in leaves]
-            checkpoint, proofs = _inclusion_proofs(layout, seqs)
+            checkpoint, proofs = _inclusion_proofs(layout, seqs, keys)
+            if signer is not None and signer.key_id != checkpoint.key_id:
+                signer = None  # a header signed by another key than the checkpoint's could not be checked
             digest = _sha256(partial)
             selection = _selection(covered)
             with proof_partial.open("w", encoding="utf-8") as out:
@@ -146,7 +162,7 @@ def export_events(
     return ExportReport(
         file=target, proof=proof_path(target), format=fmt, events=len(leaves),
         first_seq=seqs[0] if seqs else None, last_seq=seqs[-1] if seqs else None,
-        checkpoint_size=checkpoint.size, left_out=left_out, sha256=digest,
+        checkpoint_size=checkpoint.size, left_out=left_out, sha256=digest, signed_selection=signer is not None,
     )  # fmt: skip
 
 
@@ -159,10 +175,12 @@ def _past_retired(layout: LogLayout, after: int) -> int:
     return after
 
 
-def _inclusion_proofs(layout: LogLayout, seqs: list[int]) -> tuple[Any, Mapping[int, list[str]]]:
+def _inclusion_proofs(
+    layout: LogLayout, seqs: list[int], keys: Sequence[VerifyKey] | None
+) -> tuple[Any, Mapping[int, list[str]]]:
     from router.audit.verify import inclusion_proofs  # noqa: PLC0415  (only when exporting)
 
-    found: tuple[Any, Mapping[int, list[str]]] = inclusion_proofs(layout, seqs)
+    found: tuple[Any, Mapping[int, list[str]]] = inclusion_proofs(layout, seqs, keys=keys)
     return found
 
 

@@ -486,14 +486,24 @@ class RedisAuditLog:
                     return found
         return found
 
-    async def inclusion_proofs(self, seqs: Sequence[int]) -> tuple[Checkpoint, dict[int, tuple[bytes, list[str]]]]:
+    async def inclusion_proofs(
+        self, seqs: Sequence[int], *, keys: Sequence[VerifyKey] | None = None
+    ) -> tuple[Checkpoint, dict[int, tuple[bytes, list[str]]]]:
         """An RFC 9162 inclusion proof of each of ``seqs`` against the stream's latest checkpoint,
-        with each event's line: as `router.audit.verify.inclusion_proofs` for the JSONL log.
+        with each event's line: as `router.audit.verify.inclusion_proofs` for the JSONL log. With
+        ``keys``, the latest one of them signed: anyone who can write to the Redis can add a
+        checkpoint, and a proof against one unsigned proves nothing.
 
         Raises:
-            AuditError: no checkpoint yet, a seq it does not cover, or a stream that does not match it.
+            AuditError: no checkpoint (signed by ``keys``) yet, a seq it does not cover, or a stream
+                that does not match it.
         """
         checkpoints = await self.checkpoints()
+        if keys is not None:
+            checkpoints = [c for c in checkpoints if any(c.verify(key) for key in keys)]
+            if not checkpoints:
+                raise AuditError("no checkpoint of the audit stream is signed by the log's public key: nothing to "
+                                 "prove against; run `stockade audit verify`")  # fmt: skip
         if not checkpoints:
             raise AuditError("the audit stream has no checkpoint yet: nothing to prove against")
         checkpoint = max(checkpoints, key=lambda c: c.size)

@@ -479,10 +479,19 @@ def register(audit_app: typer.Typer) -> None:  # noqa: PLR0915  (one closure per
         reason: Reason = None,
         taint: Taint = None,
         arg: Arg = None,
+        public_key: Annotated[
+            Path | None,
+            typer.Option(
+                "--public-key",
+                help="The log's public key (PEM), to choose the checkpoint the proofs are "
+                "against: the latest it verifies. Default: the signing key's .pub.",
+            ),
+        ] = None,
         as_json: JsonFlag = False,
     ) -> None:
         """Export events with an inclusion proof for each against the log's latest signed
-        checkpoint (<FILE>.proof.json). The filters are those of `audit query` and go into the
+        checkpoint (<FILE>.proof.json): the latest the log's public key verifies (exit 1 if none
+        does). The filters are those of `audit query` and go into the
         proof's selection, which verification holds each record to. Events the checkpoint does
         not cover yet are left out (and said so): export again after the next checkpoint to
         include them."""
@@ -501,8 +510,12 @@ def register(audit_app: typer.Typer) -> None:  # noqa: PLR0915  (one closure per
         require_audit_engine(ctx.command_path)
         target = log_path(ctx, path)
         signer = exporters_key(ctx, target)
+        keys = verify_keys(_settings(ctx), public_key) or ([signer.verify_key] if signer is not None else [])
+        if not keys:  # a checkpoint in the log's file may be anyone's: only a signed one is proven against
+            raise _fail("no public key was found to check the checkpoint the export is proven against: pass "
+                        "--public-key FILE (the signing key's .pub, as given to auditors)")  # fmt: skip
         try:
-            done = export_events(target, output, fmt=fmt.value, where=where, signer=signer)
+            done = export_events(target, output, fmt=fmt.value, where=where, signer=signer, keys=keys)
         except AuditError as exc:
             raise _fail(str(exc), 1) from exc
         except OSError as exc:
@@ -513,10 +526,11 @@ def register(audit_app: typer.Typer) -> None:  # noqa: PLR0915  (one closure per
                 "checkpoint yet and were left out; export again after the next checkpoint",
                 markup=False,
             )
-        if signer is None:
+        if not done.signed_selection:
             err.print(
-                "note: the log's signing key is not readable here, so the export's selection is not signed: its "
-                "recipient can check every event against the log but not that none was left out at either end",
+                "note: the key the checkpoint is signed with is not readable here, so the export's selection is not "
+                "signed: its recipient can check every event against the log but not that none was left out at either "
+                "end",
                 markup=False,
             )
         if as_json:
@@ -544,8 +558,7 @@ def register(audit_app: typer.Typer) -> None:  # noqa: PLR0915  (one closure per
         except (OSError, ValueError) as exc:
             err.print(f"note: the signing key {key} cannot be used ({exc}); the selection is not signed", markup=False)
             return None
-        latest = max(checkpoints, key=lambda c: c.size, default=None)
-        return signer if latest is not None and latest.key_id == signer.key_id else None
+        return signer if any(c.verify(signer.verify_key) for c in checkpoints) else None
 
     @audit_app.command("verify-export")
     def audit_verify_export(

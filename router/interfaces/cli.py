@@ -487,16 +487,16 @@ def audit_prove(
 
     proofs: Mapping[int, list[str]]
     try:
+        keys = verify_keys(_settings(ctx), public_key)
+        if not keys:  # a checkpoint in the log's file may be anyone's: only a signed one is proven against
+            raise _fail("no public key was found to check the checkpoint a proof is made against: pass "
+                        "--public-key FILE (the signing key's .pub, as given to auditors)")  # fmt: skip
         if path is None and _settings(ctx).audit.backend == "redis":
-            checkpoint, proven = asyncio.run(_prove_redis(_settings(ctx), seq))
+            checkpoint, proven = asyncio.run(_prove_redis(_settings(ctx), seq, keys))
             found = {s: line for s, (line, _) in proven.items()}
             proofs = {s: proof for s, (_, proof) in proven.items()}
         else:
             log = _audit_log(ctx, path)
-            keys = verify_keys(_settings(ctx), public_key)
-            if not keys:  # a checkpoint in the log's file may be anyone's: only a signed one is proven against
-                raise _fail("no public key was found to check the checkpoint a proof is made against: pass "
-                            "--public-key FILE (the signing key's .pub, as given to auditors)")  # fmt: skip
             checkpoint, proofs = inclusion_proofs(log.layout, seq, keys=keys)
             found = dict(_lines_at(log, set(seq)))
     except AuditError as exc:
@@ -513,14 +513,16 @@ def audit_prove(
             out.print(f"  {node}", markup=False)
 
 
-async def _prove_redis(settings: Settings, seqs: list[int]) -> tuple[Checkpoint, dict[int, tuple[bytes, list[str]]]]:
+async def _prove_redis(
+    settings: Settings, seqs: list[int], keys: list[VerifyKey]
+) -> tuple[Checkpoint, dict[int, tuple[bytes, list[str]]]]:
     if settings.store.url is None:
         raise AuditError("STOCKADE_AUDIT__BACKEND=redis needs the store's Redis: set STOCKADE_STORE__URL")
     from router.audit.redis import RedisAuditLog  # noqa: PLC0415
 
     stream = RedisAuditLog(settings.store.url, timeout_s=settings.store.timeout_s)
     try:
-        return await stream.inclusion_proofs(seqs)
+        return await stream.inclusion_proofs(seqs, keys=keys)
     finally:
         await stream.aclose()
 

@@ -175,8 +175,9 @@ def test_hostile_text_in_events_survives_every_format(tmp_path: Path, log_copy: 
 
 def test_stockade_audit_export_writes_the_file_and_its_proof(tmp_path: Path, log_copy: Log) -> None:
     target = tmp_path / "cli.jsonl"
+    pub = str(log_copy.key.with_name(log_copy.key.name + ".pub"))
     result = stockade("audit", "export", "--path", str(log_copy.path), "--format", "jsonl", "--from-seq", "5",
-                      "--to-seq", "9", "-o", str(target), "--json")  # fmt: skip
+                      "--to-seq", "9", "-o", str(target), "--json", "--public-key", pub)  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["events"] == 5
     assert [json.loads(line)["seq"] for line in target.read_text().splitlines()] == [5, 6, 7, 8, 9]
@@ -470,10 +471,15 @@ def test_stockade_audit_verify_export_checks_an_export_with_the_public_key_and_n
     assert bad.returncode == 1
     assert "FAILED at record 10" in bad.stderr
 
-    # Another key than the one that signed the log's checkpoints never signs its exports.
+    # Another key than the one that signed the log's checkpoints never signs its exports, nor
+    # chooses their checkpoint: that one's own key signed none (exit 1), the log's public key does.
     stranger = {"STOCKADE_AUDIT__SIGNING_KEY": str(tmp_path / "other" / "audit.key")}
     SigningKey.load_or_create(tmp_path / "other" / "audit.key")
-    unsigned = cli(stranger, "audit", "export", "--path", str(log_copy.path), "-o", str(tmp_path / "u.jsonl"))
+    refused = cli(stranger, "audit", "export", "--path", str(log_copy.path), "-o", str(tmp_path / "u.jsonl"))
+    assert refused.returncode == 1, refused.stderr
+    assert "no checkpoint signed by the log's public key" in refused.stderr
+    unsigned = cli(stranger, "audit", "export", "--path", str(log_copy.path), "-o", str(tmp_path / "u.jsonl"),
+                   "--public-key", pub)  # fmt: skip
     assert unsigned.returncode == 0, unsigned.stderr
     assert "not signed" in unsigned.stderr
     assert stockade("audit", "verify-export", str(tmp_path / "u.jsonl"), "--public-key", pub).returncode == 0

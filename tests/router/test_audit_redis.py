@@ -4,6 +4,7 @@ checkpoints; a local spool keeps what the stream cannot take; a stream that went
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import json
 import multiprocessing
@@ -395,8 +396,22 @@ async def test_stockade_audit_prove_reads_the_stream_and_anyone_with_the_public_
     await log.aclose()
     assert checkpoint is not None
     assert checkpoint.size == 20
-    env = {**os.environ, "STOCKADE_AUDIT__BACKEND": "redis", "STOCKADE_STORE__URL": redis_url}
+    # A checkpoint at 21 (its signature zeros), added by anyone who can write to the Redis: never proven against.
+    fake = checkpoint.model_copy(update={"size": 21, "prev": checkpoint.digest(),
+                                         "signature": base64.b64encode(bytes(64)).decode()})  # fmt: skip
+    db = client(redis_url)
+    try:
+        db.xadd(CHECKPOINTS, {"checkpoint": fake.signed_text()})
+    finally:
+        db.close()
+    env = {**os.environ, "STOCKADE_AUDIT__BACKEND": "redis", "STOCKADE_STORE__URL": redis_url,
+           "HOME": str(tmp_path / "home")}  # fmt: skip
     argv = [str(STOCKADE), "audit", "prove", "--seq", "3", "--seq", "20", "--json"]
+    unkeyed = await asyncio.to_thread(subprocess.run, argv, env=env, capture_output=True, text=True, timeout=60,
+                                      check=False)  # fmt: skip
+    assert unkeyed.returncode == 2, unkeyed.stderr  # no public key here: nothing tells a signed checkpoint
+    assert "--public-key" in unkeyed.stderr
+    argv += ["--public-key", str(tmp_path / "keys" / "audit.key.pub")]
     said = await asyncio.to_thread(subprocess.run, argv, env=env, capture_output=True, text=True, timeout=60,
                                    check=False)  # fmt: skip
     assert said.returncode == 0, said.stderr
@@ -406,6 +421,7 @@ async def test_stockade_audit_prove_reads_the_stream_and_anyone_with_the_public_
     for proof in proofs:
         signed = Checkpoint.model_validate(proof["checkpoint"])
         assert signed.verify(options.signer.verify_key)
+        assert signed.size == 20
         leaf = line_hash(proof["line"].encode())
         assert leaf.hex() == proof["leaf_hash"]
         nodes = [bytes.fromhex(node) for node in proof["proof"]]
@@ -413,7 +429,7 @@ async def test_stockade_audit_prove_reads_the_stream_and_anyone_with_the_public_
         # The same proof for another event's line does not check out.
         other = line_hash(proof["line"].replace('"prover"', '"forger"').encode())
         assert not verify_inclusion(other, proof["index"], signed.size, nodes, bytes.fromhex(signed.root))
-    beyond = await asyncio.to_thread(subprocess.run, [str(STOCKADE), "audit", "prove", "--seq", "21"], env=env,
+    beyond = await asyncio.to_thread(subprocess.run, [*argv[:3], "--seq", "21", *argv[-2:]], env=env,
                                      capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert beyond.returncode == 1
     assert "not covered by the latest checkpoint" in beyond.stdout + beyond.stderr

@@ -1,6 +1,6 @@
 """Defects a review reproduced against the real writer and the real CLI, each kept as a test: a
 restarted writer given forged files, verification without the public key, retention on unsigned
-manifest fields, `prove` on an unsigned checkpoint, a crash inside retention, a deleted active
+manifest fields, `prove` and `export` on an unsigned checkpoint, a crash inside retention, a deleted active
 segment."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import pytest
 
 from router.audit import AuditEvent, line_hash, timestamp
 from router.audit.checkpoint import Checkpoint, SigningKey
+from router.audit.export import verify_export
 from router.audit.factory import anchor_path
 from router.audit.jsonl import JsonlAuditLog, LogOptions
 from router.audit.layout import LogLayout, lines
@@ -319,3 +320,47 @@ def test_verify_names_a_deleted_active_segment_as_broken(tmp_path: Path) -> None
                           env={**os.environ, "HOME": str(tmp_path / "home")})  # fmt: skip
     assert done.returncode == 2
     assert "no audit log" in done.stderr
+
+
+def test_export_never_proves_against_a_checkpoint_the_key_does_not_verify(tmp_path: Path) -> None:
+    """One event appended (chained) to the active segment by someone with the volume but not the
+    key, and a checkpoint at size 41 over it, its signature zeros. `export` once proved every event
+    against that checkpoint: the export then failed its recipient's check with the real public
+    key, and carried the forged event. Now it proves against the latest checkpoint the key
+    verifies (40), leaves event 41 out (counted), and the export verifies."""
+    log = Log(tmp_path)
+    log.fill(range(1, N + 1))
+    tree = CompactRange()
+    for part in log.layout.parts():
+        if part.kind == "sealed":
+            for _, line in lines(part.path):
+                tree.append(line_hash(line))
+    held = [line for _, line in lines(log.path)]
+    extra = held[-1].replace(b'"seq":40,', b'"seq":41,')
+    at = extra.index(b'"prev_hash":"') + 13
+    extra = extra[:at] + line_hash(held[-1]).hex().encode() + extra[at + 64 :]
+    for line in [*held, extra]:
+        tree.append(line_hash(line))
+    with log.path.open("ab") as handle:
+        handle.write(extra + b"\n")
+    last = log.layout.read_checkpoints()[-1]
+    fake = last.model_copy(update={"root": tree.root().hex(), "size": N + 1, "prev": last.digest(),
+                                   "signature": base64.b64encode(bytes(64)).decode()})  # fmt: skip
+    with log.layout.checkpoints.open("ab") as handle:
+        handle.write(fake.signed_text() + b"\n")
+    target = tmp_path / "export.jsonl"
+    code, out, err = log.cli("export", "--output", str(target), "--json")
+    assert code == 0, err
+    done = json.loads(out)
+    assert (done["checkpoint_size"], done["last_seq"], done["left_out"]) == (N, N, 1)
+    assert done["signed_selection"] is True
+    assert extra not in target.read_bytes()
+    check = verify_export(target, log.key.verify_key)
+    assert (check.ok, check.problem, check.events, check.checkpoint_size) == (True, "", N, N)
+    # An auditor's key that signed none of them: nothing to prove against, exit 1, nothing written.
+    other = SigningKey.load_or_create(tmp_path / "other" / "audit.key")
+    code, out, err = log.cli("export", "--output", str(tmp_path / "none.jsonl"),
+                             "--public-key", str(tmp_path / "other" / "audit.key.pub"))  # fmt: skip
+    assert (code, other.key_id != log.key.key_id) == (1, True), out + err
+    assert "signed by the log's public key" in err
+    assert not (tmp_path / "none.jsonl").exists()
