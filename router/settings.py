@@ -57,8 +57,12 @@ def _default_audit_path() -> Path:
 def config_dir() -> Path:
     """Where stockade's own keys live, apart from its state: ``$XDG_CONFIG_HOME/stockade``, or
     ``/etc/stockade`` for a root service without a home."""
-    if os.environ.get("XDG_CONFIG_HOME"):
-        return Path(os.environ["XDG_CONFIG_HOME"]) / "stockade"
+    xdg = os.environ.get("XDG_CONFIG_HOME", "")
+    # Ignored when relative, as the XDG spec says and `state_dir` does: the signing key and the
+    # anchor would otherwise follow the working directory, and a router started elsewhere would sign
+    # with a new key and find no anchor to hold its log to.
+    if os.path.isabs(xdg):
+        return Path(xdg) / "stockade"
     if os.geteuid() == 0 and os.environ.get("HOME", "") in ("", "/"):
         return Path("/etc/stockade")
     return Path.home() / ".config" / "stockade"

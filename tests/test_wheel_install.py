@@ -24,7 +24,7 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
 from policy.bundle import load_bundle
-from router.settings import SYSTEM_STATE_DIR, AuditSettings, state_dir
+from router.settings import SYSTEM_STATE_DIR, AuditSettings, config_dir, state_dir
 from tests.conftest import ECHO, REPO, python_tool
 
 SHIPPED = "policy/shipped/"
@@ -126,6 +126,20 @@ def test_state_goes_to_the_xdg_state_directory_or_the_system_one(
     assert state_dir() == SYSTEM_STATE_DIR
     monkeypatch.setenv("HOME", "/")
     assert state_dir() == SYSTEM_STATE_DIR
+
+
+def test_keys_go_to_the_xdg_config_directory_never_one_relative_to_the_working_directory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A relative XDG_CONFIG_HOME once put the signing key and the anchors under the working
+    directory: a router started from elsewhere signed with a new key and held its log to no anchor."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", "relcfg")  # invalid by the spec: ignored
+    assert config_dir() == tmp_path / "home" / ".config" / "stockade"
+    assert AuditSettings().signing_key.is_absolute()
+    assert AuditSettings().signing_key.parent == tmp_path / "home" / ".config" / "stockade"
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
+    assert config_dir() == tmp_path / "cfg" / "stockade"
 
 
 def test_the_wheel_carries_the_policy_files_beside_the_packages(installed: Installed) -> None:
