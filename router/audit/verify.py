@@ -61,8 +61,9 @@ def gather_checkpoints(
     sources: Iterable[tuple[str, Iterable[Checkpoint | None]]], keys: Sequence[VerifyKey], *, chained: str = ""
 ) -> _Checkpoints:
     """Every checkpoint from ``sources`` (name, checkpoints), signature-checked. In the source named
-    ``chained`` (the log's own file) each checkpoint must also name the one before it (``prev``):
-    one removed from the middle, or the file replaced, shows."""
+    ``chained`` (the log's own file) each checkpoint must also name the one before it (``prev``),
+    and the first none (the file is only ever appended to): one removed from the start or the
+    middle, or the file replaced, shows."""
     found = _Checkpoints()
     for name, checkpoints in sources:
         previous: Checkpoint | None = None
@@ -70,7 +71,12 @@ def gather_checkpoints(
             if checkpoint is None:
                 found.problems.append(f"{name} holds an unreadable checkpoint")
                 continue
-            if name == chained and previous is not None and checkpoint.prev != previous.digest():
+            if name == chained and previous is None and checkpoint.prev:
+                found.problems.append(
+                    f"{name}: its first checkpoint (at size {checkpoint.size}) follows another: checkpoints were "
+                    "removed from the start of the file, or it was replaced"
+                )
+            elif name == chained and previous is not None and checkpoint.prev != previous.digest():
                 found.problems.append(
                     f"{name}: the checkpoint at size {checkpoint.size} does not follow the one at size "
                     f"{previous.size}: checkpoints were removed, reordered or replaced"

@@ -364,3 +364,22 @@ def test_export_never_proves_against_a_checkpoint_the_key_does_not_verify(tmp_pa
     assert (code, other.key_id != log.key.key_id) == (1, True), out + err
     assert "signed by the log's public key" in err
     assert not (tmp_path / "none.jsonl").exists()
+
+
+def test_verify_names_a_checkpoint_removed_from_the_start_of_the_checkpoints_file(tmp_path: Path) -> None:
+    """The checkpoints file is only appended to, so its first checkpoint follows none. Deleting
+    that line once left verify saying OK (each later one still named the one before it); now the
+    first one's ``prev`` shows the removal (exit 1), with or without the publish directory."""
+    log = Log(tmp_path)
+    log.fill(range(1, N + 1))
+    code, out, err = log.cli("verify", publish=False)
+    assert code == 0, out + err
+    kept = log.layout.checkpoints.read_bytes().splitlines(keepends=True)
+    assert len(kept) >= 3
+    log.layout.checkpoints.write_bytes(b"".join(kept[1:]))
+    for publish in (False, True):
+        code, out, err = log.cli("verify", "--json", publish=publish)
+        assert code == 1, out + err
+        problem = json.loads(out)["problem"]
+        assert "its first checkpoint" in problem, problem
+        assert "removed from the start" in problem, problem
