@@ -334,6 +334,22 @@ class Settings(BaseSettings):
                 )
         return self
 
+    @model_validator(mode="after")
+    def _one_credential_per_variable(self) -> Self:
+        """Each credential has its own name and its own sandbox variable: ``gh-a`` and ``gh.a``
+        are both ``STOCKADE_CREDENTIAL_GH_A``, and a call granted both would see one placeholder,
+        whichever was written last, with nothing said."""
+        owners: dict[str, CredentialConfig] = {}
+        for entry in self.credentials:
+            first = owners.setdefault(entry.env_var, entry)
+            if first is not entry:
+                same = "the same name" if first.name == entry.name else f"the same sandbox variable {entry.env_var}"
+                raise ValueError(
+                    f"STOCKADE_CREDENTIALS entries {first.name!r} and {entry.name!r} have {same}: rename one "
+                    "(a name's letters, digits and separators make its variable)"
+                )
+        return self
+
     def principal_config(self, name: str) -> PrincipalConfig:
         """What is configured for the principal ``name`` (nothing: no groups, no labels)."""
         found = self.principals.get(name)

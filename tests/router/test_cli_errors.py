@@ -246,6 +246,23 @@ def test_two_principals_with_one_token_are_refused_naming_both(tmp_path: Path) -
     assert "entries 0 (agent-1, agent) and 1 (root, admin) have the same token_sha256" in line, line
 
 
+@pytest.mark.parametrize(
+    ("names", "said"),
+    [(["gh-a", "gh.a"], "the same sandbox variable STOCKADE_CREDENTIAL_GH_A"), (["gh", "gh"], "the same name")],
+)
+def test_two_credentials_with_one_sandbox_variable_are_refused_naming_both(
+    tmp_path: Path, names: list[str], said: str
+) -> None:
+    """``gh-a`` and ``gh.a`` were both accepted; a call granted both saw one placeholder in
+    ``STOCKADE_CREDENTIAL_GH_A``, whichever lease was written last, with nothing said."""
+    credentials = [{"name": name, "kind": "token", "hosts": ["api.example.com"]} for name in names]
+    result = run("serve", "--port", "1", env={"STOCKADE_CREDENTIALS": json.dumps(credentials),
+                                               "STOCKADE_AUDIT__PATH": str(tmp_path / "audit.jsonl")})  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    line = one_error_line(result)
+    assert f"STOCKADE_CREDENTIALS entries {names[0]!r} and {names[1]!r} have {said}" in line, line
+
+
 @pytest.mark.parametrize(("args", "said"), [
     (["--token", "t\u00f6k"], "--token is not a bearer token"),
     (["--token", "secret-tok\n"], "--token is not a bearer token"),
