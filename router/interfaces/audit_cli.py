@@ -225,6 +225,7 @@ def register(audit_app: typer.Typer) -> None:  # noqa: PLR0915  (one closure per
         reason: Reason = None,
         taint: Taint = None,
         after_seq: Annotated[int | None, typer.Option("--after-seq", min=0, help="Only events after this seq.")] = None,
+        to_seq: Annotated[int | None, typer.Option("--to-seq", min=1, help="Only events up to this seq.")] = None,
         arg: Arg = None,
         limit: Annotated[int | None, typer.Option(min=1, help="At most this many events.")] = None,
         as_json: Annotated[bool, typer.Option("--json", help="One event per line, as JSON (with its hash).")] = False,
@@ -232,9 +233,11 @@ def register(audit_app: typer.Typer) -> None:  # noqa: PLR0915  (one closure per
         """List audit events matching every given filter, oldest first."""
         from router.audit.index import EventFilter, event_with_hash  # noqa: PLC0415
 
+        if after_seq is not None and to_seq is not None and after_seq >= to_seq:
+            raise _fail(f"--after-seq {after_seq} is not before --to-seq {to_seq}: no event lies between them")
         start, end = since_until(since, until)
         where = EventFilter(
-            since=start, until=end, after_seq=after_seq, session_id=session, agent=agent, tool=tool,
+            since=start, until=end, after_seq=after_seq, to_seq=to_seq, session_id=session, agent=agent, tool=tool,
             outcome=outcome, decision_id=decision_id, kind=kind, principal=principal, approver=approver,
             credential=credential, lease=lease, egress_host=egress_host, reason=reason, taint=taint,
             args=_arg_pairs(arg),

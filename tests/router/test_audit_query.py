@@ -950,6 +950,9 @@ def test_audit_query_streams_json_lines_that_match_the_scan(audit_log: Log) -> N
         (["--since", "2026-03-02T00:00:00Z", "--until", "2026-03-02T12:00:00+00:00", "--egress-host", "evil'.test"],
          EventFilter(since=datetime(2026, 3, 2, tzinfo=UTC), until=datetime(2026, 3, 2, 12, tzinfo=UTC),
                      egress_host="evil'.test")),
+        (["--after-seq", "3", "--to-seq", "9"], EventFilter(after_seq=3, to_seq=9)),
+        (["--after-seq", "10", "--to-seq", "400", "--kind", "decision"],
+         EventFilter(after_seq=10, to_seq=400, kind="decision")),
     ]  # fmt: skip
     by_seq = {d["seq"]: d for d in documents(audit_log.path)}
     for args, where in cases:
@@ -973,6 +976,9 @@ def test_audit_query_says_which_option_is_wrong(audit_log: Log) -> None:
     assert "--arg" in bad_arg.stderr
     assert "KEY=VALUE" in bad_arg.stderr
     assert "--since" in bad_time.stderr
+    backwards = stockade("audit", "query", "--path", str(audit_log.path), "--after-seq", "9", "--to-seq", "9")
+    assert backwards.returncode == 2
+    assert "--after-seq 9 is not before --to-seq 9" in " ".join(backwards.stderr.split())
 
 
 @pytest.mark.parametrize(
