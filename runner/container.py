@@ -71,6 +71,10 @@ _GVISOR_HOST_TASKS_PER_PROCESS = 8
 # How long a dead container's OOM event may lag its exit (it came within 10 ms when it did lag).
 _OOM_EVENT_WAIT_S = 0.5
 _MAX_USED_BACKLOG = 32  # used containers waiting for removal before removal stops waiting for idle
+# A removal the engine failed (busy, restarting) is tried again, waiting longer each time up to the
+# cap; past the last try the container is left to `aclose` and to the next start's orphan sweep.
+_REMOVE_ATTEMPTS = 12
+_REMOVE_BACKOFF_S = (0.25, 5.0)
 _PATH = "/usr/local/bin:/usr/bin:/bin"
 # In place of Docker's /etc files: the sandbox has no network and no resolver (the proxy resolves).
 _ETC = {"hosts": "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost\n", "hostname": "sandbox\n", "resolv.conf": ""}
@@ -96,6 +100,7 @@ class _Box:
     staging: Path
     handle: Any  # the SDK's socket wrapper: kept so the connection is not closed under us
     cls: _Class
+    removals: int = 0  # attempts to remove it the engine failed
 
 
 class _Demux:
@@ -427,16 +432,27 @@ class ContainerSandbox:
             raise _translate(exc) from exc
         box.cls = cls
 
-    def _destroy_now(self, box: _Box) -> None:
+    def _destroy_now(self, box: _Box) -> bool:
+        """Close ``box``'s connection, remove its container and staging directory (blocking: a
+        thread's). False if the engine did not remove the container: it may still be running, and
+        is logged (``sandbox_remove_failed``) for whoever tries again."""
         # The SDK's wrapper holds a makefile reference: the socket's fd closes only when both do.
         if box.handle is not None:  # (None: the container was made, its attach failed)
             with contextlib.suppress(OSError):
                 box.handle.close()
         with contextlib.suppress(OSError):
             box.sock.close()
-        with contextlib.suppress(Exception):
+        removed = True
+        try:
             self._docker().api.remove_container(box.id, force=True)
+        except docker.errors.NotFound:
+            pass
+        except Exception as exc:  # any engine failure: the container outlives its use, and that is said
+            removed = False
+            log.warning("sandbox_remove_failed", tier=self.tier, container=box.id[:12], attempt=box.removals + 1,
+                        error=f"{type(exc).__name__}: {exc}")  # fmt: skip
         remove_tree(box.staging)
+        return removed
 
     def _destroy(self, box: _Box) -> None:
         """Queue a used container for removal by the housekeeper: not on any call's path."""
@@ -491,7 +507,7 @@ class ContainerSandbox:
                         box = await self._start(short, False)
                         await self._pools[short].put(box)
                     elif self._used:
-                        await asyncio.to_thread(self._destroy_now, self._used.pop(0))
+                        await self._remove_used(self._used.pop(0))
                 except SandboxError as exc:
                     # Do not spin on a broken engine: calls will start cold (and say why) meanwhile.
                     log.warning("sandbox_pool_refill_failed", tier=self.tier, error=str(exc))
@@ -500,6 +516,19 @@ class ContainerSandbox:
                     if short is not None:
                         self._wanted.discard(short)
                     await asyncio.sleep(1.0)
+
+    async def _remove_used(self, box: _Box) -> None:
+        """Remove a used container; one the engine failed to remove (it may still run the tool's
+        processes) is tried again after a wait that grows, not left until `aclose`."""
+        if await asyncio.to_thread(self._destroy_now, box):
+            return
+        box.removals += 1
+        if box.removals >= _REMOVE_ATTEMPTS:
+            log.error("sandbox_remove_gave_up", tier=self.tier, container=box.id[:12], attempts=box.removals)
+            return
+        self._used.append(box)
+        low, high = _REMOVE_BACKOFF_S
+        await asyncio.sleep(min(high, low * 2 ** (box.removals - 1)))
 
     async def _idle_for(self, seconds: float) -> bool:
         """Wait until no call has been running for ``seconds``; False if one started meanwhile."""

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from runner import ContainerSandbox, RunnerSettings, SandboxSpec, SandboxUnavailable, Verdict
+from tests.conftest import sandbox_containers
 
 ENGINE = "/var/run/docker.sock"
 RECHECK_MAX_S = 0.4
@@ -161,3 +162,26 @@ async def test_check_answers_from_its_cache_while_the_engine_hangs(runner_state:
         engine.close()
         await box.aclose()
         shutil.rmtree(directory, ignore_errors=True)
+
+
+async def test_a_used_container_the_engine_failed_to_remove_is_removed_once_it_answers(
+    relay: Relay, runner_state: Path
+) -> None:
+    """A used container is removed between calls; when the engine did not answer, the failure was
+    suppressed and the container (which may still run what the tool left behind) stayed until
+    `aclose`. Now the removal is logged and tried again, waiting longer each time, and the
+    container goes once the engine is back, with the sandbox still open."""
+    relay.start()
+    box = ContainerSandbox(settings_for(relay.path, runner_state, housekeeping_grace_s=0.5), "docker")
+    try:
+        assert (await box.run(ECHO)).verdict is Verdict.OK
+        relay.stop()  # before the housekeeper's grace: its removal finds no engine
+        await asyncio.sleep(1.5)
+        assert len(sandbox_containers(box._owner)) == 1  # the instance's label
+        relay.start()
+        deadline = time.monotonic() + 15
+        while sandbox_containers(box._owner):
+            assert time.monotonic() < deadline, "the used container was never removed"
+            await asyncio.sleep(0.1)
+    finally:
+        await box.aclose()
