@@ -383,3 +383,22 @@ def test_verify_names_a_checkpoint_removed_from_the_start_of_the_checkpoints_fil
         problem = json.loads(out)["problem"]
         assert "its first checkpoint" in problem, problem
         assert "removed from the start" in problem, problem
+
+
+def test_verify_says_when_the_active_segment_ends_in_an_unfinished_line(tmp_path: Path) -> None:
+    """A write cut short (a crash mid-line) leaves bytes no event owns; verify once said OK with
+    no word of them. It is still OK (never acknowledged, no event was lost), with a note naming
+    the bytes; the next writer sets them aside, and the note goes."""
+    log = Log(tmp_path)
+    log.fill(range(1, N + 1))
+    with log.path.open("ab") as handle:
+        handle.write(b'{"seq":41,"prev_hash":"0123')
+    code, out, err = log.cli("verify", "--json")
+    assert code == 0, out + err
+    notes = json.loads(out)["notes"]
+    assert any("ends in 27 bytes of an unfinished line after seq 40" in note for note in notes), notes
+    log.fill(range(N + 1, N + 2))
+    code, out, err = log.cli("verify", "--json")
+    assert code == 0, out + err
+    assert json.loads(out)["events"] == N + 2  # the event appended, and the note of the bytes set aside
+    assert not any("unfinished line" in note for note in json.loads(out)["notes"])
