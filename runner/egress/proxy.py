@@ -60,7 +60,7 @@ import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import cast
-from urllib.parse import urlsplit
+from urllib.parse import unquote_to_bytes, urlsplit
 
 import h11
 import structlog
@@ -78,6 +78,9 @@ _HOP_BY_HOP = {
 _MAX_HEAD = 64 * 1024
 _CHUNK = 65536
 _INFLATABLE = {b"gzip", b"x-gzip", b"deflate"}
+# The IANA HTTP content codings: the only ones a refusal names.
+_KNOWN_CODINGS = _INFLATABLE | {b"identity", b"br", b"compress", b"x-compress", b"zstd", b"dcb", b"dcz", b"exi",
+                                b"pack200-gzip", b"aes128gcm"}  # fmt: skip
 _METHOD_OVERRIDES = {b"x-http-method-override", b"x-http-method", b"x-method-override"}
 _CLOSE_GRACE_S = 1.0
 _BUFFERED_MAX = 1 << 20  # a scrubbed body up to this keeps a Content-Length (rewritten); longer ones go chunked
@@ -455,7 +458,7 @@ class EgressProxy:
         injections = tuple(i for i in self._injections if i.applies_to(host, port, tls=tls))
         intercept = tls and bool(injections or rule.methods)
         if not tls:  # its headers are known now: a placeholder it may not carry is refused before any connection
-            self._credentials(request.headers, injections, exchange, tls=False)
+            self._credentials(request.headers, injections, exchange, tls=False, target=request.target)
         if intercept and self._intercept is None:
             raise _Refused(403, f"HTTPS to {host}:{port} must be intercepted (a credential or a method "
                                 "restriction) and this proxy has no CA for it")  # fmt: skip
@@ -584,7 +587,8 @@ class EgressProxy:
     ) -> None:
         """Send ``request`` upstream with its credentials, and its response back, scrubbed of
         them. Raises `_Refused` only before anything was sent back."""
-        injections = self._credentials(request.headers, route.injections, exchange, tls=route.intercept)
+        injections = self._credentials(request.headers, route.injections, exchange, tls=route.intercept,
+                                       target=request.target)  # fmt: skip
         upstream = h11.Connection(h11.CLIENT)
         # Host names the rule's authority, whatever the client wrote (as a proxy must, RFC 9112
         # §3.2.2): a credential for a shared front (a CDN, an ingress) never reaches another tenant.
@@ -662,18 +666,24 @@ class EgressProxy:
         exchange: _Exchange,
         *,
         tls: bool,
+        target: bytes,
     ) -> tuple[Injection, ...]:
         """The credentials to put into a request with ``headers`` sent now (over verified TLS, if
         ``tls``): those of ``applicable`` (the ones its destination may have) whose placeholder it
-        carries. `_Refused` (``403``, the request not allowed) if it carries the placeholder of one
-        not applicable, or of one whose lease has ended: replacing it is refused, and sending the
-        placeholder on would hide the attempt."""
+        carries in a header. `_Refused` (``403``, the request not allowed) if it carries the
+        placeholder of one not applicable, or of one whose lease has ended, in a header or in its
+        ``target`` (the URL, percent-decoded, in any case): replacing it is refused, and sending
+        the placeholder on would hide the attempt. (A body is not read for it.)"""
         now = time.time()
         used = []
+        url = unquote_to_bytes(target).lower()
         for injection in self._injections:
             placeholder = injection.placeholder.encode()
-            if not any(placeholder in value for _, value in headers):
+            in_headers = any(placeholder in value for _, value in headers)
+            if not in_headers and placeholder.lower() not in url:
                 continue
+            if injection in applicable and not injection.expired(now) and not in_headers:
+                continue  # in the URL only: the value goes nowhere, the placeholder to a host it may go to
             if injection not in applicable:
                 how = "over TLS" if tls else "over plain HTTP"
                 hint = "" if tls or injection.allow_plaintext else "; use https://"
@@ -763,7 +773,11 @@ class _ResponseScrubber:
         codings = [c.strip().lower() for name, value in response.headers if name.lower() == b"content-encoding"
                    for c in value.split(b",") if c.strip()]  # fmt: skip
         if codings and (len(codings) > 1 or (codings[0] not in _INFLATABLE and codings[0] != b"identity")):
-            listed = b", ".join(codings).decode("ascii", "replace")[:60]
+            # Named only if each is a registered coding: the header's bytes are the upstream's, and a
+            # credential host that reflects a request may have put the secret there (the reason goes
+            # back to the tool unscrubbed).
+            known = all(coding in _KNOWN_CODINGS for coding in codings)
+            listed = b", ".join(codings).decode("ascii") if known else "a coding it does not know"
             raise _Refused(502, f"upstream sent a body coded {listed}, which the proxy cannot scrub for credentials "
                                 "(it reads one gzip or deflate coding)")  # fmt: skip
         if codings and codings[0] in _INFLATABLE:

@@ -8,8 +8,11 @@ value, listed by `secret_forms`:
 
 - ``raw`` and ``reversed``;
 - ``hex``;
-- ``percent``: URL encoding (``%2F``; a space as ``%20`` or ``+``; ``/`` escaped or kept);
+- ``percent``: URL encoding (``%2F``; a space as ``%20`` or ``+``; ``/`` escaped or kept; the
+  punctuation each common encoder keeps, ``~`` escaped as PHP and Java do, or kept);
 - ``json``: the value inside a JSON string, with its escapes (``\\/`` for ``/`` too);
+- ``html``: the value in an HTML page, as the common escapers write it (``&#39;``, ``&#x27;``,
+  ``&apos;``, ``&#34;``, ``&quot;``, ``&#43;``);
 - ``base64`` and ``base64url``, padded or not, and the value inside a longer base64 text at
   any alignment: ``base64("user:" + value)`` (HTTP Basic) included, for any user;
 
@@ -65,17 +68,25 @@ def secret_forms(value: str) -> dict[bytes, str]:
     add("reversed", value[::-1].encode("utf-8", "surrogatepass"))
     add("hex", raw.hex().encode())
     add("percent", quote(raw, safe="").encode(), quote_plus(raw).encode(), quote(raw).encode())
+    # Other stacks keep other punctuation: PHP's urlencode and Java's URLEncoder escape "~"
+    # (Java and HTML forms keep "*"), JavaScript's encodeURIComponent keeps "!'()*~", and some
+    # escape all but letters and digits; each with a space as %20 or "+".
+    for kept in _PERCENT_KEPT:
+        add("percent", _percent(raw, kept, b"%20"), _percent(raw, kept, b"+"))
     ascii_json = json.dumps(value)[1:-1]
     escaped = json.dumps(value, ensure_ascii=False)[1:-1].encode("utf-8", "surrogatepass")
     add("json", ascii_json.encode(), escaped, ascii_json.replace("/", "\\/").encode())  # some encoders escape "/"
     # Go's encoding/json (and others, to be safe in HTML) escape <, > and & as \u003c, \u003e, \u0026.
     html_safe = ascii_json.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     add("json", html_safe.encode(), html_safe.replace("/", "\\/").encode())
-    # An HTML page (an error page quoting a header) escapes &, <, >, " and ' as entities.
+    # An HTML page (an error page quoting a header) escapes &, <, >, " and ' as entities, each
+    # templating stack in its own way (Python's html.escape, MarkupSafe and Jinja, Go's
+    # html/template, which also escapes "+", XML's &apos;).
     add(
         "html",
         html.escape(value, quote=True).encode("utf-8", "surrogatepass"),
         html.escape(value, quote=False).encode("utf-8", "surrogatepass"),
+        *(html.escape(value, quote=False).translate(table).encode("utf-8", "surrogatepass") for table in _ENTITIES),
     )
     standard, urlsafe = base64.b64encode(raw), base64.urlsafe_b64encode(raw)
     add("base64", standard, standard.rstrip(b"="))
@@ -88,6 +99,31 @@ def secret_forms(value: str) -> dict[bytes, str]:
         add("base64", core)
         add("base64url", core.translate(bytes.maketrans(b"+/", b"-_")))
     return {needle: encoding for needle, encoding in forms.items() if len(needle) >= MIN_LENGTH}
+
+
+_PERCENT_KEPT = (b"", b"-._", b"-._*", b"-._~!'()*")
+"""Besides letters and digits, what each URL encoder in use leaves as it is (Python's ``quote``,
+keeping ``-._~``, is listed apart)."""
+_ENTITIES = tuple(
+    str.maketrans(table)
+    for table in (
+        {'"': "&#34;", "'": "&#39;"},  # MarkupSafe (Jinja, Flask), ERB
+        {'"': "&#34;", "'": "&#39;", "+": "&#43;"},  # Go's html/template
+        {'"': "&quot;", "'": "&#39;"},
+        {'"': "&quot;", "'": "&apos;"},  # XML, PHP's htmlspecialchars with ENT_QUOTES | ENT_HTML5
+        {'"': "&#x22;", "'": "&#x27;"},
+    )
+)
+"""How HTML escapers besides ``html.escape`` write the characters only some of them escape."""
+
+
+def _percent(raw: bytes, kept: bytes, space: bytes) -> bytes:
+    """``raw`` URL-encoded (upper-case escapes) leaving letters, digits and ``kept`` as they are."""
+    return b"".join(
+        bytes([byte]) if (chr(byte).isascii() and chr(byte).isalnum()) or byte in kept
+        else space if byte == 0x20 else b"%%%02X" % byte
+        for byte in raw
+    )  # fmt: skip
 
 
 def compile_forms(secrets: Iterable[tuple[str, str]]) -> Forms:

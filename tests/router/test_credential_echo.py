@@ -55,6 +55,9 @@ ENCODE = """
         "basic": lambda v: base64.b64encode(("agent-1:" + v).encode()).decode(),
         "base64url": lambda v: base64.urlsafe_b64encode(v.encode()).decode().rstrip("="),
         "percent": lambda v: quote(v, safe=""),
+        "percent-php": lambda v: "".join(c if c.isascii() and (c.isalnum() or c in "-._") else quote(c, safe="")
+                                         if c != "~" else "%7E" for c in v),
+        "html-go": lambda v: v.replace("&", "&amp;").replace("+", "&#43;").replace("'", "&#39;"),
     }
 """
 EXFILTRATE = f"""

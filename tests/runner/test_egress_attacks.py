@@ -35,10 +35,15 @@ ENCODINGS: dict[str, Callable[[str], str]] = {
     "basic": lambda v: base64.b64encode(f"agent-1:{v}".encode()).decode(),  # base64(user:secret), unaligned
     "base64url": lambda v: base64.urlsafe_b64encode(v.encode()).decode().rstrip("="),
     "percent": lambda v: quote(v, safe=""),
+    # PHP's urlencode and Java's URLEncoder escape "~"; Go's html/template writes "+" and "&" as entities.
+    "percent-php": lambda v: "".join(
+        c if c.isascii() and (c.isalnum() or c in "-._") else quote(c, safe="") if c != "~" else "%7E" for c in v
+    ),
+    "html-go": lambda v: v.replace("&", "&amp;").replace("+", "&#43;").replace("'", "&#39;"),
 }
 # The name the proxy's record gives each (case does not matter to it).
 SCRUBBED_AS = {"raw": "raw", "hex": "hex", "HEX": "hex", "reversed": "reversed", "upper": "raw", "basic": "base64",
-               "base64url": "base64url", "percent": "percent"}  # fmt: skip
+               "base64url": "base64url", "percent": "percent", "percent-php": "percent", "html-go": "html"}  # fmt: skip
 
 
 def leaked(text: bytes | str) -> list[str]:
@@ -88,6 +93,8 @@ def reflector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Reflector]:
                 self.send_header("Content-Encoding", "gzip")
             elif coding == "br":
                 self.send_header("Content-Encoding", "br")  # not brotli at all: the proxy must not pass it
+            elif coding == "reflect":  # the request's header as the coding, as a mirroring service does
+                self.send_header("Content-Encoding", self.headers.get("X-Api-Key", ""))
             if query.get("framing") == "chunked":
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
@@ -184,6 +191,66 @@ async def test_a_body_coding_the_proxy_cannot_read_is_refused(proxied: Proxied, 
     assert leaked(reply) == []
     [record] = proxied.records
     assert (record.status, record.allowed, record.injected) == (502, True, ("api-key",))
+
+
+@pytest.mark.parametrize("scheme", ["https", "http"])
+async def test_a_secret_reflected_as_the_body_coding_is_not_named_in_the_refusal(
+    proxied: Proxied, reflector: Reflector, scheme: str
+) -> None:
+    """The refusal of a coding the proxy cannot read once quoted the upstream's Content-Encoding:
+    an upstream that mirrors request headers put the secret there, and the 502 handed it to the
+    tool (lower-cased) unscrubbed. Only registered codings are named now."""
+    request = f"GET /raw?coding=reflect HTTP/1.1\r\nHost: {HOST}\r\nX-Api-Key: {PLACEHOLDER}\r\n\r\n".encode()
+    if scheme == "https":
+        _, reply = await https_via(proxied.proxy, reflector.https_port, proxied.ca.cert_pem, request)
+    else:
+        reply = await send(
+            proxied.proxy, request.replace(b"GET /", f"GET http://{HOST}:{reflector.http_port}/".encode(), 1)
+        )
+    assert [key for _, key in reflector.seen] == [SECRET]  # the upstream had it
+    assert reply.startswith(b"HTTP/1.1 502"), reply[:200]
+    assert b"a coding it does not know" in reply
+    assert SECRET.lower().encode() not in reply.lower()
+    assert leaked(reply) == []
+    [record] = proxied.records
+    assert SECRET.lower() not in repr(record).lower()
+
+
+@pytest.mark.parametrize("written", [PLACEHOLDER, quote(PLACEHOLDER, safe="").replace("s", "%73"), PLACEHOLDER.upper()])
+async def test_a_placeholder_in_the_url_to_a_host_its_credential_may_not_go_to_is_refused(
+    tmp_path: Path, reflector: Reflector, written: str
+) -> None:
+    """The placeholder was looked for in headers only: in a URL to another allowed host it went
+    out, recorded as an allowed request, hiding the attempt to use the credential elsewhere. It is
+    refused there now (403, a deny record), however the URL writes it; to the credential's own
+    host it still goes (the value goes nowhere: only headers get it)."""
+    records: list[EgressRecord] = []
+
+    async def keep(record: EgressRecord) -> None:
+        records.append(record)
+
+    other = "other.allowed.test"
+    server = EgressProxy(
+        tmp_path / "egress.sock", [EgressRule(HOST, reflector.http_port), EgressRule(other, reflector.http_port)],
+        keep, hosts={HOST: "127.0.0.1", other: "127.0.0.1"},
+        injections=[Injection("api-key", PLACEHOLDER, SECRET, (f"{HOST}:{reflector.http_port}",),
+                              allow_plaintext=True)],
+    )  # fmt: skip
+    await server.start()
+    reflector.seen.clear()
+    try:
+        reply = await send(server, f"GET http://{other}:{reflector.http_port}/raw?k={written} HTTP/1.1\r\n"
+                                   f"Host: {other}\r\n\r\n".encode())  # fmt: skip
+        assert reply.startswith(b"HTTP/1.1 403"), reply[:200]
+        assert reflector.seen == []  # nothing reached the upstream
+        assert (records[-1].allowed, records[-1].status) == (False, 403)
+        assert "credential api-key may not go to" in records[-1].reason
+        own = await send(server, f"GET http://{HOST}:{reflector.http_port}/raw?k={written} HTTP/1.1\r\n"
+                                 f"Host: {HOST}\r\n\r\n".encode())  # fmt: skip
+        assert own.startswith(b"HTTP/1.1 200"), own[:200]
+        assert (records[-1].allowed, records[-1].injected) == (True, ())
+    finally:
+        await server.aclose()
 
 
 async def test_a_secret_reflected_as_a_header_name_is_dropped_with_its_header(
