@@ -291,6 +291,15 @@ class Tombstone(_Signed):
             raise ValueError("tree's root does not match the checkpoint's root")
         return self
 
+    def records(self, manifest: Manifest, sha256: str | None = None) -> bool:
+        """Whether this tombstone records the segment as ``manifest`` does: its bytes, their
+        ``sha256`` (the manifest's unless given, as read from the segment), its last event's hash,
+        its tree and its checkpoint."""
+        digest = manifest.sha256 if sha256 is None else sha256
+        return (self.bytes, self.sha256, self.last_hash, self.tree, self.checkpoint) == (
+            manifest.bytes, digest, manifest.last_hash, manifest.tree, manifest.checkpoint
+        )  # fmt: skip
+
 
 def sign_checkpoint(
     key: SigningKey, *, log: str, size: int, root: bytes, prev: Checkpoint | None, time: str | None = None

@@ -365,9 +365,8 @@ class JsonlAuditLog:
                 retired, manifest = part.tombstone(), segment.manifest()
                 with segment.path.open("rb") as handle:
                     digest = hashlib.file_digest(handle, "sha256").hexdigest()
-                matches = retired.verify(signer.verify_key) and retired.log == self.options.log_name and (
-                    retired.bytes, retired.sha256, retired.last_hash, retired.tree, retired.checkpoint
-                ) == (manifest.bytes, digest, manifest.last_hash, manifest.tree, manifest.checkpoint)  # fmt: skip
+                matches = (retired.verify(signer.verify_key) and retired.log == self.options.log_name
+                           and retired.records(manifest, digest))  # fmt: skip
             except (OSError, ValueError):
                 matches = False
             if not matches:  # left as it is: `stockade audit verify` names it

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from router.audit.base import VerifyReport
 from router.audit.chain import GENESIS_HASH, head_of, line_hash
-from router.audit.checkpoint import Checkpoint, Manifest, Tombstone, VerifyKey
+from router.audit.checkpoint import Checkpoint, Tombstone, VerifyKey
 from router.audit.layout import LogLayout, Part, last_line_of, line_blocks, lines, read_checkpoint_source, timestamp_of
 from router.audit.merkle import CompactRange, MerkleTree
 from router.errors import AuditError
@@ -451,17 +451,12 @@ def _check_retiring(segment: Part, tombstone: Part, walk: Walk, keys: Sequence[V
     if keys and not any(retired.verify(key) for key in keys):
         walk.fail(retired.first_seq, f"the tombstone for seq {retired.first_seq}..{retired.last_seq} is not signed "
                                      "by a trusted key")  # fmt: skip
-    elif _retires(retired) != _retires(manifest):
+    elif not retired.records(manifest):
         walk.fail(retired.first_seq, f"{tombstone.path.name} does not record the segment still beside it")
 
 
 def _same_range(one: Part, other: Part) -> bool:
     return (one.first_seq, one.last_seq) == (other.first_seq, other.last_seq)
-
-
-def _retires(record: Manifest | Tombstone) -> tuple[object, ...]:
-    """What a tombstone must record as the manifest of the segment it retires does."""
-    return record.bytes, record.sha256, record.last_hash, record.tree, record.checkpoint
 
 
 def _first_and_last_time(path: Path) -> tuple[str, str]:
