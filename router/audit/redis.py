@@ -39,7 +39,7 @@ import os
 import random
 import socket
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ from router.audit.base import GENESIS_HASH, AuditEvent, AuditFilter, VerifyRepor
 from router.audit.chain import Unsealed, canonical, document_of, line_hash
 from router.audit.checkpoint import Checkpoint, VerifyKey, sign_checkpoint
 from router.audit.jsonl import JsonlAuditLog, LogOptions, publish_file
+from router.audit.layout import read_checkpoint_source
 from router.audit.merkle import CompactRange, MerkleTree
 from router.audit.verify import Walk, gather_checkpoints
 from router.errors import AuditError
@@ -269,6 +270,13 @@ class RedisAuditLog:
     async def checkpoints(self) -> list[Checkpoint]:
         """Every checkpoint published on the stream, oldest first."""
         return [c for c in await self._read_checkpoints() if c is not None]
+
+    async def head_checkpoint(self) -> Checkpoint | None:
+        """The checkpoint the stream's head records (the latest published), if any readable."""
+        try:
+            return _checkpoint_or_none(await self._redis.hget(HEAD, "checkpoint"))
+        except (redis.exceptions.RedisError, OSError) as exc:
+            raise AuditError(f"cannot read the audit stream's head: {exc}") from exc
 
     async def _read_checkpoints(self) -> list[Checkpoint | None]:
         found: list[Checkpoint | None] = []
@@ -529,27 +537,41 @@ class RedisAuditLog:
             raise AuditError("the audit stream does not match its latest checkpoint; run `stockade audit verify`")
         return checkpoint, {seq: (found[seq], [node.hex() for node in tree.inclusion_proof(seq - 1)]) for seq in seqs}
 
-    async def verify(self, *, keys: Sequence[VerifyKey] = (), trusted: Sequence[Checkpoint] = ()) -> VerifyReport:
-        """Check the stream against its checkpoints (and ``trusted``), a chunk at a time, hashing in
-        a worker thread so the event loop keeps serving."""
+    async def verify(
+        self, *, keys: Sequence[VerifyKey] = (), trusted: Sequence[Checkpoint] = (), publish_dir: Path | None = None
+    ) -> VerifyReport:
+        """Check the stream against every checkpoint known: ``trusted`` (the auditor's), those in
+        ``publish_dir`` (where the routers publish, out of Redis's reach), the head's and the
+        checkpoints stream's; a chunk at a time, hashing in a worker thread so the event loop keeps
+        serving. A stream rolled back (a restored copy, a lagging replica) or cut, with its
+        checkpoints, shows against a checkpoint kept outside Redis."""
         if not keys and self._signer is not None:
             keys = [VerifyKey.from_pem(self._signer.public_pem())]
         checkpoints = await self._read_checkpoints()
-        # The auditor's first: where it and the stream's disagree at one size, theirs is the root held to.
-        found = gather_checkpoints([("the auditor's checkpoint", trusted), ("stream checkpoints", checkpoints)], keys,
-                                   chained="stream checkpoints")  # fmt: skip
         try:  # read before the stream: every event it records is in the stream by then
-            head_seq, head_hash = await self._redis.hmget(HEAD, ["seq", "hash"])
+            head_seq, head_hash, head_checkpoint = await self._redis.hmget(HEAD, ["seq", "hash", "checkpoint"])
         except (redis.exceptions.RedisError, OSError) as exc:
             raise AuditError(f"cannot read the audit stream's head: {exc}") from exc
+        at_head = _checkpoint_or_none(head_checkpoint)
+        # Those Redis cannot rewrite first: where two disagree at one size, theirs is the root held to.
+        sources: list[tuple[str, Iterable[Checkpoint | None]]] = [("the auditor's checkpoint", trusted)]
+        if publish_dir is not None:
+            sources.append((str(publish_dir), list(read_checkpoint_source(publish_dir))))
+        if head_checkpoint:
+            sources.append((f"the head's checkpoint ({HEAD})", [at_head]))
+        sources.append(("stream checkpoints", checkpoints))
+        found = gather_checkpoints(sources, keys, chained="stream checkpoints")
+        if at_head is not None and at_head not in checkpoints:
+            found.problems.append(f"the checkpoints stream ({CHECKPOINTS}) does not hold the head's checkpoint (size "
+                                  f"{at_head.size}): checkpoints were removed or replaced")  # fmt: skip
         recorded = int(head_seq) if head_seq is not None and str(head_seq).isdigit() else 0
         walk = Walk(found)
         number = 0
-        at_head: str | None = None  # the hash of the line at the head's seq (lines are seqs while the walk holds)
+        line_at_head: str | None = None  # the hash of the line at the head's seq (lines are seqs while the walk holds)
         async for ids, chunk in self._chunks():
             await asyncio.to_thread(walk.feed, chunk, STREAM, number + 1)
             if number < recorded <= number + len(chunk):
-                at_head = line_hash(chunk[recorded - number - 1]).hex()
+                line_at_head = line_hash(chunk[recorded - number - 1]).hex()
             if walk.report is not None:
                 if walk.report.line is not None and number < walk.report.line <= number + len(chunk):
                     entry = ids[walk.report.line - number - 1]
@@ -566,7 +588,7 @@ class RedisAuditLog:
             problem = (f"the stream ends at seq {report.events}, but its head ({HEAD}) records seq {recorded}: "
                        f"events {report.events + 1}..{recorded} were cut off")  # fmt: skip
             return dataclasses.replace(report, ok=False, broken_seq=report.events + 1, problem=problem, notes=())
-        if at_head != head_hash:
+        if line_at_head != head_hash:
             problem = (f"event seq {recorded} is not the one the stream's head ({HEAD}) records: events up to it "
                        "were replaced or rewritten")  # fmt: skip
             return dataclasses.replace(report, ok=False, broken_seq=recorded, problem=problem, notes=())
@@ -590,6 +612,16 @@ class RedisAuditLog:
         if self._spool_lock is not None:
             os.close(self._spool_lock)  # releases the spool for the next router on this host
             self._spool_lock = None
+
+
+def _checkpoint_or_none(text: str | bytes | None) -> Checkpoint | None:
+    """The checkpoint in ``text`` (a Redis field), None if there is none or it is unreadable."""
+    if not text:
+        return None
+    try:
+        return Checkpoint.model_validate_json(text)
+    except ValueError:
+        return None
 
 
 def _raw(value: object) -> bytes:

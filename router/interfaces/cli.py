@@ -385,22 +385,19 @@ def audit_verify(
     keys, trusted = verify_keys(settings, public_key), _trusted(checkpoint)
     where = str(path or settings.audit.path)
     try:
+        publish_dir = settings.audit.publish_dir
+        if publish_dir is not None and not publish_dir.is_dir():
+            why = "the checkpoints kept there cannot be checked; mount it, or unset it to go without"
+            raise _fail(f"STOCKADE_AUDIT__PUBLISH_DIR={publish_dir} is not a directory (not mounted?): {why}")
         if settings.audit.backend == "redis" and path is None:
             where = f"the Redis stream at {settings.store.url}"
-            report = asyncio.run(_verify_redis(settings, keys, trusted))
+            report = asyncio.run(_verify_redis(settings, keys, trusted, publish_dir))
         else:
             log = _audit_log(ctx, path, without_active=True)
             where = str(log.path)
-            publish_dir = settings.audit.publish_dir
             signed = _signed_artefact(log.layout, publish_dir, trusted) if not keys else None
             if signed is not None:
-                # Signatures unchecked, anyone who can write the log's volume could have signed
-                # its checkpoints, manifests and tombstones: "intact" would mean nothing.
-                raise _fail(f"{signed}, and no public key was found to check signatures: pass --public-key FILE "
-                            "(the signing key's .pub, as given to auditors)")  # fmt: skip
-            if publish_dir is not None and not publish_dir.is_dir():
-                why = "the checkpoints kept there cannot be checked; mount it, or unset it to go without"
-                raise _fail(f"STOCKADE_AUDIT__PUBLISH_DIR={publish_dir} is not a directory (not mounted?): {why}")
+                raise _fail(_unkeyed(signed))
             report = verify_log(log.layout, keys=keys, publish_dir=publish_dir, trusted=trusted,
                                 from_seq=from_seq, workers=2)  # fmt: skip
     except AuditError as exc:
@@ -459,14 +456,35 @@ def _signed_artefact(layout: LogLayout, publish_dir: Path | None, trusted: list[
     return None
 
 
-async def _verify_redis(settings: Settings, keys: list[VerifyKey], trusted: list[Checkpoint]) -> VerifyReport:
+def _has_entries(directory: Path) -> bool:
+    return any(directory.iterdir())
+
+
+def _unkeyed(signed: str) -> str:
+    # Signatures unchecked, anyone who can write the log (its volume, or the Redis) could have
+    # signed its checkpoints, manifests and tombstones: "intact" would mean nothing.
+    return (f"{signed}, and no public key was found to check signatures: pass --public-key FILE (the signing key's "
+            ".pub, as given to auditors)")  # fmt: skip
+
+
+async def _verify_redis(
+    settings: Settings, keys: list[VerifyKey], trusted: list[Checkpoint], publish_dir: Path | None
+) -> VerifyReport:
     if settings.store.url is None:
         raise AuditError("STOCKADE_AUDIT__BACKEND=redis needs the store's Redis: set STOCKADE_STORE__URL")
     from router.audit.redis import RedisAuditLog  # noqa: PLC0415
 
     stream = RedisAuditLog(settings.store.url, timeout_s=settings.store.timeout_s)
     try:
-        return await stream.verify(keys=keys, trusted=trusted)
+        if not keys:
+            signed = "--checkpoint names signed checkpoints" if trusted else None
+            if signed is None and (await stream.checkpoints() or await stream.head_checkpoint() is not None):
+                signed = "the Redis stream holds signed checkpoints"
+            if signed is None and publish_dir is not None and await asyncio.to_thread(_has_entries, publish_dir):
+                signed = f"the publish directory {publish_dir} holds signed checkpoints"
+            if signed is not None:
+                raise AuditError(_unkeyed(signed))
+        return await stream.verify(keys=keys, trusted=trusted, publish_dir=publish_dir)
     finally:
         await stream.aclose()
 

@@ -33,7 +33,7 @@ from router.audit.base import VerifyReport
 from router.audit.chain import GENESIS_HASH, Unsealed, head_of
 from router.audit.checkpoint import Checkpoint, Manifest, SigningKey, Tombstone, sign_checkpoint, sign_tombstone
 from router.audit.factory import anchor_path
-from router.audit.jsonl import JsonlAuditLog, LogOptions
+from router.audit.jsonl import JsonlAuditLog, LogOptions, publish_file
 from router.audit.layout import LogLayout
 from router.audit.merkle import CompactRange
 from router.audit.redis import CHECKPOINTS, HEAD, STREAM, RedisAuditLog
@@ -1224,6 +1224,23 @@ def test_the_cli_verifies_incrementally_from_a_seq(baseline: Baseline, fresh: Ca
     assert (code, report["broken_seq"]) == (1, first + 1)
 
 
+async def test_a_redis_checkpoints_stream_deleted_under_an_intact_stream_is_named(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """The checkpoints stream deleted (or emptied) while the events and the head are intact: the
+    head's own checkpoint is no longer among the stream's, which verify names (it once said OK)."""
+    key = SigningKey.load_or_create(tmp_path / "keys" / "audit.key")
+    await _stream(redis_url, key)
+    db = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        db.delete(CHECKPOINTS)
+        report = await _verify_stream(redis_url, key)
+        assert not report.ok
+        assert "does not hold the head's checkpoint" in report.problem, report.problem
+    finally:
+        db.close()
+
+
 async def test_the_cli_catches_a_redis_stream_rolled_back_with_its_checkpoints(tmp_path: Path, redis_url: str) -> None:
     key = SigningKey.load_or_create(tmp_path / "keys" / "audit.key")
     signed = await _stream(redis_url, key)
@@ -1241,10 +1258,29 @@ async def test_the_cli_catches_a_redis_stream_rolled_back_with_its_checkpoints(t
         for entry_id, fields in xrange(db, CHECKPOINTS):
             if Checkpoint.model_validate_json(fields["checkpoint"]).size > R - 4:
                 db.xdel(CHECKPOINTS, entry_id)
+        # The head still records the latest checkpoint, which the stream no longer reaches.
         code, report = await asyncio.to_thread(stockade_verify, "--public-key", public, env=env)
-        assert (code, report["ok"]) == (0, True)  # the control: the stream's own checkpoints rolled back too
+        assert (code, report["broken_seq"]) == (1, R - 3)
+        last = [c for c in signed if c.size <= R - 4][-1]
+        db.hset(HEAD, mapping={"checkpoint": last.signed_text().decode(), "checkpoint_digest": last.digest()})
+        code, report = await asyncio.to_thread(stockade_verify, "--public-key", public, env=env)
+        assert (code, report["ok"]) == (0, True)  # the control: all of Redis rolled back, nothing outside given
         code, report = await asyncio.to_thread(stockade_verify, "--public-key", public, "--checkpoint", str(kept),
                                                env=env)  # fmt: skip
         assert (code, report["broken_seq"]) == (1, R - 3)
+        # The routers' publish directory (out of Redis's reach) shows it too: it was once ignored here.
+        published = tmp_path / "published"
+        published.mkdir()
+        publish_file(published, signed[-1])
+        code, report = await asyncio.to_thread(stockade_verify, "--public-key", public,
+                                               env={**env, "STOCKADE_AUDIT__PUBLISH_DIR": str(published)})  # fmt: skip
+        assert (code, report["broken_seq"]) == (1, R - 3)
+        assert "cut off" in str(report["problem"])
+        # Without a public key nothing signed is checked: not "OK" but exit 2.
+        unkeyed = await asyncio.to_thread(subprocess.run, [STOCKADE, "audit", "verify"], capture_output=True,
+                                          text=True, env={**os.environ, **env, "HOME": str(tmp_path / "home")},
+                                          timeout=120, check=False)  # fmt: skip
+        assert unkeyed.returncode == 2, unkeyed.stdout + unkeyed.stderr
+        assert "the Redis stream holds signed checkpoints" in " ".join(unkeyed.stderr.split())
     finally:
         db.close()
