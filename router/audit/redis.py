@@ -51,7 +51,7 @@ from router.audit.base import GENESIS_HASH, AuditEvent, AuditFilter, VerifyRepor
 from router.audit.chain import Unsealed, canonical, document_of, line_hash
 from router.audit.checkpoint import Checkpoint, VerifyKey, sign_checkpoint
 from router.audit.jsonl import JsonlAuditLog, LogOptions, publish_file
-from router.audit.layout import read_checkpoint_source
+from router.audit.layout import read_checkpoint_source, write_json_atomically
 from router.audit.merkle import CompactRange, MerkleTree
 from router.audit.verify import Walk, gather_checkpoints
 from router.errors import AuditError
@@ -166,6 +166,10 @@ class RedisAuditLog:
         self._appended, self._appended_id, self._appended_hash = _read_memory(self._memory)
         self._memory_fd: int | None = None
         self.regressed: str | None = None  # why the stream is refused, once it went backwards
+        # The largest head this router saw the stream reach (its own appends, others' it chained
+        # onto, checkpoints signed), kept across restarts at `LogOptions.anchor` as the last
+        # checkpoint signed or seen: a stream behind it lost events, whoever appended them.
+        self._seen = _anchored(self._options.anchor, self._options.log_name)
 
     async def append(self, event: AuditEvent) -> AuditEvent:
         event, unsealed = as_written(event, self._options.masks, self._options.mask_key)
@@ -195,24 +199,21 @@ class RedisAuditLog:
                 tree.append(bytes.fromhex(chain["hash"]))
                 answer = await self._append(
                     [STREAM, HEAD, self._writer],
-                    [str(self._seq), self._head, line.decode(), GENESIS_HASH, str(self._appended), self._appended_id,
-                     self._appended_hash, str(chain["seq"]), chain["hash"], json.dumps(tree.to_json()),
-                     "1" if self._spool is not None else ""],
+                    [str(self._seq), self._head, line.decode(), GENESIS_HASH, str(max(self._appended, self._seen)),
+                     self._appended_id, self._appended_hash, str(chain["seq"]), chain["hash"],
+                     json.dumps(tree.to_json()), "1" if self._spool is not None else ""],
                 )  # fmt: skip
                 if int(answer[0]) == 1:
                     self._seq, self._head, self._tree = chain["seq"], chain["hash"], tree
+                    self._seen = max(self._seen, self._seq)
                     self._remember(self._seq, str(answer[1]), self._head)
                     self._schedule_checkpoint()
                     return event.model_copy(update=chain)
                 seq, head = int(answer[1]), str(answer[2])  # another router appended first
                 if int(answer[0]) == 2:
-                    self.regressed = (
-                        f"the audit stream went backwards: its head is seq {seq}, and it no longer holds "
-                        f"seq {self._appended} as this router appended it (Redis lost data?). Appends are refused and "
-                        f"spooled; to accept the new head, delete {self._memory} and restart"
-                    )
-                    raise AuditError(self.regressed)
+                    raise self._regressed(seq)
                 self._seq, self._head = seq, head
+                self._seen = max(self._seen, seq)
                 self._tree = CompactRange.from_json(json.loads(answer[3])) if answer[3] else CompactRange()
                 if self._tree.size != seq:
                     raise AuditError(f"the audit stream's head (seq {seq}) holds no matching Merkle tree state")
@@ -226,6 +227,20 @@ class RedisAuditLog:
             raise AuditError(f"cannot append to the audit stream: {exc}; check that Redis is up") from exc
         raise AuditError(f"the audit stream's head moved {losses} times in {_CONTENTION_S:g}s (other routers "
                          "appending); retry")  # fmt: skip
+
+    def _regressed(self, seq: int) -> AuditError:
+        """Refuse the stream from now on: its head (seq ``seq``) is behind what this router appended
+        or saw it reach."""
+        reached = max(self._appended, self._seen)
+        kept = " and ".join(str(path) for path in (self._memory, self._options.anchor) if path is not None)
+        self.regressed = (
+            f"the audit stream went backwards: its head is seq {seq}, but this router saw it reach seq {reached}, "
+            f"or it no longer holds seq {self._appended} as this router appended it (Redis lost data, or was "
+            f"restored from an older copy?). Appends are refused and spooled; `stockade audit verify` checks the "
+            f"stream against the published checkpoints; to accept the new head, delete {kept or 'nothing'} and restart"
+        )
+        log.error("audit_stream_regressed", head=seq, reached=reached)
+        return AuditError(self.regressed)
 
     # -- checkpoints ------------------------------------------------------------------------
 
@@ -250,8 +265,14 @@ class RedisAuditLog:
         router may sign; the first to publish for a given predecessor wins."""
         if self._signer is None:
             return None
+        if self.regressed is not None:
+            raise AuditError(self.regressed)
         seq, tree_json, current = await self._redis.hmget(HEAD, ["seq", "tree", "checkpoint"])
+        if int(seq or 0) < self._seen:  # never sign a head behind one already seen: that history lost events
+            raise self._regressed(int(seq or 0))
         previous = Checkpoint.model_validate_json(current) if current else None
+        if previous is not None and previous.verify(self._signer.verify_key):
+            self._seen = max(self._seen, previous.size)
         if seq is None or tree_json is None or (previous is not None and previous.size >= int(seq)):
             return previous
         tree = CompactRange.from_json(json.loads(tree_json))
@@ -263,9 +284,24 @@ class RedisAuditLog:
             [checkpoint.signed_text().decode(), str(checkpoint.size), previous.digest() if previous else "",
              checkpoint.digest()],
         )  # fmt: skip
-        if int(published) and self._options.publish_dir is not None:
-            await asyncio.to_thread(publish_file, self._options.publish_dir, checkpoint)
+        if int(published):
+            self._seen = max(self._seen, checkpoint.size)
+            await asyncio.to_thread(self._anchor, checkpoint)
+            if self._options.publish_dir is not None:
+                await asyncio.to_thread(publish_file, self._options.publish_dir, checkpoint)
         return checkpoint
+
+    def _anchor(self, checkpoint: Checkpoint) -> None:
+        """Keep ``checkpoint`` at `LogOptions.anchor` (off Redis, beside the signing key), if it is
+        the largest kept: what this router's next start holds the stream to."""
+        anchor = self._options.anchor
+        if anchor is None or _anchored(anchor, self._options.log_name) >= checkpoint.size:
+            return
+        try:
+            anchor.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            write_json_atomically(anchor, checkpoint.model_dump(mode="json"), mode=0o600)
+        except OSError as exc:  # the check holds in this process; a restart may forget it
+            log.error("audit_anchor_unwritable", path=str(anchor), error=str(exc))
 
     async def checkpoints(self) -> list[Checkpoint]:
         """Every checkpoint published on the stream, oldest first."""
@@ -446,9 +482,12 @@ class RedisAuditLog:
         if self.regressed is not None:
             return self.regressed
         try:
-            await self._redis.ping()
+            head = await self._redis.hget(HEAD, "seq")
         except (redis.exceptions.RedisError, OSError) as exc:
             return f"the audit stream is unreachable: {exc}"
+        if int(head or 0) < self._seen:
+            return str(self._regressed(int(head or 0)))
+        self._seen = int(head or 0)  # each probe (/readyz) notes how far the stream has come
         if self._pending:
             async with self._lock:
                 try:
@@ -612,6 +651,20 @@ class RedisAuditLog:
         if self._spool_lock is not None:
             os.close(self._spool_lock)  # releases the spool for the next router on this host
             self._spool_lock = None
+
+
+def _anchored(anchor: Path | None, log_name: str) -> int:
+    """The size of the checkpoint kept at ``anchor`` for the log ``log_name`` (0: none)."""
+    if anchor is None:
+        return 0
+    try:
+        kept = Checkpoint.model_validate_json(anchor.read_bytes())
+    except FileNotFoundError:
+        return 0
+    except (OSError, ValueError) as exc:
+        log.error("audit_anchor_unreadable", path=str(anchor), error=str(exc))
+        return 0
+    return kept.size if kept.log == log_name else 0
 
 
 def _checkpoint_or_none(text: str | bytes | None) -> Checkpoint | None:

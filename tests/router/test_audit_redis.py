@@ -405,7 +405,7 @@ async def test_stockade_audit_prove_reads_the_stream_and_anyone_with_the_public_
     finally:
         db.close()
     env = {**os.environ, "STOCKADE_AUDIT__BACKEND": "redis", "STOCKADE_STORE__URL": redis_url,
-           "HOME": str(tmp_path / "home")}  # fmt: skip
+           "STOCKADE_AUDIT__SIGNING_KEY": str(tmp_path / "none" / "audit.key")}  # no key (nor .pub) here  # fmt: skip
     argv = [str(STOCKADE), "audit", "prove", "--seq", "3", "--seq", "20", "--json"]
     unkeyed = await asyncio.to_thread(subprocess.run, argv, env=env, capture_output=True, text=True, timeout=60,
                                       check=False)  # fmt: skip
@@ -581,3 +581,61 @@ async def test_many_routers_appending_at_once_are_all_chained(redis_url: str) ->
     finally:
         for log in logs:
             await log.aclose()
+
+
+async def test_a_stream_rolled_back_behind_what_another_router_appended_is_refused_by_every_router(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """Redis restored from an older copy: router A's last events are gone, router B's (older) are
+    still there. B once chained onto the old head, said it was ready, and signed the fork with the
+    real key, so the publish directory held two signed histories. Every router now holds the
+    stream to the largest head it saw it reach (its probes and the checkpoints it read), kept
+    beside the key across restarts: B refuses to append or sign, /readyz says why, and so does a
+    router started afresh with that anchor."""
+    key = SigningKey.load_or_create(tmp_path / "keys" / "audit.key")
+
+    def options(name: str) -> LogOptions:
+        return LogOptions(signer=key, checkpoint_interval_s=3600, publish_dir=tmp_path / "published",
+                          anchor=tmp_path / "keys" / f"anchor-{name}.json")  # fmt: skip
+
+    a = RedisAuditLog(redis_url, spool_dir=tmp_path / "spool-a", instance="a", options=options("a"))
+    b = RedisAuditLog(redis_url, spool_dir=tmp_path / "spool-b", instance="b", options=options("b"))
+    db = client(redis_url)
+    try:
+        for i in range(1, 6):
+            await b.append(event(i, "b"))
+        for i in range(6, 21):
+            await a.append(event(i, "a"))
+        signed = await a.checkpoint()
+        assert signed is not None
+        assert signed.size == 20
+        assert await b.check() is None  # B's probe sees the head at 20
+        assert await b.checkpoint() == signed  # and reads the signed checkpoint: nothing new to sign
+        # The restore: the stream, its head and its checkpoints as they were at seq 10.
+        lines = [fields["event"] for _, fields in xrange(db, STREAM)][:10]
+        db.delete(STREAM, CHECKPOINTS)
+        tree = CompactRange()
+        for line in lines:
+            db.xadd(STREAM, {"event": line, "hash": line_hash(line.encode()).hex()})
+            tree.append(line_hash(line.encode()))
+        db.hset(HEAD, mapping={"seq": "10", "hash": line_hash(lines[-1].encode()).hex(),
+                               "tree": json.dumps(tree.to_json())})  # fmt: skip
+        db.hdel(HEAD, "checkpoint", "checkpoint_digest")
+        with pytest.raises(AuditError, match="went backwards"):
+            await b.append(event(21, "b"))
+        assert "went backwards" in (await b.check() or "")
+        with pytest.raises(AuditError, match="went backwards"):
+            await b.checkpoint()
+        assert db.hget(HEAD, "seq") == "10"  # nothing chained onto the restored head
+        assert [p.name[:12] for p in (tmp_path / "published").iterdir()] == ["000000000020"]  # no fork signed
+        # A fresh router with A's anchor (restarted after the restore) refuses at its first append.
+        fresh = RedisAuditLog(redis_url, options=options("a"))
+        try:
+            with pytest.raises(AuditError, match="saw it reach seq 20"):
+                await fresh.append(event(22, "a"))
+        finally:
+            await fresh.aclose()
+    finally:
+        db.close()
+        await a.aclose()
+        await b.aclose()

@@ -1278,7 +1278,8 @@ async def test_the_cli_catches_a_redis_stream_rolled_back_with_its_checkpoints(t
         assert "cut off" in str(report["problem"])
         # Without a public key nothing signed is checked: not "OK" but exit 2.
         unkeyed = await asyncio.to_thread(subprocess.run, [STOCKADE, "audit", "verify"], capture_output=True,
-                                          text=True, env={**os.environ, **env, "HOME": str(tmp_path / "home")},
+                                          text=True, env={**os.environ, **env, "STOCKADE_AUDIT__SIGNING_KEY":
+                                                          str(tmp_path / "none" / "audit.key")},
                                           timeout=120, check=False)  # fmt: skip
         assert unkeyed.returncode == 2, unkeyed.stdout + unkeyed.stderr
         assert "the Redis stream holds signed checkpoints" in " ".join(unkeyed.stderr.split())
