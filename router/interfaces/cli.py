@@ -263,6 +263,14 @@ def mcp(
         new_session(agent, principal, trusted or [])
     except StockadeError as exc:
         raise _fail(f"--agent, --principal or --trusted: {exc}") from exc
+    from router.approvals import same_identity  # noqa: PLC0415
+
+    # The human answers elicitations as --principal: an agent under the same name would approve
+    # its own calls, and the log would say the human did.
+    for name in [agent, *(p.name for p in agents if http and tokens)]:
+        if same_identity(principal, name):
+            raise _fail(f"--principal {principal!r} is the agent {name!r}: name the human the agent acts for (an "
+                        "agent never approves its own calls)")  # fmt: skip
     listening = _listen(host, port) if http else None
     refused: list[str] = []
 

@@ -54,7 +54,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from router.approvals import Approval, ApprovalStatus
+from router.approvals import Approval, ApprovalError
 from router.control import VERSION, ControlPlane, session_refusals_recorded_by_caller
 from router.errors import InvalidCall, SessionNotFound, StockadeError, ToolNotFound
 from router.interfaces import bearer
@@ -322,13 +322,8 @@ def build_server(
                     return types.InputRequiredResult(
                         input_requests={"approval": types.ElicitRequest(params=ask)}, request_state=approval.id
                     )
-                try:
-                    answer = await ctx.session.elicit_form(
-                        ask.message, _ELICIT_SCHEMA, related_request_id=ctx.request_id
-                    )
-                except Exception as exc:  # the client could not ask: out-of-band approval remains
-                    log.warning("mcp_elicitation_failed", approval_id=approval.id, error=f"{type(exc).__name__}: {exc}")
-                else:
+                answer = await _elicit(ctx, session, approval.id, ask)
+                if answer is not None:
                     session.awaiting.discard(approval.id)
                     if await _decide(ctx, plane, approval, principal, answer):
                         # Approved: the retry redeems it. Refused: it is refused (approval.denied), audited.
@@ -434,6 +429,23 @@ def _question(approval: Approval, session: _Session, principal: str, spec: ToolS
     return question if len(question) <= _MAX_QUESTION else None
 
 
+async def _elicit(
+    ctx: ServerRequestContext[Any, Any], session: _Session, approval_id: str, ask: types.ElicitRequestFormParams
+) -> types.ElicitResult | None:
+    """Ask the human now, in the client; None if the client could not (out-of-band approval remains)."""
+    try:
+        return await ctx.session.elicit_form(ask.message, _ELICIT_SCHEMA, related_request_id=ctx.request_id)
+    except asyncio.CancelledError:
+        # The call was cancelled while its human was asked: no call awaits that answer now, and the
+        # next retry asks again (else the approval would be left to an approver out of band only).
+        session.asked.discard(approval_id)
+        session.awaiting.discard(approval_id)
+        raise
+    except Exception as exc:
+        log.warning("mcp_elicitation_failed", approval_id=approval_id, error=f"{type(exc).__name__}: {exc}")
+        return None
+
+
 async def _take_answer(
     ctx: ServerRequestContext[Any, Any], plane: ControlPlane, session: _Session, principal: str,
     params: types.CallToolRequestParams, *, elicitation: bool,
@@ -453,7 +465,10 @@ async def _take_answer(
         return
     session.awaiting.discard(approval_id)
     approval = await plane.get_approval(approval_id)
-    if approval.status is ApprovalStatus.PENDING:
+    # Whatever its status now: an answer to an approval that expired or was decided meanwhile is
+    # refused on the record (approval.not_pending) with the human's words, never dropped unheard;
+    # the call then goes on (held again, and asked again).
+    with contextlib.suppress(ApprovalError):
         await _decide(ctx, plane, approval, principal, answer)
 
 

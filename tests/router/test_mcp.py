@@ -697,3 +697,83 @@ async def test_the_sdk_gets_input_schemas_without_listing_tools(plane: ControlPl
     assert server.get_tool_input_schema("echo") == {"type": "object"}
     assert server.get_tool_input_schema("no-such-tool") is None
     assert server.get_tool_input_schema("../etc") is None
+
+
+async def test_an_answer_after_the_approval_expired_is_on_record_in_the_input_required_flow(tmp_path: Path) -> None:
+    """In the 2026-07-28 flow the human's answer comes back with the retried call. One that came
+    after the approval expired was dropped without a word (the legacy flow recorded it); now it is
+    refused on the record (approval.not_pending) and the call is held and asked again."""
+    settings = Settings(audit=AuditSettings(path=tmp_path / "audit.jsonl"), approval_ttl_s=1.0)
+    yes = types.ElicitResult(action="accept", content={"approve": True, "note": "late yes"})
+    async with ControlPlane.from_settings(settings) as plane:
+        for tool in TOOLS:
+            await plane.register(tool)
+        server = build_server(plane, agent="claude", principal="alice@example.com")
+        async with Client(server, mode="2026-07-28", elicitation_callback=elicitation(yes, [])) as client:
+            first = await client.session.call_tool("drop_table", {"table": "users"}, allow_input_required=True)
+            assert isinstance(first, types.InputRequiredResult)
+            await asyncio.sleep(1.5)
+            again = await client.session.call_tool("drop_table", {"table": "users"}, allow_input_required=True,
+                                                   request_state=first.request_state,
+                                                   input_responses={"approval": yes})  # fmt: skip
+            assert isinstance(again, types.InputRequiredResult)
+            assert again.request_state != first.request_state
+        refused = [e for e in await plane.audit.query(AuditFilter(kind="error")) if e.outcome == "refused"]
+        assert [(e.result or {}).get("code") for e in refused] == ["approval.not_pending"]
+        assert not await plane.audit.query(AuditFilter(kind="execution"))
+
+
+def test_a_call_cancelled_while_its_human_is_asked_is_asked_again_on_retry(tmp_path: Path) -> None:
+    """The client cancels tools/call while the server waits for the human's answer. The approval
+    stayed marked as asked and awaited: the plain retry was held without asking anyone again, so
+    only an approver out of band could decide it. Now the retry asks the human again."""
+    args = [STOCKADE, "mcp", "--agent", "claude", "--principal", "alice@example.com", "--tools",
+            str(write_tools(tmp_path))]  # fmt: skip
+    env = {**os.environ, "STOCKADE_AUDIT__PATH": str(tmp_path / "audit.jsonl"), "STOCKADE_LOG_LEVEL": "error"}
+    server = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    assert server.stdin is not None
+    assert server.stdout is not None
+
+    def send(message: dict[str, Any]) -> None:
+        server.stdin.write(json.dumps({"jsonrpc": "2.0", **message}).encode() + b"\n")  # type: ignore[union-attr]
+        server.stdin.flush()  # type: ignore[union-attr]
+
+    def receive() -> dict[str, Any]:
+        line = server.stdout.readline()  # type: ignore[union-attr]
+        assert line, "the server closed its output"
+        message: dict[str, Any] = json.loads(line)
+        return message
+
+    try:
+        send({"id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {
+            "elicitation": {}}, "clientInfo": {"name": "ide", "version": "1"}}})  # fmt: skip
+        assert receive()["id"] == 1
+        send({"method": "notifications/initialized"})
+        send({"id": 2, "method": "tools/call", "params": {"name": "drop_table", "arguments": {"table": "users"}}})
+        asked = receive()
+        assert asked["method"] == "elicitation/create"
+        send({"method": "notifications/cancelled", "params": {"requestId": 2, "reason": "the user pressed stop"}})
+        send({"id": 3, "method": "tools/call", "params": {"name": "drop_table", "arguments": {"table": "users"}}})
+        again = receive()
+        while again.get("method") == "notifications/cancelled":  # the SDK's own word on the cancelled request
+            again = receive()
+        assert again.get("method") == "elicitation/create", again
+        send({"id": again["id"], "result": {"action": "accept", "content": {"approve": True}}})
+        done = receive()
+        assert done["id"] == 3, done
+        assert done["result"]["structuredContent"] == {"table": "users"}
+    finally:
+        server.stdin.close()
+        server.wait(30)
+        server.stdout.close()
+
+
+def test_mcp_refuses_a_principal_that_is_the_agent(tmp_path: Path) -> None:
+    """The human answers elicitations as --principal: an agent of the same name (in any case or
+    width) would approve its own calls, with the log saying the human did."""
+    env = {**os.environ, "STOCKADE_AUDIT__PATH": str(tmp_path / "audit.jsonl")}
+    for principal in ("claude", "Claude", "\uff23\uff2c\uff21\uff35\uff24\uff25"):  # the last in full width
+        done = subprocess.run([STOCKADE, "mcp", "--agent", "claude", "--principal", principal], env=env,
+                              capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        assert done.returncode == 2, done.stderr
+        assert "an agent never approves its own calls" in " ".join(done.stderr.split())
