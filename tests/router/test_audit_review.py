@@ -92,6 +92,27 @@ def rechain_active(path: Path, edit: Callable[[bytes], bytes]) -> None:
     path.write_bytes(b"\n".join(out) + b"\n")
 
 
+def chained_after(last: bytes) -> bytes:
+    """The next event as someone without the key writes it: ``last`` (seq 40) as seq 41, chained onto it."""
+    extra = last.replace(b'"seq":40,', b'"seq":41,')
+    at = extra.index(b'"prev_hash":"') + 13
+    return extra[:at] + line_hash(last).hex().encode() + extra[at + 64 :]
+
+
+def add_unsigned_checkpoint(log: Log) -> None:
+    """A checkpoint over every line the log holds now (41), following its last, its signature zeros."""
+    tree = CompactRange()
+    for part in log.layout.parts():
+        if part.kind in ("sealed", "active"):
+            for _, line in lines(part.path):
+                tree.append(line_hash(line))
+    last = log.layout.read_checkpoints()[-1]
+    fake = last.model_copy(update={"root": tree.root().hex(), "size": tree.size, "prev": last.digest(),
+                                   "signature": base64.b64encode(bytes(64)).decode()})  # fmt: skip
+    with log.layout.checkpoints.open("ab") as handle:
+        handle.write(fake.signed_text() + b"\n")
+
+
 def deny_38(line: bytes) -> bytes:
     return line.replace(b'"outcome":"allow"', b'"outcome":"deny"') if b'"seq":38,' in line else line
 
@@ -236,24 +257,11 @@ def test_prove_never_proves_against_a_checkpoint_the_key_does_not_verify(tmp_pat
     code, out, err = log.cli("prove", "--seq", "38", "--json")
     assert code == 0, err
     assert Checkpoint.model_validate(json.loads(out)["checkpoint"]).verify(log.key.verify_key)
-    tree = CompactRange()
-    for part in log.layout.parts():
-        if part.kind == "sealed":
-            for _, line in lines(part.path):
-                tree.append(line_hash(line))
     rechain_active(log.path, deny_38)
     forged = [line for _, line in lines(log.path)]
-    extra = forged[-1].replace(b'"seq":40,', b'"seq":41,')
-    at = extra.index(b'"prev_hash":"') + 13
-    extra = extra[:at] + line_hash(forged[-1]).hex().encode() + extra[at + 64 :]
-    for line in [*forged, extra]:
-        tree.append(line_hash(line))
+    extra = chained_after(forged[-1])
     log.path.write_bytes(b"\n".join([*forged, extra]) + b"\n")
-    last = log.layout.read_checkpoints()[-1]
-    fake = last.model_copy(update={"root": tree.root().hex(), "size": N + 1, "prev": last.digest(),
-                                   "signature": base64.b64encode(bytes(64)).decode()})  # fmt: skip
-    with log.layout.checkpoints.open("ab") as handle:
-        handle.write(fake.signed_text() + b"\n")
+    add_unsigned_checkpoint(log)
     code, out, err = log.cli("prove", "--seq", "38", "--json")
     assert code == 1, out
     assert out == "", out
@@ -330,24 +338,11 @@ def test_export_never_proves_against_a_checkpoint_the_key_does_not_verify(tmp_pa
     verifies (40), leaves event 41 out (counted), and the export verifies."""
     log = Log(tmp_path)
     log.fill(range(1, N + 1))
-    tree = CompactRange()
-    for part in log.layout.parts():
-        if part.kind == "sealed":
-            for _, line in lines(part.path):
-                tree.append(line_hash(line))
     held = [line for _, line in lines(log.path)]
-    extra = held[-1].replace(b'"seq":40,', b'"seq":41,')
-    at = extra.index(b'"prev_hash":"') + 13
-    extra = extra[:at] + line_hash(held[-1]).hex().encode() + extra[at + 64 :]
-    for line in [*held, extra]:
-        tree.append(line_hash(line))
+    extra = chained_after(held[-1])
     with log.path.open("ab") as handle:
         handle.write(extra + b"\n")
-    last = log.layout.read_checkpoints()[-1]
-    fake = last.model_copy(update={"root": tree.root().hex(), "size": N + 1, "prev": last.digest(),
-                                   "signature": base64.b64encode(bytes(64)).decode()})  # fmt: skip
-    with log.layout.checkpoints.open("ab") as handle:
-        handle.write(fake.signed_text() + b"\n")
+    add_unsigned_checkpoint(log)
     target = tmp_path / "export.jsonl"
     code, out, err = log.cli("export", "--output", str(target), "--json")
     assert code == 0, err
