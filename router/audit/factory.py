@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import os
 import signal
@@ -84,10 +85,21 @@ def _mask_key(settings: Settings, *, create: bool) -> bytes | None:
         raise AuditError(f"the audit masking key {audit.mask_key} cannot be used: {exc}") from exc
 
 
+def redis_anchor_path(signing_key: Path, url: str) -> Path:
+    """Where a router keeps the last checkpoint it signed of the Redis stream at ``url``: beside the
+    signing key, one file per stream, never the JSONL log's (a router moved from one backend to
+    the other must not hold the new log to the old one's size)."""
+    key = hashlib.sha256(f"redis-stream {url}".encode()).hexdigest()[:16]
+    return signing_key.parent / "audit-anchors" / f"redis-{key}.json"
+
+
 def _backend(settings: Settings, options: LogOptions) -> AuditLog:
     if settings.audit.backend == "redis":
         if settings.store.url is None:
             raise AuditError("STOCKADE_AUDIT__BACKEND=redis needs the store's Redis: set STOCKADE_STORE__URL")
+        if options.anchor is not None:
+            options = dataclasses.replace(options, anchor=redis_anchor_path(settings.audit.signing_key,
+                                                                            settings.store.url))  # fmt: skip
         spool = settings.audit.spool_dir or settings.audit.path.parent / "audit-spool"
         return RedisAuditLog(
             settings.store.url, timeout_s=settings.store.timeout_s, spool_dir=spool, instance=settings.instance,

@@ -21,8 +21,10 @@ from router import AuditError, ControlPlane, Settings
 from router.audit import GENESIS_HASH, AuditEvent, AuditFilter, line_hash, timestamp
 from router.audit.checkpoint import Checkpoint, SigningKey
 from router.audit.jsonl import LogOptions
+from router.audit.layout import LogLayout
 from router.audit.merkle import CompactRange, verify_inclusion
 from router.audit.redis import CHECKPOINTS, HEAD, STREAM, RedisAuditLog
+from router.audit.verify import verify_log
 from router.settings import AuditSettings, StoreSettings
 from tests.conftest import external_tool, free_port
 
@@ -230,6 +232,31 @@ async def test_a_control_plane_audits_into_the_stream(tmp_path: Path, redis_url:
         assert report.signed == report.events > 0  # signed at shutdown
     finally:
         await reader.aclose()
+
+
+async def test_a_router_moved_between_backends_keeps_one_anchor_per_log(tmp_path: Path, redis_url: str) -> None:
+    """A router that wrote the JSONL log, then moved to the Redis stream (scaling out) and back,
+    with its settings otherwise the same. The stream's rollback guard once read the JSONL log's
+    anchor: a new stream was refused (\"went backwards\"), and the JSONL log, back again, was held
+    to the stream's checkpoint and could never verify. Each backend keeps its own anchor."""
+    audit = AuditSettings(path=tmp_path / "log" / "audit.jsonl", signing_key=tmp_path / "keys" / "audit.key")
+
+    async def calls(settings: Settings, n: int) -> None:
+        async with ControlPlane.from_settings(settings) as plane:
+            await plane.register(external_tool("echo"))
+            session = await plane.open_session("agent", "alice@example.com")
+            for _ in range(n):
+                assert (await plane.call(session, "echo", {})).status == "awaiting_report"  # allowed: external
+            problems = await plane.readiness_problems()
+            assert not any(problems.values()), problems
+
+    await calls(Settings(audit=audit), 5)
+    redis_audit = audit.model_copy(update={"backend": "redis", "spool_dir": tmp_path / "spool"})
+    await calls(Settings(audit=redis_audit, store=StoreSettings(url=redis_url)), 12)
+    await calls(Settings(audit=audit), 2)
+    key = SigningKey.load_or_create(audit.signing_key)
+    report = verify_log(LogLayout(audit.path), keys=[key.verify_key])
+    assert (report.ok, report.problem, report.signed) == (True, "", report.events), report
 
 
 def test_the_stream_needs_the_stores_redis(tmp_path: Path) -> None:
