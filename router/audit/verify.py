@@ -38,6 +38,7 @@ class _Checkpoints:
     roots: dict[int, str] = field(default_factory=dict)
     count: int = 0
     problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
     unchecked: bool = False
 
     def add(self, checkpoint: Checkpoint, where: str, keys: Sequence[VerifyKey]) -> None:
@@ -62,9 +63,11 @@ def gather_checkpoints(
     sources: Iterable[tuple[str, Iterable[Checkpoint | None]]], keys: Sequence[VerifyKey], *, chained: str = ""
 ) -> _Checkpoints:
     """Every checkpoint from ``sources`` (name, checkpoints), signature-checked. In the source named
-    ``chained`` (the log's own file) each checkpoint must also name the one before it (``prev``),
-    and the first none (the file is only ever appended to): one removed from the start or the
-    middle, or the file replaced, shows."""
+    ``chained`` (the log's own file) each checkpoint must also name the one before it (``prev``):
+    one removed from the middle, or the file replaced, shows. A first one that names another is
+    noted, not failed: checkpoints were removed from the start, which hides no event (the later
+    roots cover them), and is also how a file the writer put back from its anchor after a loss
+    begins (recorded as ``audit.checkpoints_lost``)."""
     found = _Checkpoints()
     for name, checkpoints in sources:
         previous: Checkpoint | None = None
@@ -73,9 +76,10 @@ def gather_checkpoints(
                 found.problems.append(f"{name} holds an unreadable checkpoint")
                 continue
             if name == chained and previous is None and checkpoint.prev:
-                found.problems.append(
+                found.notes.append(
                     f"{name}: its first checkpoint (at size {checkpoint.size}) follows another: checkpoints were "
-                    "removed from the start of the file, or it was replaced"
+                    "removed from the start of the file (or put back from the writer's anchor after a loss, which "
+                    "the log records as audit.checkpoints_lost)"
                 )
             elif name == chained and previous is not None and checkpoint.prev != previous.digest():
                 found.problems.append(
@@ -253,6 +257,7 @@ class Walk:
             notes.append("no public key given: checkpoint signatures were not checked")
         if not checkpoints.count:
             notes.append("no checkpoints: only the chain was checked (a cut-off tail cannot be seen)")
+        notes.extend(checkpoints.notes)
         if self.torn:
             notes.append(f"the active segment ends in {self.torn} bytes of an unfinished line after seq {events}: a "
                          "write cut short (never acknowledged, so no event), which the writer sets aside when it "
