@@ -146,6 +146,8 @@ class ContainerSandbox:
         self._pools: dict[_Class, asyncio.Queue[_Box]] = {}
         self._wanted: set[_Class] = set()  # pools below pool_size, to refill when idle
         self._used: list[_Box] = []  # used containers, to remove when idle
+        # Removals the engine failed, by container: each queued again when its timer fires.
+        self._retries: dict[str, asyncio.TimerHandle] = {}
         self._chores = asyncio.Event()
         self._idle = asyncio.Event()
         self._inflight = 0
@@ -519,16 +521,22 @@ class ContainerSandbox:
 
     async def _remove_used(self, box: _Box) -> None:
         """Remove a used container; one the engine failed to remove (it may still run the tool's
-        processes) is tried again after a wait that grows, not left until `aclose`."""
+        processes) is queued again after a wait that grows, not left until `aclose`. The wait is
+        a timer, not the housekeeper's: pools go on being refilled meanwhile."""
         if await asyncio.to_thread(self._destroy_now, box):
             return
         box.removals += 1
         if box.removals >= _REMOVE_ATTEMPTS:
             log.error("sandbox_remove_gave_up", tier=self.tier, container=box.id[:12], attempts=box.removals)
             return
-        self._used.append(box)
         low, high = _REMOVE_BACKOFF_S
-        await asyncio.sleep(min(high, low * 2 ** (box.removals - 1)))
+        self._retries[box.id] = asyncio.get_running_loop().call_later(
+            min(high, low * 2 ** (box.removals - 1)), self._retry, box
+        )
+
+    def _retry(self, box: _Box) -> None:
+        self._retries.pop(box.id, None)
+        self._destroy(box)
 
     async def _idle_for(self, seconds: float) -> bool:
         """Wait until no call has been running for ``seconds``; False if one started meanwhile."""
@@ -785,6 +793,9 @@ class ContainerSandbox:
         # Let the housekeeper finish the container it may be creating: cancelling it would leave
         # that container (and its attach socket) to nobody.
         self._closing = True
+        for later in self._retries.values():  # those containers go with the rest of this instance's, below
+            later.cancel()
+        self._retries.clear()
         self._stopping.set()
         prober = self._prober
         if prober is not None:

@@ -185,3 +185,45 @@ async def test_a_used_container_the_engine_failed_to_remove_is_removed_once_it_a
             await asyncio.sleep(0.1)
     finally:
         await box.aclose()
+
+
+async def test_a_removal_the_engine_keeps_failing_does_not_hold_back_the_warm_pool(runner_state: Path) -> None:
+    """An engine that fails one container's removal ("device or resource busy", as overlay2 does)
+    while it creates others: the retries wait on timers, so the warm pool is refilled at once (a
+    retry that slept in the housekeeper once held refills back for 20 s and more), and the
+    container is removed when the engine lets it."""
+    import docker  # noqa: PLC0415  (the engine's client, to fail one removal as the engine would)
+
+    box = ContainerSandbox(RunnerSettings(state_dir=runner_state, pool_size=2, housekeeping_grace_s=0.05), "docker")
+    try:
+        assert (await box.run(ECHO)).verdict is Verdict.OK
+        deadline = time.monotonic() + 60
+        while not (box._pools and all(q.qsize() == 2 for q in box._pools.values()) and not box._used):
+            assert time.monotonic() < deadline, "the warm pool never filled"
+            await asyncio.sleep(0.1)
+        api = box._docker().api
+        real = api.remove_container
+        stuck: list[str] = []
+
+        def busy(container: str, **kwargs: object) -> None:
+            if not stuck or container in stuck:
+                stuck.append(container)
+                raise docker.errors.APIError("driver overlay2 failed to remove root filesystem: resource busy")
+            real(container, **kwargs)
+
+        api.remove_container = busy
+        try:
+            assert (await box.run(ECHO)).verdict is Verdict.OK  # takes a warm container; its removal fails
+            started = time.monotonic()
+            while not all(q.qsize() == 2 for q in box._pools.values()):
+                assert time.monotonic() - started < 10, "the pool waited on the failing removal"
+                await asyncio.sleep(0.1)
+            assert len(stuck) >= 1
+        finally:
+            api.remove_container = real
+        deadline = time.monotonic() + 30
+        while any(found["Id"] == stuck[0] for found in sandbox_containers(box._owner)):
+            assert time.monotonic() < deadline, "the container whose removal failed was never removed"
+            await asyncio.sleep(0.2)
+    finally:
+        await box.aclose()
