@@ -267,7 +267,7 @@ def mcp(
 
     # The human answers elicitations as --principal: an agent under the same name would approve
     # its own calls, and the log would say the human did.
-    for name in [agent, *(p.name for p in agents if http and tokens)]:
+    for name in [p.name for p in agents] if http and tokens else [agent]:  # with tokens, each token's agent
         if same_identity(principal, name):
             raise _fail(f"--principal {principal!r} is the agent {name!r}: name the human the agent acts for (an "
                         "agent never approves its own calls)")  # fmt: skip

@@ -777,3 +777,10 @@ def test_mcp_refuses_a_principal_that_is_the_agent(tmp_path: Path) -> None:
                               capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
         assert done.returncode == 2, done.stderr
         assert "an agent never approves its own calls" in " ".join(done.stderr.split())
+    # Over HTTP with tokens each token names its agent (--agent is not used): those are held to it.
+    _, principals = agent_tokens("cursor-bot", "Alice@Example.com")
+    done = subprocess.run([STOCKADE, "mcp", "--http", "--port", str(free_port()), "--agent", "alice@example.com",
+                           "--principal", "alice@example.com"], env={**env, "STOCKADE_API_PRINCIPALS": principals},
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "is the agent 'Alice@Example.com'" in " ".join(done.stderr.split())
