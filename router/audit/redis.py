@@ -485,6 +485,8 @@ class RedisAuditLog:
             head = await self._redis.hget(HEAD, "seq")
         except (redis.exceptions.RedisError, OSError) as exc:
             return f"the audit stream is unreachable: {exc}"
+        if not str(head or 0).isdigit():
+            return f"the audit stream's head ({HEAD}) holds no seq: {str(head)[:64]!r}"
         if int(head or 0) < self._seen:
             return str(self._regressed(int(head or 0)))
         self._seen = int(head or 0)  # each probe (/readyz) notes how far the stream has come
@@ -586,11 +588,13 @@ class RedisAuditLog:
         checkpoints, shows against a checkpoint kept outside Redis."""
         if not keys and self._signer is not None:
             keys = [VerifyKey.from_pem(self._signer.public_pem())]
-        checkpoints = await self._read_checkpoints()
-        try:  # read before the stream: every event it records is in the stream by then
+        # The head first: the checkpoint it records is in the checkpoints stream by then (one script
+        # publishes both), and every event it records is in the stream.
+        try:
             head_seq, head_hash, head_checkpoint = await self._redis.hmget(HEAD, ["seq", "hash", "checkpoint"])
         except (redis.exceptions.RedisError, OSError) as exc:
             raise AuditError(f"cannot read the audit stream's head: {exc}") from exc
+        checkpoints = await self._read_checkpoints()
         at_head = _checkpoint_or_none(head_checkpoint)
         # Those Redis cannot rewrite first: where two disagree at one size, theirs is the root held to.
         sources: list[tuple[str, Iterable[Checkpoint | None]]] = [("the auditor's checkpoint", trusted)]

@@ -666,3 +666,17 @@ async def test_a_stream_rolled_back_behind_what_another_router_appended_is_refus
         db.close()
         await a.aclose()
         await b.aclose()
+
+
+async def test_a_head_without_a_seq_is_a_readiness_problem_not_an_exception(redis_url: str) -> None:
+    """Anyone with access to Redis can write the head: a seq that is not a number once made the
+    probe behind /readyz raise; it is reported."""
+    log = RedisAuditLog(redis_url)
+    db = client(redis_url)
+    try:
+        await log.append(event(1, "a"))
+        db.hset(HEAD, "seq", "seven")
+        assert "holds no seq: 'seven'" in (await log.check() or "")
+    finally:
+        db.close()
+        await log.aclose()
