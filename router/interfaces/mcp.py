@@ -399,6 +399,14 @@ def _visible(text: str) -> str:
     )
 
 
+def _non_ascii(text: str, limit: int = 8) -> str:
+    """The distinct characters of ``text`` beyond ASCII, by code point and name, so a human asked
+    about a destination can tell one written with a Cyrillic "a" (U+0430) from ``example.com``."""
+    found = list(dict.fromkeys(c for c in text if ord(c) > 0x7F))
+    shown = ", ".join(f"U+{ord(c):04X} {unicodedata.name(c, 'unnamed')}" for c in found[:limit])
+    return shown + (f" and {len(found) - limit} more" if len(found) > limit else "")
+
+
 def _shown_name(name: str) -> str:
     """An argument name as the human sees it: as it is if it is a plain identifier, else quoted
     and escaped (so no name can pose as ``x = "..."`` or as another line), cut past a bound."""
@@ -423,6 +431,8 @@ def _question(approval: Approval, session: _Session, principal: str, spec: ToolS
         if name not in key and len(value) > _SHOWN_VALUE:
             value = value[:_SHOWN_VALUE] + f"… ({len(value)} characters)"
         lines.append(f"  {_shown_name(name)} = {value}")
+        if name in key and (foreign := _non_ascii(value)):
+            lines.append(f"    (not ASCII: {foreign})")  # a lookalike letter is named, not only shown
     lines += [f"  file /in/{_shown_name(i['name'])}: {i['size']} bytes, sha256 {i['sha256']}" for i in approval.inputs]
     lines.append("Allow it, once?")
     question = "\n".join(_visible(line) for line in lines)

@@ -529,6 +529,25 @@ async def test_the_human_is_asked_once_and_sees_the_destination_whatever_the_pad
     assert question.index("to = ") < question.index("body = ")  # what decides where it goes, first
     assert "characters)" in question  # the padding is cut, per value
     assert len(question) < 2000
+    assert "not ASCII" not in question
+
+
+async def test_a_lookalike_letter_in_a_destination_is_named_in_the_question(plane: ControlPlane) -> None:
+    """A destination with a Cyrillic letter reads exactly like the address it imitates; the human
+    was shown it as it is. Each character beyond ASCII in the arguments that decide where things
+    go, how much, or what is set is now named under it."""
+    await plane.register(python_tool(
+        "send_report", ECHO, risk="high", capabilities=["sends_external"], destination_args=["to"],
+        input_schema={"type": "object", "properties": {"body": {"type": "string"}, "to": {"type": "string"}}},
+    ))  # fmt: skip
+    asked: list[str] = []
+    server = build_server(plane, agent="claude", principal="alice@example.com")
+    lookalike = "bob@ex\u0430mple.com"
+    async with Client(server, elicitation_callback=elicitation(types.ElicitResult(action="cancel"), asked)) as client:
+        await client.call_tool("send_report", {"body": "caf\u00e9 menu", "to": lookalike})
+    [question] = asked
+    assert f'  to = "{lookalike}"\n    (not ASCII: U+0430 CYRILLIC SMALL LETTER A)' in question
+    assert "U+00E9" not in question  # the body decides nothing: its accents are shown as they are
 
 
 async def test_a_connection_whose_mcp_session_ended_gets_session_lost_not_a_fresh_session(
