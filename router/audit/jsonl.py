@@ -47,7 +47,16 @@ import structlog
 from router.audit.base import AuditEvent, AuditFilter, VerifyReport, as_written, matches, timestamp
 from router.audit.chain import GENESIS_HASH, Unsealed, document_of, head_of, line_hash, sha256_hex
 from router.audit.checkpoint import Checkpoint, Manifest, SigningKey, VerifyKey, sign_checkpoint, sign_tombstone
-from router.audit.layout import LogLayout, last_line_of, lines, sync_directory, timestamp_of, write_json_atomically
+from router.audit.layout import (
+    LogLayout,
+    keep_anchor,
+    last_line_of,
+    lines,
+    read_anchor,
+    sync_directory,
+    timestamp_of,
+    write_json_atomically,
+)
 from router.audit.merkle import CompactRange
 from router.errors import AuditError
 
@@ -664,14 +673,8 @@ class JsonlAuditLog:
         anchor = self.options.anchor
         if anchor is None:
             return None
-        try:
-            anchored = Checkpoint.model_validate_json(anchor.read_bytes())
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as exc:
-            log.error("audit_anchor_unreadable", path=str(anchor), error=str(exc))
-            return None
-        if anchored.log != self.options.log_name:
+        anchored = read_anchor(anchor, self.options.log_name)
+        if anchored is None:
             return None
         self._anchored = max(self._anchored, anchored.size)
         # Almost always the file's last (just read); else (another writer signed since, or a crash
@@ -729,11 +732,7 @@ class JsonlAuditLog:
             # Never a smaller one: after a loss (the files end before the anchor), the anchor
             # stays the evidence until the log has grown past it.
             self._anchored = checkpoint.size
-            try:
-                self.options.anchor.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-                write_json_atomically(self.options.anchor, checkpoint.model_dump(mode="json"), mode=0o600)
-            except OSError as exc:  # the checkpoint stands; only the check at the next start is weaker
-                log.error("audit_anchor_unwritable", path=str(self.options.anchor), error=str(exc))
+            keep_anchor(self.options.anchor, checkpoint)
         if self.options.publish_dir is not None:
             publish_file(self.options.publish_dir, checkpoint)
         self._write_state()

@@ -51,7 +51,7 @@ from router.audit.base import GENESIS_HASH, AuditEvent, AuditFilter, VerifyRepor
 from router.audit.chain import Unsealed, canonical, document_of, line_hash
 from router.audit.checkpoint import Checkpoint, VerifyKey, sign_checkpoint
 from router.audit.jsonl import JsonlAuditLog, LogOptions, publish_file
-from router.audit.layout import read_checkpoint_source, write_json_atomically
+from router.audit.layout import keep_anchor, read_anchor, read_checkpoint_source
 from router.audit.merkle import CompactRange, MerkleTree
 from router.audit.verify import Walk, gather_checkpoints
 from router.errors import AuditError
@@ -169,7 +169,9 @@ class RedisAuditLog:
         # The largest head this router saw the stream reach (its own appends, others' it chained
         # onto, checkpoints signed), kept across restarts at `LogOptions.anchor` as the last
         # checkpoint signed or seen: a stream behind it lost events, whoever appended them.
-        self._seen = _anchored(self._options.anchor, self._options.log_name)
+        anchored = read_anchor(self._options.anchor, self._options.log_name) if self._options.anchor else None
+        self._anchored = anchored.size if anchored is not None else 0  # the size kept at the anchor
+        self._seen = self._anchored
 
     async def append(self, event: AuditEvent) -> AuditEvent:
         event, unsealed = as_written(event, self._options.masks, self._options.mask_key)
@@ -286,22 +288,13 @@ class RedisAuditLog:
         )  # fmt: skip
         if int(published):
             self._seen = max(self._seen, checkpoint.size)
-            await asyncio.to_thread(self._anchor, checkpoint)
+            if self._options.anchor is not None and checkpoint.size > self._anchored:
+                # Off Redis, beside the signing key: what this router's next start holds the stream to.
+                self._anchored = checkpoint.size
+                await asyncio.to_thread(keep_anchor, self._options.anchor, checkpoint)
             if self._options.publish_dir is not None:
                 await asyncio.to_thread(publish_file, self._options.publish_dir, checkpoint)
         return checkpoint
-
-    def _anchor(self, checkpoint: Checkpoint) -> None:
-        """Keep ``checkpoint`` at `LogOptions.anchor` (off Redis, beside the signing key), if it is
-        the largest kept: what this router's next start holds the stream to."""
-        anchor = self._options.anchor
-        if anchor is None or _anchored(anchor, self._options.log_name) >= checkpoint.size:
-            return
-        try:
-            anchor.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            write_json_atomically(anchor, checkpoint.model_dump(mode="json"), mode=0o600)
-        except OSError as exc:  # the check holds in this process; a restart may forget it
-            log.error("audit_anchor_unwritable", path=str(anchor), error=str(exc))
 
     async def checkpoints(self) -> list[Checkpoint]:
         """Every checkpoint published on the stream, oldest first."""
@@ -549,7 +542,7 @@ class RedisAuditLog:
         """
         checkpoints = await self.checkpoints()
         if keys is not None:
-            checkpoints = [c for c in checkpoints if any(c.verify(key) for key in keys)]
+            checkpoints = [c for c in checkpoints if c.signed_by(keys)]
             if not checkpoints:
                 raise AuditError("no checkpoint of the audit stream is signed by the log's public key: nothing to "
                                  "prove against; run `stockade audit verify`")  # fmt: skip
@@ -655,20 +648,6 @@ class RedisAuditLog:
         if self._spool_lock is not None:
             os.close(self._spool_lock)  # releases the spool for the next router on this host
             self._spool_lock = None
-
-
-def _anchored(anchor: Path | None, log_name: str) -> int:
-    """The size of the checkpoint kept at ``anchor`` for the log ``log_name`` (0: none)."""
-    if anchor is None:
-        return 0
-    try:
-        kept = Checkpoint.model_validate_json(anchor.read_bytes())
-    except FileNotFoundError:
-        return 0
-    except (OSError, ValueError) as exc:
-        log.error("audit_anchor_unreadable", path=str(anchor), error=str(exc))
-        return 0
-    return kept.size if kept.log == log_name else 0
 
 
 def _checkpoint_or_none(text: str | bytes | None) -> Checkpoint | None:
