@@ -16,6 +16,7 @@ import os
 import re
 import stat
 import tempfile
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Self
@@ -235,6 +236,10 @@ class _Signed(BaseModel):
     def digest(self) -> str:
         """SHA-256 hex of `signed_text`: what the next checkpoint's ``prev`` names."""
         return hashlib.sha256(self.signed_text()).hexdigest()
+
+    def signed_by(self, keys: Sequence[VerifyKey]) -> bool:
+        """Whether one of ``keys`` signed this record as it stands."""
+        return any(self.verify(key) for key in keys)
 
     def verify(self, key: VerifyKey) -> bool:
         """Whether ``key`` signed this record as it stands."""

@@ -130,7 +130,7 @@ def export_events(
         keys = [signer.verify_key]
     checkpoints = layout.read_checkpoints()
     if keys is not None:
-        checkpoints = [c for c in checkpoints if any(c.verify(key) for key in keys)]
+        checkpoints = [c for c in checkpoints if c.signed_by(keys)]
     if not checkpoints:
         signed = " signed by the log's public key" if keys is not None else ""
         raise AuditError(f"{layout.checkpoints} holds no checkpoint{signed} yet: nothing to prove an export against")

@@ -43,7 +43,7 @@ class _Checkpoints:
 
     def add(self, checkpoint: Checkpoint, where: str, keys: Sequence[VerifyKey]) -> None:
         self.count += 1
-        if keys and not any(checkpoint.verify(key) for key in keys):
+        if keys and not checkpoint.signed_by(keys):
             self.problems.append(f"the checkpoint at size {checkpoint.size} in {where} is not signed by a trusted key")
             return
         if not keys:
@@ -125,7 +125,7 @@ class Walk:
         self.settle()
         if self.report is not None:
             return
-        if keys and not any(tombstone.verify(key) for key in keys):
+        if keys and not tombstone.signed_by(keys):
             self.fail(tombstone.first_seq, f"the tombstone for seq {tombstone.first_seq}..{tombstone.last_seq} "
                                            "is not signed by a trusted key")  # fmt: skip
             return
@@ -390,10 +390,10 @@ def _from(parts: list[Part], seq: int, walk: Walk, keys: Sequence[VerifyKey]) ->
                 walk.fail(before.first_seq, f"{before.path.name}: its manifest is unreadable: {exc}")
                 return []
             tree = CompactRange.from_json(end.tree)
-            if tree.root().hex() != end.checkpoint.root or (keys and not any(end.checkpoint.verify(k) for k in keys)):
+            if tree.root().hex() != end.checkpoint.root or (keys and not end.checkpoint.signed_by(keys)):
                 walk.fail(before.last_seq, f"{before.path.name}: no signed checkpoint vouches for its end state")
                 return []
-            if isinstance(end, Tombstone) and keys and not any(end.verify(k) for k in keys):
+            if isinstance(end, Tombstone) and keys and not end.signed_by(keys):
                 # The checkpoint inside may be a genuine one, copied: the tombstone itself must be signed.
                 walk.fail(before.first_seq, f"{before.path.name}: the tombstone is not signed by a trusted key")
                 return []
@@ -422,7 +422,7 @@ def _check_sealed(
     except (OSError, ValueError) as exc:
         walk.fail(part.first_seq, f"{name}: its manifest is missing or unreadable: {exc}")
         return
-    if keys and not any(manifest.checkpoint.verify(key) for key in keys):
+    if keys and not manifest.checkpoint.signed_by(keys):
         walk.fail(part.first_seq, f"{name}: its manifest's checkpoint is not signed by a trusted key")
     elif manifest.checkpoint.size != part.last_seq or walk.tree.root().hex() != manifest.checkpoint.root:
         walk.fail(part.first_seq, f"{name}: its events do not hash to the root its manifest's signed checkpoint "
@@ -453,7 +453,7 @@ def _check_retiring(segment: Part, tombstone: Part, walk: Walk, keys: Sequence[V
     except (OSError, ValueError) as exc:
         walk.fail(tombstone.first_seq, f"{tombstone.path.name} is unreadable: {exc}")
         return
-    if keys and not any(retired.verify(key) for key in keys):
+    if keys and not retired.signed_by(keys):
         walk.fail(retired.first_seq, f"the tombstone for seq {retired.first_seq}..{retired.last_seq} is not signed "
                                      "by a trusted key")  # fmt: skip
     elif not retired.records(manifest):
@@ -519,7 +519,7 @@ def inclusion_proofs(
         raise AuditError(f"{layout.checkpoints} holds no checkpoint yet: nothing to prove against")
     checkpoints = sorted(checkpoints, key=lambda c: c.size, reverse=True)
     if keys is not None:
-        signed = (c for c in checkpoints if any(c.verify(key) for key in keys))
+        signed = (c for c in checkpoints if c.signed_by(keys))
         checkpoints = [found] if (found := next(signed, None)) is not None else []
         if not checkpoints:
             raise AuditError(f"no checkpoint in {layout.checkpoints} is signed by the log's public key: nothing to "
