@@ -454,18 +454,18 @@ def _signed_artefact(layout: LogLayout, publish_dir: Path | None, trusted: list[
         if name.endswith((".manifest.json", ".tombstone.json")):
             what = "a sealed segment's manifest" if name.endswith(".manifest.json") else "a tombstone"
             return f"{layout.segments_dir / name} holds {what} with a signature"
-    if publish_dir is not None:
-        try:
-            published = any(os.scandir(publish_dir))
-        except OSError:
-            published = False
-        if published:
-            return f"the publish directory {publish_dir} holds signed checkpoints"
-    return None
+    return _published(publish_dir)
 
 
-def _has_entries(directory: Path) -> bool:
-    return any(directory.iterdir())
+def _published(publish_dir: Path | None) -> str | None:
+    """That the publish directory holds signed checkpoints, if it holds anything."""
+    if publish_dir is None:
+        return None
+    try:
+        published = any(os.scandir(publish_dir))
+    except OSError:
+        published = False
+    return f"the publish directory {publish_dir} holds signed checkpoints" if published else None
 
 
 def _unkeyed(signed: str) -> str:
@@ -488,8 +488,8 @@ async def _verify_redis(
             signed = "--checkpoint names signed checkpoints" if trusted else None
             if signed is None and (await stream.checkpoints() or await stream.head_checkpoint() is not None):
                 signed = "the Redis stream holds signed checkpoints"
-            if signed is None and publish_dir is not None and await asyncio.to_thread(_has_entries, publish_dir):
-                signed = f"the publish directory {publish_dir} holds signed checkpoints"
+            if signed is None:
+                signed = await asyncio.to_thread(_published, publish_dir)
             if signed is not None:
                 raise AuditError(_unkeyed(signed))
         return await stream.verify(keys=keys, trusted=trusted, publish_dir=publish_dir)
