@@ -16,7 +16,7 @@ import os
 import re
 import stat
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Self
@@ -304,6 +304,16 @@ class Tombstone(_Signed):
         return (self.bytes, self.sha256, self.last_hash, self.tree, self.checkpoint) == (
             manifest.bytes, digest, manifest.last_hash, manifest.tree, manifest.checkpoint
         )  # fmt: skip
+
+
+def latest_signed(checkpoints: Iterable[Checkpoint], keys: Sequence[VerifyKey] | None) -> Checkpoint | None:
+    """The largest of ``checkpoints`` one of ``keys`` signed (any, if ``keys`` is None); None if
+    there is none. Signatures are checked from the largest down, only until one holds: a log
+    checkpoints every second, and checking each would cost a signature per second of its life."""
+    for checkpoint in sorted(checkpoints, key=lambda c: c.size, reverse=True):
+        if keys is None or checkpoint.signed_by(keys):
+            return checkpoint
+    return None
 
 
 def sign_checkpoint(

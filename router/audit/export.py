@@ -128,13 +128,13 @@ def export_events(
     layout = LogLayout(audit_path)
     if keys is None and signer is not None:
         keys = [signer.verify_key]
-    checkpoints = layout.read_checkpoints()
-    if keys is not None:
-        checkpoints = [c for c in checkpoints if c.signed_by(keys)]
-    if not checkpoints:
+    from router.audit.checkpoint import latest_signed  # noqa: PLC0415  (cryptography, only when exporting)
+
+    latest = latest_signed(layout.read_checkpoints(), keys)
+    if latest is None:
         signed = " signed by the log's public key" if keys is not None else ""
         raise AuditError(f"{layout.checkpoints} holds no checkpoint{signed} yet: nothing to prove an export against")
-    size = max(c.size for c in checkpoints)
+    size = latest.size
     covered = dataclasses.replace(
         where,
         after_seq=_past_retired(layout, where.after_seq or 0),

@@ -49,7 +49,7 @@ import structlog
 
 from router.audit.base import GENESIS_HASH, AuditEvent, AuditFilter, VerifyReport, as_written, matches, timestamp
 from router.audit.chain import Unsealed, canonical, document_of, line_hash
-from router.audit.checkpoint import Checkpoint, VerifyKey, sign_checkpoint
+from router.audit.checkpoint import Checkpoint, VerifyKey, latest_signed, sign_checkpoint
 from router.audit.jsonl import JsonlAuditLog, LogOptions, publish_file
 from router.audit.layout import keep_anchor, read_anchor, read_checkpoint_source
 from router.audit.merkle import CompactRange, MerkleTree
@@ -541,14 +541,12 @@ class RedisAuditLog:
                 that does not match it.
         """
         checkpoints = await self.checkpoints()
-        if keys is not None:
-            checkpoints = [c for c in checkpoints if c.signed_by(keys)]
-            if not checkpoints:
-                raise AuditError("no checkpoint of the audit stream is signed by the log's public key: nothing to "
-                                 "prove against; run `stockade audit verify`")  # fmt: skip
         if not checkpoints:
             raise AuditError("the audit stream has no checkpoint yet: nothing to prove against")
-        checkpoint = max(checkpoints, key=lambda c: c.size)
+        checkpoint = latest_signed(checkpoints, keys)
+        if checkpoint is None:
+            raise AuditError("no checkpoint of the audit stream is signed by the log's public key: nothing to "
+                             "prove against; run `stockade audit verify`")  # fmt: skip
         wanted = set(seqs)
         for seq in wanted:
             if not 1 <= seq <= checkpoint.size:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from router.audit.base import VerifyReport
 from router.audit.chain import GENESIS_HASH, head_of, line_hash
-from router.audit.checkpoint import Checkpoint, Tombstone, VerifyKey
+from router.audit.checkpoint import Checkpoint, Tombstone, VerifyKey, latest_signed
 from router.audit.layout import LogLayout, Part, last_line_of, line_blocks, lines, read_checkpoint_source, timestamp_of
 from router.audit.merkle import CompactRange, MerkleTree
 from router.errors import AuditError
@@ -517,14 +517,10 @@ def inclusion_proofs(
     checkpoints = layout.read_checkpoints()
     if not checkpoints:
         raise AuditError(f"{layout.checkpoints} holds no checkpoint yet: nothing to prove against")
-    checkpoints = sorted(checkpoints, key=lambda c: c.size, reverse=True)
-    if keys is not None:
-        signed = (c for c in checkpoints if c.signed_by(keys))
-        checkpoints = [found] if (found := next(signed, None)) is not None else []
-        if not checkpoints:
-            raise AuditError(f"no checkpoint in {layout.checkpoints} is signed by the log's public key: nothing to "
-                             "prove against; run `stockade audit verify`")  # fmt: skip
-    checkpoint = checkpoints[0]
+    checkpoint = latest_signed(checkpoints, keys)
+    if checkpoint is None:
+        raise AuditError(f"no checkpoint in {layout.checkpoints} is signed by the log's public key: nothing to "
+                         "prove against; run `stockade audit verify`")  # fmt: skip
     for seq in seqs:
         if not 1 <= seq <= checkpoint.size:
             raise AuditError(f"seq {seq} is not covered by the latest checkpoint (size {checkpoint.size})")
