@@ -682,8 +682,6 @@ class EgressProxy:
             in_headers = any(placeholder in value for _, value in headers)
             if not in_headers and placeholder.lower() not in url:
                 continue
-            if injection in applicable and not injection.expired(now) and not in_headers:
-                continue  # in the URL only: the value goes nowhere, the placeholder to a host it may go to
             if injection not in applicable:
                 how = "over TLS" if tls else "over plain HTTP"
                 hint = "" if tls or injection.allow_plaintext else "; use https://"
@@ -691,7 +689,8 @@ class EgressProxy:
             elif injection.expired(now):
                 reason = f"credential {injection.label} has expired (its lease ended); the call may not use it now"
             else:
-                used.append(injection)
+                if in_headers:  # in the URL only, the value goes nowhere: the placeholder goes where it may
+                    used.append(injection)
                 continue
             exchange.allowed = False
             raise _Refused(403, reason)
