@@ -49,10 +49,8 @@ from router.audit.chain import GENESIS_HASH, Unsealed, document_of, head_of, lin
 from router.audit.checkpoint import Checkpoint, Manifest, SigningKey, VerifyKey, sign_checkpoint, sign_tombstone
 from router.audit.layout import (
     LogLayout,
-    keep_anchor,
     last_line_of,
     lines,
-    read_anchor,
     sync_directory,
     timestamp_of,
     write_json_atomically,
@@ -1054,6 +1052,29 @@ def _read_state(path: Path) -> dict[str, Any] | None:
         return value if isinstance(value, dict) else None
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def read_anchor(anchor: Path, log_name: str) -> Checkpoint | None:
+    """The checkpoint a writer keeps at ``anchor`` (`LogOptions.anchor`) for the log ``log_name``:
+    None if there is none, it is another log's, or it cannot be read (logged)."""
+    try:
+        kept = Checkpoint.model_validate_json(anchor.read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.error("audit_anchor_unreadable", path=str(anchor), error=str(exc))
+        return None
+    return kept if kept.log == log_name else None
+
+
+def keep_anchor(anchor: Path, checkpoint: Checkpoint) -> None:
+    """Keep ``checkpoint`` at ``anchor``, beside the signing key (0600 in a 0700 directory); a
+    failure is logged: the checkpoint stands, only the check at the next start is weaker."""
+    try:
+        anchor.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_json_atomically(anchor, checkpoint.model_dump(mode="json"), mode=0o600)
+    except OSError as exc:
+        log.error("audit_anchor_unwritable", path=str(anchor), error=str(exc))
 
 
 def publish_file(directory: Path, checkpoint: Checkpoint) -> None:

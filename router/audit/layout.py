@@ -29,12 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 
-import structlog
-
 if TYPE_CHECKING:
     from router.audit.checkpoint import Checkpoint, Manifest, Tombstone
-
-log = structlog.get_logger(__name__)
 
 _SEGMENT = re.compile(r"(\d{12})-(\d{12})\.(jsonl|manifest\.json|tombstone\.json)")
 _READ_CHUNK = 8 << 20
@@ -214,31 +210,6 @@ def _blocks(handle: BinaryIO, start: int) -> Iterator[list[bytes]]:
             continue
         rest = block[cut + 1 :]
         yield block[:cut].split(b"\n")
-
-
-def read_anchor(anchor: Path, log_name: str) -> Checkpoint | None:
-    """The checkpoint a writer keeps at ``anchor`` (`LogOptions.anchor`) for the log ``log_name``:
-    None if there is none, it is another log's, or it cannot be read (logged)."""
-    from router.audit.checkpoint import Checkpoint  # noqa: PLC0415  (pydantic, only when a writer starts)
-
-    try:
-        kept = Checkpoint.model_validate_json(anchor.read_bytes())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        log.error("audit_anchor_unreadable", path=str(anchor), error=str(exc))
-        return None
-    return kept if kept.log == log_name else None
-
-
-def keep_anchor(anchor: Path, checkpoint: Checkpoint) -> None:
-    """Keep ``checkpoint`` at ``anchor``, beside the signing key (0600 in a 0700 directory); a
-    failure is logged: the checkpoint stands, only the check at the next start is weaker."""
-    try:
-        anchor.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        write_json_atomically(anchor, checkpoint.model_dump(mode="json"), mode=0o600)
-    except OSError as exc:
-        log.error("audit_anchor_unwritable", path=str(anchor), error=str(exc))
 
 
 def write_json_atomically(path: Path, value: Any, *, sync: bool = True, mode: int = 0o640) -> None:

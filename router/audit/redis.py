@@ -50,8 +50,8 @@ import structlog
 from router.audit.base import GENESIS_HASH, AuditEvent, AuditFilter, VerifyReport, as_written, matches, timestamp
 from router.audit.chain import Unsealed, canonical, document_of, line_hash
 from router.audit.checkpoint import Checkpoint, VerifyKey, latest_signed, sign_checkpoint
-from router.audit.jsonl import JsonlAuditLog, LogOptions, publish_file
-from router.audit.layout import keep_anchor, read_anchor, read_checkpoint_source
+from router.audit.jsonl import JsonlAuditLog, LogOptions, keep_anchor, publish_file, read_anchor
+from router.audit.layout import read_checkpoint_source
 from router.audit.merkle import CompactRange, MerkleTree
 from router.audit.verify import Walk, gather_checkpoints
 from router.errors import AuditError
