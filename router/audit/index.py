@@ -576,7 +576,9 @@ def _connect(*, memory_limit: str, threads: int, temp: Path | None) -> duckdb.Du
     if temp is not None:
         config["temp_directory"] = str(temp)
     connection: duckdb.DuckDBPyConnection = engine.connect(":memory:", config=config)
-    connection.execute("SET TimeZone = 'UTC'")  # timestamps are UTC, read and shown
+    # GLOBAL: a plain SET is the connection's own, and queries run on cursors (connections of
+    # their own), which would read and show times in the host's zone.
+    connection.execute("SET GLOBAL TimeZone = 'UTC'")  # timestamps are UTC, read and shown
     return connection
 
 
@@ -1351,7 +1353,8 @@ class AuditQuery:
         self._db.execute("SET allowed_paths = ?", [writable])
         self._db.execute("SET enable_external_access = false")
         # Footers read once per file, not per query (an index file is never rewritten under its name).
-        self._db.execute("SET parquet_metadata_cache = true")
+        # GLOBAL, for the cursors queries run on (a plain SET left them without it: ~10 ms a query).
+        self._db.execute("SET GLOBAL parquet_metadata_cache = true")
         self._db.execute("SET lock_configuration = true")
 
     def _run(self, work: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:

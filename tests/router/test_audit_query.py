@@ -712,6 +712,28 @@ def test_a_fresh_process_queries_with_the_engine_module_alone(audit_log: Log) ->
     assert said.stdout.split() == ["3", "True", "False"], said.stdout + said.stderr
 
 
+def test_queries_read_times_as_utc_and_keep_footers_whatever_the_hosts_zone(audit_log: Log) -> None:
+    """Each query runs on a cursor of its own: the engine's settings must be the database's, not
+    the first connection's. On a host in another zone, a timestamp compared with a zoned time was
+    read in the host's zone (hours off), and every query read every Parquet footer again."""
+    first = min(documents(audit_log.path), key=lambda d: d["seq"])
+    script = (
+        "import sys; from pathlib import Path; from router.audit.index import AuditQuery\n"
+        "with AuditQuery(Path(sys.argv[1])) as query:\n"
+        "    sql = ('SELECT count(*) FILTER (WHERE timestamp::TIMESTAMPTZ = ?::TIMESTAMPTZ), '\n"
+        "           \"current_setting('TimeZone'), current_setting('parquet_metadata_cache') FROM events\")\n"
+        "    print(*list(query.sql(sql, [sys.argv[2]])[1])[0])\n"
+    )
+    at = datetime.fromisoformat(first["timestamp"]).astimezone(UTC).isoformat()
+    env = {**os.environ, "TZ": "Asia/Kolkata"}  # +05:30: no whole-hour coincidence
+    said = subprocess.run(
+        [sys.executable, "-c", script, str(audit_log.path), at], capture_output=True, text=True, check=True, env=env
+    )
+    same_time, zone, cached = said.stdout.split()
+    assert int(same_time) >= 1, said.stdout + said.stderr  # the first event, at least, is at its own time
+    assert (zone, cached) == ("UTC", "True")
+
+
 def _thread_nice() -> dict[int, int]:
     """This process's threads and each one's nice value (on Linux, a thread's own)."""
     found = {}
