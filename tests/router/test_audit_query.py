@@ -531,6 +531,32 @@ def test_the_promoted_columns_are_what_the_python_twin_computes(
         assert from_sql == promote(by_seq[from_sql["seq"]]["_line"], offsets[from_sql["seq"]])
 
 
+def test_index_files_keep_the_rare_kinds_apart_and_each_agents_rows_together(audit_log: Log) -> None:
+    """An index file's rows are in the order that lets a row group's statistics skip most of a
+    file: the bulk (decisions, executions, egress) apart from the rest (approvals, credentials,
+    errors), and by agent, session and seq within each. A file in seq order had every kind and
+    agent in every row group, so a per-agent count or an approvals join read all of them."""
+    import duckdb  # noqa: PLC0415  (the audit extra, as the engine loads it)
+
+    files = sorted(index_dir_of(audit_log.path).glob("day=*/*.parquet"))
+    assert files
+    bulk = {"decision", "execution", "egress"}
+    clustered = 0
+    with duckdb.connect() as db:
+        for file in files:
+            rows = db.execute(
+                "SELECT kind, agent, session_id, seq FROM read_parquet(?, file_row_number = true) "
+                "ORDER BY file_row_number",
+                [str(file)],
+            ).fetchall()
+            # NULLs last, as DuckDB sorts them.
+            keys = [(kind in bulk, agent is None, agent or "", session is None, session or "", seq)
+                    for kind, agent, session, seq in rows]  # fmt: skip
+            assert keys == sorted(keys), file.name
+            clustered += len({kind in bulk for kind, *_ in rows}) == 2
+    assert clustered, "no index file holds both bulk and rare kinds: the log under test does not show the order"
+
+
 def test_the_live_tail_is_included_as_it_grows(tmp_path: Path, audit_log: Log) -> None:
     """An engine that stays open sees events appended since (the active segment, a snapshot of
     it, lines past the snapshot, and a segment sealed meanwhile)."""
