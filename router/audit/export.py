@@ -147,7 +147,7 @@ def export_events(
         try:
             leaves = _write(query, covered, partial, fmt)
             seqs = [seq for seq, _ in leaves]
-            checkpoint, proofs = _inclusion_proofs(layout, seqs, keys)
+            checkpoint, proofs = _inclusion_proofs(layout, seqs, latest)
             if signer is not None and signer.key_id != checkpoint.key_id:
                 signer = None  # a header signed by another key than the checkpoint's could not be checked
             digest = _sha256(partial)
@@ -175,12 +175,12 @@ def _past_retired(layout: LogLayout, after: int) -> int:
     return after
 
 
-def _inclusion_proofs(
-    layout: LogLayout, seqs: list[int], keys: Sequence[VerifyKey] | None
-) -> tuple[Any, Mapping[int, list[str]]]:
+def _inclusion_proofs(layout: LogLayout, seqs: list[int], checkpoint: Any) -> tuple[Any, Mapping[int, list[str]]]:
+    """The proofs of ``seqs`` against ``checkpoint``: the one the selection was bounded by, read
+    and signature-checked once."""
     from router.audit.verify import inclusion_proofs  # noqa: PLC0415  (only when exporting)
 
-    found: tuple[Any, Mapping[int, list[str]]] = inclusion_proofs(layout, seqs, keys=keys)
+    found: tuple[Any, Mapping[int, list[str]]] = inclusion_proofs(layout, seqs, checkpoint=checkpoint)
     return found
 
 

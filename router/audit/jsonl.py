@@ -47,14 +47,7 @@ import structlog
 from router.audit.base import AuditEvent, AuditFilter, VerifyReport, as_written, matches, timestamp
 from router.audit.chain import GENESIS_HASH, Unsealed, document_of, head_of, line_hash, sha256_hex
 from router.audit.checkpoint import Checkpoint, Manifest, SigningKey, VerifyKey, sign_checkpoint, sign_tombstone
-from router.audit.layout import (
-    LogLayout,
-    last_line_of,
-    lines,
-    sync_directory,
-    timestamp_of,
-    write_json_atomically,
-)
+from router.audit.layout import LogLayout, last_line_of, lines, sync_directory, timestamp_of, write_json_atomically
 from router.audit.merkle import CompactRange
 from router.errors import AuditError
 

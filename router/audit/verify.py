@@ -500,7 +500,11 @@ class Proofs(Mapping[int, list[str]]):
 
 
 def inclusion_proofs(
-    layout: LogLayout, seqs: Sequence[int], *, keys: Sequence[VerifyKey] | None = None
+    layout: LogLayout,
+    seqs: Sequence[int],
+    *,
+    keys: Sequence[VerifyKey] | None = None,
+    checkpoint: Checkpoint | None = None,
 ) -> tuple[Checkpoint, Proofs]:
     """An RFC 9162 inclusion proof for each of ``seqs`` against the log's latest checkpoint, which
     anyone holding the public key can check (`router.audit.merkle.verify_inclusion`, index = seq - 1).
@@ -508,16 +512,18 @@ def inclusion_proofs(
     stand for the deleted leaves), so every event the log still holds can be proven.
 
     With ``keys``, the latest checkpoint one of them signed: anyone who can write the log's volume
-    can add a checkpoint to its file, and a proof against one unsigned proves nothing.
+    can add a checkpoint to its file, and a proof against one unsigned proves nothing. With
+    ``checkpoint``, against that one (the caller chose it, as `latest_signed` does).
 
     Raises:
         AuditError: no checkpoint (signed by ``keys``) covers a seq, or a seq lies in a segment
             retention deleted.
     """
-    checkpoints = layout.read_checkpoints()
-    if not checkpoints:
-        raise AuditError(f"{layout.checkpoints} holds no checkpoint yet: nothing to prove against")
-    checkpoint = latest_signed(checkpoints, keys)
+    if checkpoint is None:
+        checkpoints = layout.read_checkpoints()
+        if not checkpoints:
+            raise AuditError(f"{layout.checkpoints} holds no checkpoint yet: nothing to prove against")
+        checkpoint = latest_signed(checkpoints, keys)
     if checkpoint is None:
         raise AuditError(f"no checkpoint in {layout.checkpoints} is signed by the log's public key: nothing to "
                          "prove against; run `stockade audit verify`")  # fmt: skip
