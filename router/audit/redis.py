@@ -56,6 +56,7 @@ from router.audit.merkle import CompactRange, MerkleTree
 from router.audit.verify import Walk, gather_checkpoints
 from router.errors import AuditError
 from router.store import keys
+from router.store.redis import connect
 
 log = structlog.get_logger(__name__)
 
@@ -145,13 +146,7 @@ class RedisAuditLog:
             self._spool_lock, spool = _claim_spool(spool_dir, instance)
         # Anyone with access to Redis can add an entry that is not UTF-8: decoded strictly, one such
         # reply would raise wherever it is read. Surrogate escapes keep its bytes (`_raw`) instead.
-        self._redis = redis.asyncio.Redis.from_url(
-            url,
-            decode_responses=True,
-            encoding_errors="surrogateescape",
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-        )
+        self._redis = connect(url, timeout_s, decode_responses=True, encoding_errors="surrogateescape")
         script = _APPEND.replace("WRITER_IDS", str(_WRITER_IDS)).replace("WRITER_TTL_MS", str(_WRITER_TTL_MS))
         self._append = self._redis.register_script(script)
         self._publish = self._redis.register_script(_CHECKPOINT)

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio
 import redis.exceptions
+from redis.maint_notifications import MaintNotificationsConfig
 
 from policy.base import RATE_SCOPES, RateCounts
 from router.approvals import Approval, ApprovalStatus
@@ -261,6 +262,26 @@ _WINDOW_NAMES = {scope: [f"{scope}_per_{period}" for period in PERIODS] for scop
 _MAX_AGENTS = 100_000  # sessions whose agent and principal this router remembers; beyond, it starts over
 
 
+def connect(url: str, timeout_s: float, **options: Any) -> redis.asyncio.Redis:
+    """A client of the Redis at ``url`` whose commands time out after ``timeout_s`` (also the
+    connect timeout), ``options`` passed on to redis-py. Raises ValueError for a URL that is not
+    Redis's.
+
+    A pooled connection Redis dropped (a restart, a failover) is replaced before it is used, as
+    redis-py does when it checks a connection it hands out. Its maintenance notifications
+    (``"auto"`` by default on RESP3) turn that check off, and each router's first command after a
+    restart then failed on the dead socket: a call denied, a refusal spooled. stockade needs no
+    notices of a managed service's maintenance, so they are off. Commands are never retried blindly:
+    a script whose reply was lost may have run (an approval redeemed, an event appended)."""
+    return redis.asyncio.Redis.from_url(
+        url,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        maint_notifications_config=MaintNotificationsConfig(enabled=False),
+        **options,
+    )
+
+
 def redacted(url: str) -> str:
     """``url`` without its password, for messages and logs."""
     parts = urlsplit(url)
@@ -279,9 +300,7 @@ class RedisStore:
     ) -> None:  # fmt: skip
         self._where = redacted(url)
         try:
-            self._redis = redis.asyncio.Redis.from_url(
-                url, decode_responses=True, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
-            )
+            self._redis = connect(url, timeout_s, decode_responses=True)
         except ValueError as exc:
             raise StoreError(f"store URL {self._where} is not a redis:// URL: {exc}") from exc
         self._session_ttl_ms = max(1, int(session_ttl_s * 1000))

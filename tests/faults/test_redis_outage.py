@@ -117,6 +117,29 @@ def _not_in_the_stream_once(spooled: list[dict[str, Any]], events: list[AuditEve
     return problems
 
 
+async def test_the_first_call_after_redis_restarts_is_served_on_a_new_connection(
+    tmp_path: Path, persistent_redis: RedisServer
+) -> None:
+    """Redis restarts with its data between two calls. The pooled connections it dropped are
+    replaced before use: the very first call after it is decided and audited, not refused as a
+    store failure (redis-py's maintenance notifications had turned that check off)."""
+    async with ControlPlane.from_settings(_settings(tmp_path, persistent_redis.url)) as plane:
+        await plane.register(external_tool("lookup"))
+        session = await plane.open_session("agent-1", "alice@example.com")
+        assert (await plane.call(session, "lookup", {})).status == "awaiting_report"
+
+        await asyncio.to_thread(persistent_redis.kill)
+        await asyncio.to_thread(persistent_redis.start)
+        await asyncio.sleep(0.2)  # the loop reads the closed sockets' ends, as a live router's does
+
+        result = await plane.call(session, "lookup", {})
+        assert (result.status, result.reasons) == ("awaiting_report", [])
+        assert await plane.readiness_problems() == {"store": None, "audit": None, "policy": None}
+        assert [p.read_text() for p in (tmp_path / "spool").glob("*.jsonl")] in ([], [""])  # nothing refused
+        report = await plane.audit.verify()
+        assert (report.ok, report.events) == (True, 3), report.problem
+
+
 async def test_redis_back_without_its_data_is_a_chain_that_went_backwards(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:
@@ -150,7 +173,7 @@ async def test_redis_back_without_its_data_is_a_chain_that_went_backwards(
 
 
 async def _until_the_store_answers(plane: ControlPlane) -> None:
-    """The first command on a connection Redis dropped fails; a router is ready again after it."""
+    """Wait until the router finds its store again (Redis was just started)."""
     for _ in range(50):
         if (await plane.readiness())["store"]:
             return

@@ -34,6 +34,7 @@ from router.errors import AuditError
 from router.interfaces.api.openapi import problems
 from router.interfaces.api.problems import from_exception, problem
 from router.settings import ApiPrincipal
+from router.store.redis import connect
 
 if TYPE_CHECKING:
     from router.interfaces.api.app import Gate
@@ -108,9 +109,7 @@ class _Reader:
     def client(self) -> redis.asyncio.Redis:
         if self._redis is None:
             assert self._redis_url is not None  # noqa: S101  (only on the Redis backend)
-            self._redis = redis.asyncio.Redis.from_url(
-                self._redis_url, socket_timeout=self._timeout_s, socket_connect_timeout=self._timeout_s
-            )
+            self._redis = connect(self._redis_url, self._timeout_s)
         return self._redis
 
     def lines(self, where: EventFilter, limit: int | None) -> Iterator[tuple[int, str]]:
