@@ -1246,9 +1246,8 @@ class ControlPlane:
         Raises:
             StoreError: the approval could not be read (audited).
         """
-        remembered = call.session.approvals.get(
-            binding(call.tool.spec.name, call.canonical_args, call.session.id, call.input_infos)
-        )
+        bound = binding(call.tool.spec.name, call.canonical_args, call.session.id, call.input_infos)
+        remembered = call.session.approvals.get(bound)
         if remembered is None:
             return
         try:
@@ -1258,6 +1257,12 @@ class ControlPlane:
         except StoreError as exc:
             await self._audit_rejection(call.session, call.tool.spec.name, exc, call)
             raise
+        if approval.binding != bound:
+            # The session's pointer is the store's word, and anyone who can write the store can
+            # point it anywhere: an approval is only ever released for the exact call it names.
+            log.warning("approval_recall_mismatch", approval_id=approval.id, session_id=call.session.id,
+                        tool=call.tool.spec.name)  # fmt: skip
+            return
         if approval.status is ApprovalStatus.APPROVED:
             call.approval = approval
         elif approval.status is ApprovalStatus.PENDING or (

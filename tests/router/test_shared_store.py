@@ -13,9 +13,11 @@ import redis
 
 from policy import PolicySettings
 from router import ApprovalError, ApprovalStatus, ControlPlane, DuplicateTool, SessionNotFound, Settings
+from router.approvals import binding
 from router.audit import AuditFilter
 from router.errors import InvalidCall, StoreError
 from router.settings import AuditSettings, StoreSettings
+from router.store import keys
 from tests.conftest import ECHO, copy_policies, edit_catalog, external_tool, free_port, python_tool
 
 SEND = external_tool(
@@ -106,6 +108,32 @@ async def test_an_approval_granted_on_one_router_releases_the_call_on_the_other_
         ("decision", "allow"), ("approval", "redeemed"), ("execution", "ok"),
     ]  # fmt: skip
     assert (await one.audit.verify()).ok  # two writers, one chain
+
+
+async def test_a_session_pointing_a_call_at_another_calls_approval_releases_nothing(
+    planes: tuple[ControlPlane, ControlPlane], redis_url: str
+) -> None:
+    """The session remembers which approval a held call asked for, so a retry needs no id. Whoever
+    can write Redis can point the pointer of a call nobody approved (drop ``users``) at a granted
+    approval (drop ``logs``): the retry is held for its own approval, and the grant stays unused."""
+    one, two = planes
+    session = await one.open_session("db-agent", "alice@example.com")
+    held = await one.call(session, "drop_table", {"table": "logs"})
+    assert held.approval_id is not None
+    await two.approve(held.approval_id, "oncall@example.com")
+    unapproved = binding("drop_table", '{"table":"users"}', session)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.hset(keys.session(session), f"approval:{unapproved}", held.approval_id)
+    finally:
+        client.close()
+
+    retry = await two.call(session, "drop_table", {"table": "users"})
+    assert (retry.status, retry.output) == ("pending_approval", None)
+    assert retry.approval_id not in (None, held.approval_id)
+    assert (await one.get_approval(held.approval_id)).status is ApprovalStatus.APPROVED
+    executions = await one.audit.query(AuditFilter(kind="execution"))
+    assert executions == []
 
 
 async def test_rate_limits_count_calls_on_both_routers(planes: tuple[ControlPlane, ControlPlane]) -> None:
