@@ -398,7 +398,19 @@ class ControlPlane:
                 codes,
             )
         await self._share(tool, decision.policy_revision)
-        self.registry.add(tool)
+        try:
+            self.registry.add(tool)
+        except DuplicateTool as exc:
+            # Taken while the store was asked: a call to it adopted the store's spec, or the same
+            # registration ran twice at once. `_share` found exactly this spec in the store, so
+            # the same spec here is this registration done; anything else is refused on record.
+            name = tool.spec.name
+            if name not in self.registry.names() or _spec_text(self.registry.get(name).spec) != _spec_text(tool.spec):
+                await self._record(AuditEvent(
+                    kind="policy", decision_id=str(uuid.uuid4()), timestamp=_now(), outcome="tool_duplicate",
+                    tool=name, labels=self._labels, result={"code": exc.code, "message": str(exc)[:2000]},
+                ))  # fmt: skip
+                raise
         self.start()
         log.info("tool_registered", tool=tool.spec.name, risk=tool.spec.risk, executor=tool.spec.executor.kind)
         return tool.spec

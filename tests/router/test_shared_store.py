@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import subprocess
 import time
@@ -230,6 +231,22 @@ async def test_the_same_spec_again_is_accepted_and_another_spec_under_the_name_r
         assert (await one.call(session, "echo", {"a": 1})).output == {"a": 1}  # the first spec still serves
     registered = [e.tool for e in await one.audit.query(AuditFilter(kind="policy")) if e.outcome == "tool_registered"]
     assert sorted(registered) == ["drop", "echo"]
+
+
+async def test_registering_a_tool_while_a_call_to_it_loads_it_from_the_store_is_accepted(shared: Settings) -> None:
+    """Router two registers, at start, the tool router one put in the store, while a call to it
+    already loads the store's spec: the same spec, so the registration is done, not a duplicate."""
+    async with ControlPlane.from_settings(shared) as one, ControlPlane.from_settings(shared) as two:
+        await one.register(python_tool("echo", ECHO))
+        session = await one.open_session("assistant", "alice@example.com")
+        result, spec = await asyncio.gather(
+            two.call(session, "echo", {"a": 1}), two.register(python_tool("echo", ECHO))
+        )
+        assert (result.output, spec.name, [s.name for s in await two.list_tools()]) == ({"a": 1}, "echo", ["echo"])
+        with pytest.raises(DuplicateTool, match="already registered"):  # a different spec is still refused
+            await two.register(python_tool("echo", "def main(**kwargs):\n    return 'changed'\n"))
+    outcomes = [e.outcome for e in await one.audit.query(AuditFilter(kind="policy"))]
+    assert outcomes == ["tool_registered", "tool_duplicate"]
 
 
 async def test_a_spec_that_differs_only_as_true_from_1_is_another_spec_and_the_refusal_audited(
