@@ -141,13 +141,84 @@ class ValueSources(_Frozen):
     sources: list[str] = Field(default_factory=list)
 
 
+# The integers the embedded engine (regorus) holds exactly: those of an i64 or a u64. It reads any
+# other as the nearest float, so 2**64 + 1 would pass a rule that allows only 2**64, while the tool
+# runs with the number sent. OPA reads JSON numbers exactly; the one bound holds for every engine.
+EXACT_INTEGERS = range(-(2**63), 2**64)
+
+
+def unfaithful_value(value: Any, path: str = "args") -> tuple[str, str] | None:
+    """Where JSON ``value`` holds something policy would not see as it was sent, and what (never
+    quoting a value, which an audit mask may be erasing): an integer outside `EXACT_INTEGERS`, or an
+    object key UTF-8 cannot hold (a lone surrogate, which the input's JSON writes as U+FFFD, so two
+    such keys become one). None if nothing. Iterative; paths are spelled only for what is found."""
+    if not _unfaithful_in(value):
+        return None
+    stack: list[tuple[Any, str]] = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        problem = _unfaithful_scalar(item)
+        if problem is not None:
+            return where, problem
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if isinstance(key, str) and not _utf8(key):
+                    return (
+                        f"{where}.{key!r}",
+                        "a key with a lone surrogate, which is not Unicode text: send valid UTF-8",
+                    )
+                stack.append((child, f"{where}.{key}"))
+        elif isinstance(item, list | tuple):
+            stack.extend((child, f"{where}[{i}]") for i, child in enumerate(item))
+    return None
+
+
+def _unfaithful_in(value: Any) -> bool:
+    """Whether `unfaithful_value` finds anything in ``value`` (one walk, no paths)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if any(isinstance(key, str) and not _utf8(key) for key in item):
+                return True
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+        elif _unfaithful_scalar(item) is not None:
+            return True
+    return False
+
+
+def _unfaithful_scalar(item: Any) -> str | None:
+    if isinstance(item, int) and not isinstance(item, bool) and item not in EXACT_INTEGERS:
+        return "an integer beyond 64 bits, which policy cannot compare exactly: send it as a string"
+    return None
+
+
+def _utf8(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _faithful(value: dict[str, Any]) -> dict[str, Any]:
+    found = unfaithful_value(value)
+    if found is not None:
+        raise ValueError(f"{found[0]}: {found[1]}")
+    return value
+
+
 class PolicyInput(_Frozen):
     """Everything a policy may look at for one call; the ``input`` document of the Rego query."""
 
     subject: SubjectInfo
     session: SessionInfo
     tool: ToolInfo
-    args: dict[str, Any]
+    args: Annotated[dict[str, Any], AfterValidator(_faithful)]
     inputs: list[InputInfo] = Field(default_factory=list)  # the files passed in, by name, sorted
     provenance: dict[str, list[str]] = Field(default_factory=dict)
     # Per value of each destination, amount, sensitive and content argument (a list's elements
@@ -157,6 +228,27 @@ class PolicyInput(_Frozen):
     approval: dict[str, Any] | None = None
     now: str
     environment: EnvironmentInfo = Field(default_factory=EnvironmentInfo)
+
+
+def serialised_input(policy_input: PolicyInput, max_bytes: int) -> str:
+    """``policy_input`` as the JSON text an engine decides on, checked again here (a model built
+    with ``model_copy(update=...)`` skips validation): nothing in its arguments that the engine
+    would see otherwise than sent (`unfaithful_value`), nothing JSON cannot carry, at most
+    ``max_bytes``.
+
+    Raises:
+        ValueError: naming what is wrong; the engine denies with ``policy.error``.
+    """
+    found = unfaithful_value(policy_input.args)
+    if found is not None:
+        raise ValueError(f"policy input {found[0]} holds {found[1]}")
+    try:
+        text = policy_input.model_dump_json()
+    except ValueError as exc:  # text JSON cannot carry (a lone surrogate): nothing to decide on
+        raise ValueError(f"policy input cannot be serialised: {str(exc)[:200]}") from exc
+    if len(text) > max_bytes:
+        raise ValueError(f"policy input is {len(text)} bytes, over the cap")
+    return text
 
 
 class Outcome(StrEnum):

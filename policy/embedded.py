@@ -38,7 +38,7 @@ from typing import Any
 import regorus
 import structlog
 
-from policy.base import POLICY_ERROR, Decision, Outcome, PolicyInput, Reason, deny, to_decision
+from policy.base import POLICY_ERROR, Decision, Outcome, PolicyInput, Reason, deny, serialised_input, to_decision
 from policy.builtins import argument_problems, strict_interpreter
 from policy.bundle import PolicyBundle, digest_of, load_configured
 from policy.config import PolicySettings
@@ -251,12 +251,9 @@ class EmbeddedEngine:
         if loaded.program is None:
             raise _EvaluationFailed("the policy engine is closed")
         try:
-            input_json = policy_input.model_dump_json()
-        except ValueError as exc:  # text JSON cannot carry (a lone surrogate): nothing to decide on
-            raise _EvaluationFailed(f"policy input cannot be serialised: {str(exc)[:200]}") from exc
-        if len(input_json) > self._settings.max_input_bytes:
-            raise _EvaluationFailed(f"policy input is {len(input_json)} bytes, over the cap")
-        return input_json
+            return serialised_input(policy_input, self._settings.max_input_bytes)
+        except ValueError as exc:
+            raise _EvaluationFailed(str(exc)) from exc
 
     def _execute(self, loaded: _Loaded, input_json: str) -> str | None:
         try:

@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 import structlog
 from opa_client.opa_async import AsyncOpaClient
 
-from policy.base import POLICY_ERROR, Decision, PolicyInput, deny, to_decision
+from policy.base import POLICY_ERROR, Decision, PolicyInput, deny, serialised_input, to_decision
 from policy.bundle import PolicyBundle, digest_of, load_configured
 from policy.config import PolicySettings
 from policy.errors import PolicyBundleError, PolicyError, as_bundle_error
@@ -210,9 +210,10 @@ class OpaEngine:
 
     async def decide(self, policy_input: PolicyInput) -> Decision:
         revision = self._bundle.revision
-        input_json = policy_input.model_dump_json()
-        if len(input_json) > self._settings.max_input_bytes:
-            return deny(POLICY_ERROR, f"policy input is {len(input_json)} bytes, over the cap", revision=revision)
+        try:
+            text = serialised_input(policy_input, self._settings.max_input_bytes)
+        except ValueError as exc:
+            return deny(POLICY_ERROR, str(exc), revision=revision)
         try:
             await self._ensure_served()
             async with self._gate.deciding(self._settings.opa_timeout_s):
@@ -221,7 +222,7 @@ class OpaEngine:
                 if self._settings.opa_upload and self._served is not self._bundle:
                     raise PolicyError("the policy on the server is unknown after a failed upload")
                 answer: Any = await self._client.query_rule(
-                    input_data=json.loads(input_json), package_path=self._path, query_params=_STRICT
+                    input_data=json.loads(text), package_path=self._path, query_params=_STRICT
                 )
         except Exception as exc:  # the client raises aiohttp's, its own and TypeErrors alike: all fail closed
             log.error("opa_decision_failed", error=str(exc)[:500], url=self._settings.opa_url)

@@ -25,7 +25,7 @@ from jsonschema.exceptions import ValidationError as SchemaError
 from pydantic import ValidationError
 
 from policy import ToolInfo
-from policy.base import CredentialRequest, EgressRequest
+from policy.base import CredentialRequest, EgressRequest, unfaithful_value
 from router.errors import DuplicateTool, FieldProblem, InvalidCall, InvalidToolSpec, ToolNotFound
 from router.text import check_text, first_invalid_text
 from router.wire import (
@@ -344,6 +344,9 @@ def parse_args(tool: str, raw: Mapping[str, Any] | str | bytes, max_bytes: int) 
         raise
     if size > max_bytes:
         raise _too_big(tool, size, max_bytes)
+    found = unfaithful_value(value)
+    if found is not None:
+        raise InvalidCall(f"{found[0]} for {tool!r} holds {found[1]}", [FieldProblem(*found)])
     return dict(value), canonical
 
 

@@ -14,6 +14,7 @@ import pytest
 from policy import EmbeddedEngine, Outcome, PolicyBundleError, PolicyInput, PolicySettings, run_rego_tests
 from policy.base import CredentialRequest, RateCounts, ValueSources
 from tests.conftest import REPO
+from tests.policy.test_builtin_errors import catalogue
 
 
 def make_input(
@@ -389,3 +390,51 @@ async def test_a_reason_code_the_catalog_does_not_give_for_that_outcome_is_denie
     decided = await engine.decide(make_input().model_copy(update={"args": args}))
     assert (decided.outcome, decided.reason_codes) == (Outcome.DENY, ["policy.error"])
     assert "data.stockade.reasons" in decided.reasons[0].message or "catalogued as deny" in decided.reasons[0].message
+
+
+# -- values the engine would see otherwise than sent ------------------------------------------------
+
+ALLOWLIST = """package stockade
+
+deny_reasons contains {"code": "team.account_not_allowed", "message": "not an allowlisted account"} if {
+    not input.args.account in {18446744073709551615, 9007199254740993}
+}
+"""
+
+
+def allowlisting_policy(tmp_path: Path) -> Path:
+    """The shipped policy plus a team rule that allows only two accounts, its code catalogued."""
+    root = tmp_path / "policies"
+    shutil.copytree(REPO / "policies", root)
+    (root / "stockade" / "team.rego").write_text(ALLOWLIST)
+    catalogue(root, {"team.account_not_allowed": "deny"})
+    return root
+
+
+@pytest.mark.parametrize(
+    "args",
+    [{"account": 2**64}, {"account": 2**64 + 1}, {"account": -(2**63) - 1}, {"nested": [{"account": 10**400}]},
+     {f"k{chr(0xDCFE)}": "rm -rf /", f"k{chr(0xDCFF)}": "ok"}],  # lone surrogates (ruff reads "\udc.." as one key)
+    ids=["2**64", "2**64+1", "-2**63-1", "nested_400_digits", "surrogate_keys"],
+)  # fmt: skip
+async def test_arguments_policy_would_see_otherwise_than_sent_deny_with_policy_error(
+    tmp_path: Path, args: dict[str, Any]
+) -> None:
+    """regorus reads an integer beyond an i64 or a u64 as the nearest float (2**64 + 1 passed an
+    allowlist of 2**64 while the tool ran with the number sent); keys with a lone surrogate were
+    written as U+FFFD and became one key. The engine refuses to decide on such arguments, however
+    the input was built (``model_copy`` skips validation), and validation refuses them too."""
+    engine = EmbeddedEngine(PolicySettings(dir=allowlisting_policy(tmp_path)))
+    decided = await engine.decide(make_input().model_copy(update={"args": args}))
+    assert (decided.outcome, decided.reason_codes) == (Outcome.DENY, ["policy.error"])
+    assert "integer beyond 64 bits" in decided.reasons[0].message or "lone surrogate" in decided.reasons[0].message
+    with pytest.raises(ValueError, match=r"beyond 64 bits|lone surrogate"):
+        PolicyInput.model_validate({**make_input().model_dump(), "args": args})
+
+
+async def test_integers_an_i64_or_a_u64_holds_are_decided_exactly(tmp_path: Path) -> None:
+    engine = EmbeddedEngine(PolicySettings(dir=allowlisting_policy(tmp_path)))
+    decided = {n: (await engine.decide(make_input().model_copy(update={"args": {"account": n}}))).reason_codes
+               for n in (2**64 - 1, 2**64 - 2, 2**53 + 1, 2**53 + 2, -(2**63))}  # fmt: skip
+    assert decided == {2**64 - 1: [], 2**64 - 2: ["team.account_not_allowed"], 2**53 + 1: [],
+                       2**53 + 2: ["team.account_not_allowed"], -(2**63): ["team.account_not_allowed"]}  # fmt: skip

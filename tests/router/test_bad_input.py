@@ -285,6 +285,27 @@ async def test_arguments_sent_as_a_json_string_nested_deep_are_refused_by_the_co
     assert await call_works(api, session)
 
 
+@pytest.mark.parametrize("number", [2**64, 2**64 + 1, -(2**63) - 1, 10**400])
+async def test_an_integer_beyond_64_bits_is_an_audited_invalid_call_naming_its_field(api: Api, number: int) -> None:
+    """The embedded engine reads such an integer as the nearest float: 2**64 + 1 passed a rule that
+    allows only 2**64, while the tool would have run with the number sent. Refused as bad input,
+    by field, on the body's arguments and on arguments sent as a JSON string; 64-bit ones pass."""
+    session = await open_session(api)
+    for args in ({"account": {"id": [number]}}, json.dumps({"account": {"id": [number]}})):
+        response = await api.client.post(f"/v1/sessions/{session}/calls", headers=auth("agent-1"),
+                                         content=json.dumps({"tool": "lookup", "args": args}))  # fmt: skip
+        problem = assert_problem(response, 422)
+        assert problem["type"] == "urn:stockade:problem:call.invalid"
+        assert problem["errors"] == [{"field": "args.account.id[0]", "problem": "an integer beyond 64 bits, which "
+                                      "policy cannot compare exactly: send it as a string"}]  # fmt: skip
+        assert str(number)[:15] not in response.text  # a value is never quoted back (a mask may erase it)
+    assert [e["result"]["code"] for e in rejections(api.audit, session)] == ["call.invalid"] * 2
+    for fits in (2**64 - 1, -(2**63)):
+        response = await api.client.post(f"/v1/sessions/{session}/calls", headers=auth("agent-1"),
+                                         content=json.dumps({"tool": "lookup", "args": {"account": fits}}))  # fmt: skip
+        assert response.status_code == 200, response.text
+
+
 async def test_arguments_past_their_limit_but_within_the_bodys_reach_the_control_plane(api: Api) -> None:
     """Between the arguments' limit and the body's, the control plane refuses the call and audits
     it with its session and tool."""
