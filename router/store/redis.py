@@ -7,14 +7,16 @@ Every key has a TTL. Errors from redis-py become `StoreError` here and nowhere e
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from collections.abc import Awaitable, Collection, Mapping
+from collections.abc import Awaitable, Collection, Iterator, Mapping
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio
 import redis.exceptions
+import structlog
 from redis.maint_notifications import MaintNotificationsConfig
 
 from policy.base import RATE_SCOPES, RateCounts
@@ -191,6 +193,17 @@ local buckets = tonumber(ARGV[8])
 local periods = {{'m:', tonumber(ARGV[5])}, {'h:', tonumber(ARGV[6])}, {'d:', tonumber(ARGV[7])}}
 local keep_ms = math.ceil(periods[3][2] * (buckets + 1) / buckets)
 
+-- A field of a rate key: absent is 0; anything but a whole count is an error, never a 0 that
+-- would start the window over (whoever can write Redis could otherwise lift any limit).
+local function whole(key, value)
+  if not value then return nil end
+  local n = tonumber(value)
+  if n == nil or n < 0 or n % 1 ~= 0 then
+    error({err = 'ERR rate key ' .. key .. ' holds ' .. string.sub(tostring(value), 1, 40) .. ', not a count'})
+  end
+  return n
+end
+
 local function windows(key, counts)
   local wanted, current = {}, {}
   for p = 1, 3 do
@@ -204,7 +217,8 @@ local function windows(key, counts)
   local update = {}
   for p = 1, 3 do
     local tag, now_bucket = periods[p][1], current[p]
-    local head, total, calls = tonumber(state[3 * p - 2]), tonumber(state[3 * p - 1]) or 0, tonumber(state[3 * p]) or 0
+    local head = whole(key, state[3 * p - 2])
+    local total, calls = whole(key, state[3 * p - 1]) or 0, whole(key, state[3 * p]) or 0
     local gone = {}
     if head == nil then
       head = now_bucket
@@ -214,7 +228,7 @@ local function windows(key, counts)
     elseif now_bucket > head then  -- the buckets before now_bucket - buckets left it
       for i = head - buckets, now_bucket - buckets - 1 do gone[#gone + 1] = tag .. i end
       local old = redis.call('HMGET', key, unpack(gone))
-      for i = 1, #gone do total = total - (tonumber(old[i]) or 0) end
+      for i = 1, #gone do total = total - (whole(key, old[i]) or 0) end
       head = now_bucket
     end
     if count then
@@ -258,8 +272,28 @@ if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[3]) then redis.call('PEXPIRE', KE
 return 1
 """
 
+log = structlog.get_logger(__name__)
+
 _WINDOW_NAMES = {scope: [f"{scope}_per_{period}" for period in PERIODS] for scope in RATE_SCOPES}
 _MAX_AGENTS = 100_000  # sessions whose agent and principal this router remembers; beyond, it starts over
+
+
+def _string(value: object) -> str:
+    """``value`` if it is a string (decoding a stored document); TypeError otherwise."""
+    if not isinstance(value, str):
+        raise TypeError(f"a string was expected, not {type(value).__name__}")
+    return value
+
+
+def _strings(value: object) -> tuple[str, ...]:
+    """``value`` if it is a list of strings, as a tuple (a string would pass as its characters)."""
+    if not isinstance(value, list):
+        raise TypeError(f"a list of strings was expected, not {type(value).__name__}")
+    return tuple(_string(item) for item in value)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
 
 
 def connect(url: str, timeout_s: float, **options: Any) -> redis.asyncio.Redis:
@@ -322,8 +356,20 @@ class RedisStore:
     async def _do(self, what: str, operation: Awaitable[T]) -> T:
         try:
             return await operation
+        except redis.exceptions.ResponseError as exc:  # Redis answered: a script refused what it found
+            raise StoreError(f"store {self._where} refused to {what}: {exc}") from exc
         except (redis.exceptions.RedisError, OSError) as exc:
             raise StoreError(f"store {self._where} failed to {what}: {exc}; check that Redis is up") from exc
+
+    @contextlib.contextmanager
+    def _reading(self, what: str) -> Iterator[None]:
+        """Decoding ``what`` (a key's value). Whoever can write Redis can leave a value of any
+        shape there: that is the store failing (the call denied and audited), never an exception
+        of another kind escaping the pipeline unaudited."""
+        try:
+            yield
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # pydantic's and json's are ValueErrors
+            raise StoreError(f"{what} in {self._where} is malformed ({_first_line(exc)}); delete or fix it") from exc
 
     async def create_session(self, session: SessionRecord, provenance_keys: Collection[str]) -> None:
         checked_session_id(session.id)
@@ -356,7 +402,7 @@ class RedisStore:
         try:
             return SessionRecord(
                 id=session_id, agent=fields["agent"], principal=fields["principal"], opened_at=fields["opened_at"],
-                trusted_context=tuple(json.loads(fields["trusted_context"])), call_count=int(fields["call_count"]),
+                trusted_context=_strings(json.loads(fields["trusted_context"])), call_count=int(fields["call_count"]),
                 taint=frozenset(k.removeprefix("taint:") for k in fields if k.startswith("taint:")),
                 endorsed=frozenset(k.removeprefix("endorsed:") for k in fields if k.startswith("endorsed:")),
                 labels=frozenset(k.removeprefix("label:") for k in fields if k.startswith("label:")),
@@ -403,8 +449,10 @@ class RedisStore:
             if sources:
                 provenance[name] = sorted(sources)
         found = iter(reply[2])
-        rates = {name: int(next(found)) for scope in RATE_SCOPES for name in _WINDOW_NAMES[scope]}
-        return CallContext(session=session, provenance=provenance, rates=RateCounts.model_validate(rates))
+        with self._reading(f"the rate counts of session {session_id}"):
+            rates = RateCounts.model_validate({name: int(next(found)) for scope in RATE_SCOPES
+                                               for name in _WINDOW_NAMES[scope]})  # fmt: skip
+        return CallContext(session=session, provenance=provenance, rates=rates)
 
     async def delete_session(self, session_id: str) -> bool:
         if not is_session_id(session_id):
@@ -469,16 +517,17 @@ class RedisStore:
         value = await self._do("take an external call", self._take([keys.pending(session_id)], [call_id]))
         if value is None:
             return None
-        document = json.loads(value)
-        return PendingExternal(
-            session_id,
-            call_id,
-            document["decision_id"],
-            document["tool"],
-            tuple(document.get("echoed", ())),
-            steered=bool(document.get("steered", False)),
-            derived=bool(document.get("derived", False)),
-        )
+        with self._reading(f"external call {call_id} of session {session_id}"):
+            document = json.loads(value)
+            return PendingExternal(
+                session_id,
+                call_id,
+                _string(document["decision_id"]),
+                _string(document["tool"]),
+                _strings(document.get("echoed", [])),
+                steered=bool(document.get("steered", False)),
+                derived=bool(document.get("derived", False)),
+            )
 
     async def put_approval(self, approval: Approval, keep_s: float) -> str:
         checked_session_id(approval.session_id)
@@ -490,7 +539,10 @@ class RedisStore:
 
     async def get_approval(self, approval_id: str) -> Approval | None:
         value = await self._do("read an approval", self._redis.get(keys.approval(approval_id)))
-        return None if value is None else Approval.model_validate_json(value)
+        if value is None:
+            return None
+        with self._reading(f"approval {approval_id}"):
+            return Approval.model_validate_json(value)
 
     async def list_approvals(self) -> list[Approval]:
         ids = [str(i) for i in await self._do("list approvals", self._redis.zrange(keys.APPROVALS, 0, -1))]
@@ -500,7 +552,15 @@ class RedisStore:
         gone = [i for i, v in zip(ids, values, strict=True) if v is None]
         if gone:  # their keys expired: drop them from the index too
             await self._do("list approvals", self._redis.zrem(keys.APPROVALS, *gone))
-        return [Approval.model_validate_json(v) for v in values if v is not None]
+        listed = []
+        for approval_id, value in zip(ids, values, strict=True):
+            if value is not None:
+                try:
+                    with self._reading(f"approval {approval_id}"):
+                        listed.append(Approval.model_validate_json(value))
+                except StoreError as exc:  # one bad entry hides itself, not every approval from the approvers
+                    log.error("store_entry_malformed", error=str(exc))
+        return listed
 
     async def swap_approval(self, approval: Approval, expected: ApprovalStatus) -> bool:
         swapped = await self._do(
@@ -522,7 +582,11 @@ class RedisStore:
         found = await self._do("read a lease", self._redis.hgetall(keys.lease(lease_id)))
         if not found:
             return None
-        return str(found["status"]), json.loads(found["record"])
+        with self._reading(f"lease {lease_id}"):
+            record = json.loads(found["record"])
+            if not isinstance(record, dict):
+                raise TypeError("its record is not an object")
+            return str(found["status"]), record
 
     async def revoke_lease(self, lease_id: str) -> bool:
         return bool(await self._do("revoke a lease", self._revoke([keys.lease(lease_id)], [])))
@@ -536,17 +600,28 @@ class RedisStore:
             "register a tool",
             self._put_tool([keys.TOOLS, keys.TOOLS_VERSION], [name, spec_json, canonical_tool_name(name)]),
         )
-        document = json.loads(entry)
-        return json.dumps(document["spec"]), int(document["version"]), bool(int(added))
+        with self._reading(f"the registry entry of tool {name!r}"):
+            document = json.loads(entry)
+            return json.dumps(document["spec"]), int(document["version"]), bool(int(added))
 
     async def get_tool(self, name: str) -> str | None:
         entry = await self._do("read a tool", self._redis.hget(keys.TOOLS, name))
-        return None if entry is None else json.dumps(json.loads(entry)["spec"])
+        if entry is None:
+            return None
+        with self._reading(f"the registry entry of tool {name!r}"):
+            return json.dumps(json.loads(entry)["spec"])
 
     async def list_tools(self) -> dict[str, str]:
         found = await self._do("list tools", self._redis.hgetall(keys.TOOLS))
-        entries = sorted(((str(name), json.loads(entry)) for name, entry in found.items()),
-                         key=lambda item: int(item[1]["version"]))  # fmt: skip
+        readable = []
+        for name, entry in found.items():
+            try:
+                with self._reading(f"the registry entry of tool {name!r}"):
+                    document = json.loads(entry)
+                    readable.append((str(name), document, int(document["version"])))
+            except StoreError as exc:  # one bad entry hides that tool (calls to it are refused), not all
+                log.error("store_entry_malformed", error=str(exc))
+        entries = [(name, document) for name, document, _ in sorted(readable, key=lambda item: item[2])]
         listed: dict[str, str] = {}
         seen: set[str] = set()
         for name, entry in entries:
@@ -561,9 +636,15 @@ class RedisStore:
         found = await self._do("read the keys", self._redis.hgetall(keys.JWKS))
         now, live, stale = time.time(), {}, []
         for kid, value in found.items():
-            entry = json.loads(value)
-            if entry["until"] > now:
-                live[str(kid)] = str(entry["jwk"])
+            try:
+                with self._reading(f"public key {kid!r}"):
+                    entry = json.loads(value)
+                    fresh, jwk = float(entry["until"]) > now, str(entry["jwk"])
+            except StoreError as exc:  # tokens signed with that key fail to verify; the others do not
+                log.error("store_entry_malformed", error=str(exc))
+                continue
+            if fresh:
+                live[str(kid)] = jwk
             else:
                 stale.append(kid)
         if stale:

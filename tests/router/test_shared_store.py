@@ -287,3 +287,63 @@ async def test_a_tool_lookup_with_redis_down_fails_closed_and_is_audited(tmp_pat
             events = await two.audit.query(AuditFilter(session_id=session))
             assert [(e.kind, e.outcome) for e in events] == [("error", "store_unavailable")]
             assert not await two.audit.query(AuditFilter(kind="execution"))
+
+
+# -- what a broken or hostile Redis holds ---------------------------------------------------------
+
+
+@contextlib.contextmanager
+def raw(url: str) -> Iterator[redis.Redis]:
+    """A plain client of the routers' Redis, to write there what a stranger could."""
+    client = redis.Redis.from_url(url, decode_responses=True)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("value", ["garbage", "-50", "1.5"])
+async def test_a_rate_counter_that_is_not_a_count_refuses_calls_and_never_starts_the_window_over(
+    planes: tuple[ControlPlane, ControlPlane], redis_url: str, value: str
+) -> None:
+    """A counter Redis holds that is not a count was read as 0 (the limit of 3 lifted: two more
+    calls ran) or failed validation outside the store (unaudited). It is the store failing."""
+    one, two = planes
+    session = await one.open_session("assistant", "alice@example.com", ["write to bob@example.com"])
+    for plane in (one, two, one):
+        assert (await plane.call(session, "send_email", {"to": "bob@example.com"})).reasons == []
+    with raw(redis_url) as client:
+        client.hset(keys.rate("agent_tool:assistant:send_email"), "m:n", value)
+    for plane in (two, one):
+        with pytest.raises(StoreError, match="not a count"):
+            await plane.call(session, "send_email", {"to": "bob@example.com"})
+    events = await one.audit.query(AuditFilter(session_id=session))
+    assert [(e.kind, e.outcome) for e in events][-2:] == [("error", "store_unavailable")] * 2
+    assert len([e for e in events if e.kind == "decision"]) == 3
+
+
+async def test_malformed_entries_in_redis_are_store_failures_on_record_and_hide_only_themselves(
+    planes: tuple[ControlPlane, ControlPlane], redis_url: str
+) -> None:
+    """A value of the wrong shape (an approval, a registry entry, a session's trusted context)
+    raised pydantic's or json's errors past the pipeline: no audit record, and one bad entry broke
+    every listing. Each is now a StoreError where it is read, and listings skip the bad entry."""
+    one, two = planes
+    session = await one.open_session("db-agent", "alice@example.com")
+    held = await one.call(session, "drop_table", {"table": "users"})
+    assert held.approval_id is not None
+    other = await one.open_session("assistant", "alice@example.com", ["write to bob@example.com"])
+    with raw(redis_url) as client:
+        client.set(keys.approval(held.approval_id), '{"id": "x"}', keepttl=True)
+        client.hset(keys.TOOLS, "zz_bad", "not json")
+        client.hset(keys.session(other), "trusted_context", '"bob@example.com"')  # a string, not a list
+    with pytest.raises(StoreError, match=f"approval {held.approval_id} in .* is malformed"):
+        await two.call(session, "drop_table", {"table": "users"})  # the retry reads its approval
+    assert await two.list_approvals() == []  # the bad one is left out, the listing still works
+    assert {"drop_table", "send_email", "browse"} <= {spec.name for spec in await two.list_tools()}
+    with pytest.raises(StoreError, match="registry entry of tool 'zz_bad'"):
+        await two.call(session, "zz_bad", {})
+    with pytest.raises(StoreError, match="malformed"):
+        await two.call(other, "send_email", {"to": "bob@example.com"})
+    refused = [(e.session_id, e.outcome) for e in await one.audit.query(AuditFilter(kind="error"))]
+    assert refused == [(session, "store_unavailable"), (session, "store_unavailable"), (other, "store_unavailable")]
