@@ -60,6 +60,15 @@ NONDETERMINISTIC_BUILTINS = {
     "uuid.rfc4122": "uuid.rfc4122 makes the decision non-deterministic: tests and replay cannot reproduce it",
     "opa.runtime": "opa.runtime describes the engine, not the call: decisions would differ between engines",
 }
+# Builtins that allocate their whole result at once. regorus aborts the process when an allocation
+# fails (no panic to catch): numbers.range(1, input.args.n) with n = 10**12 kills the router, with
+# no deny and no audit record. Warned of unless every argument is a literal.
+UNBOUNDED_BUILTINS = {
+    "numbers.range": "numbers.range allocates every number of its range at once",
+    "numbers.range_step": "numbers.range_step allocates every number of its range at once",
+    "net.cidr_expand": "net.cidr_expand allocates every address of its network at once (a /8 is 16M)",
+}
+_LITERALS = frozenset({"Number", "String", "Bool", "Null"})
 # Codes the router gives itself (policy/base.py, router/): the catalog documents them, no rule emits them.
 ROUTER_REASON_CODES = frozenset({
     "policy.error", "policy.unavailable", "sandbox.unavailable", "audit.unavailable", "store.unavailable",
@@ -883,6 +892,11 @@ class _Checker:
             )
         elif name in NONDETERMINISTIC_BUILTINS:
             self.report(module.path, line, col, "builtin.nondeterministic", NONDETERMINISTIC_BUILTINS[name], "warning")
+        elif name in UNBOUNDED_BUILTINS and any(_kind(p)[0] not in _LITERALS for p in body.get("params", [])):
+            self.report(module.path, line, col, "builtin.unbounded",
+                        f"{UNBOUNDED_BUILTINS[name]}: an argument taken from input can exhaust memory, and the engine "
+                        "then aborts the router (no deny, no audit record); bound it in the rule first "
+                        "(input.args.n <= 1000), or compute the values into data.json", "warning")  # fmt: skip
         if name == "count" and params:
             kinds = _types(params[0])
             if kinds and kinds <= (_SCALARS - {"string"}):

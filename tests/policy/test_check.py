@@ -325,6 +325,23 @@ def test_non_deterministic_builtins_are_warnings(tmp_path: Path) -> None:
     assert "input.now" in problem.message
 
 
+def test_builtins_that_allocate_their_whole_result_from_input_are_warned_of(tmp_path: Path) -> None:
+    """``numbers.range(1, input.args.n)`` with n = 10**12 makes regorus abort the whole router
+    process on the failed allocation (no panic to catch: no deny, no audit record). A policy
+    author is told, unless every argument is a literal."""
+    root = first_day(tmp_path)
+    (root / "stockade" / "ranges.rego").write_text(
+        "package stockade\n\n"
+        "many if count(numbers.range(1, input.args.n)) > 100\n\n"
+        "fixed := numbers.range(1, 5)\n\n"
+        "wide if count(net.cidr_expand(input.args.cidr)) > 10\n"
+    )
+    found = [p for p in check_policy(root) if p.code == "builtin.unbounded"]
+    assert [(p.line, p.severity) for p in found] == [(3, "warning"), (7, "warning")]
+    assert "aborts the router" in found[0].message
+    assert "input.args.n <= 1000" in found[0].message
+
+
 def _reasons_policy(tmp_path: Path) -> Path:
     """A small self-contained policy with a reason catalog: two codes emitted, one catalogued with
     another outcome, one missing, one catalogued and never emitted."""
