@@ -640,14 +640,15 @@ class ContainerSandbox:
                                     hosts=self._settings.egress_hosts, injections=spec.injections,
                                     intercept=ca, upstream_ca=self._settings.egress_ca_file)  # fmt: skip
                 await proxy.start()
+            seal = secrets.token_hex(16)  # the worker's word that the job ended (FrameReader)
             header: dict[str, object] = {
-                "kind": spec.kind, "argv": list(spec.argv), "cwd": "/tmp", "egress": bool(spec.egress),
+                "kind": spec.kind, "argv": list(spec.argv), "cwd": "/tmp", "egress": bool(spec.egress), "seal": seal,
                 "env": {"HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8", "PATH": _PATH,
                         **_proxy_env(bool(spec.egress)), **spec.env},
                 "outputs": {"max_files": spec.outputs.max_files, "max_bytes": spec.outputs.max_bytes,
                             "max_entries": OUT_ENTRIES} if spec.outputs else None,
             }  # fmt: skip
-            reader, worker_err, timed_out = await self._exchange(box, encode_job(header, spec.stdin), spec)
+            reader, worker_err, timed_out = await self._exchange(box, encode_job(header, spec.stdin), spec, seal)
             died = reader.reply.exit is None
             state: dict[str, Any] = {}
             # Not when the host killed the container itself (timeout, output cap, protocol error).
@@ -682,17 +683,17 @@ class ContainerSandbox:
                 raise SandboxError(f"could not store the sandbox's /out: {type(exc).__name__}") from exc
             quarantine, artifacts, refused = str(q.directory), tuple(q.records), refused + tuple(q.refused)
         result = _verdict(reader, worker_err, timed_out, state, spec.limits, wall, self.tier)
-        if keep and (timed_out or died or reader.reply.over_cap):
+        if keep and (timed_out or died or reader.reply.over_cap or reader.reply.malformed):
             self._drop(box, spec.session)  # a session box that failed is not reused
         return RunResult(
             result.verdict, result.exit_code, result.stdout, result.stderr, result.usage, self.tier, result.detail,
             start=how, inputs=inputs, artifacts=artifacts, refused=refused, quarantine=quarantine,
         )  # fmt: skip
 
-    async def _exchange(self, box: _Box, job: bytes, spec: SandboxSpec) -> tuple[FrameReader, bytes, bool]:
+    async def _exchange(self, box: _Box, job: bytes, spec: SandboxSpec, seal: str) -> tuple[FrameReader, bytes, bool]:
         loop = asyncio.get_running_loop()
         caps = spec.outputs.max_bytes if spec.outputs else 0
-        reader = FrameReader(spec.limits.output_bytes, caps)
+        reader = FrameReader(spec.limits.output_bytes, caps, seal=seal)
         demux = _Demux()
         worker_err = bytearray()
         deadline = loop.time() + spec.limits.timeout_s

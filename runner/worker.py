@@ -33,6 +33,7 @@ from the worker for the job's length, serving every connection with a selector l
 
 from __future__ import annotations
 
+import hmac
 import json
 import struct
 from dataclasses import dataclass, field
@@ -575,6 +576,10 @@ def main():
     if mode != "session-next":
         frame(b"R", b"")  # up and waiting: the host pools this container only after seeing it
     header = json.loads(read_exact(struct.unpack(">I", read_exact(4))[0]))
+    # The job's seal, which only this process holds (never handed to the spare or the tool): the
+    # host takes the exit frame that carries it as the worker's. Under gVisor a tool (the same uid)
+    # can open /proc/1/fd/1 and write frames of its own; without the seal they are refused.
+    seal = header.pop("seal", "")
     payload = read_exact(header["stdin_len"])
     # The container's count is cumulative: this job's kills are those it adds.
     kills_before = oom_kills()
@@ -582,6 +587,7 @@ def main():
         start_bridge(spare[1:])
     result = run_python(header, payload) if header["kind"] == "python" else run_exec(header, payload)
     result["oom_kills"] = oom_kills() - kills_before
+    result["seal"] = seal
     frame(b"x", json.dumps(result).encode())
     if header.get("outputs"):
         send_outputs(header["outputs"])
@@ -627,10 +633,17 @@ class FrameReader:
     """Parses worker frames from a byte stream, enforcing the output cap on stdout+stderr
     and separate caps on files, and refusing anything malformed. More ``f`` and ``r`` frames than
     the worker reports (`OUT_ENTRIES`) did not come from an honest worker: the reply is
-    malformed, and the list of files and refused entries stops growing."""
+    malformed, and the list of files and refused entries stops growing.
 
-    def __init__(self, output_cap: int, file_cap_bytes: int) -> None:
+    Until the exit frame, the tool may be writing to the worker's stdout too (under gVisor it can
+    open ``/proc/1/fd/1``): only output frames may come before it, and the exit frame must carry
+    the job's ``seal``, which only the worker holds. A frame the tool forged (an exit, a file, the
+    end) makes the reply malformed: the call fails and its container goes. Once the worker sends
+    the exit frame, the tool and whatever it left have been killed."""
+
+    def __init__(self, output_cap: int, file_cap_bytes: int, *, seal: str) -> None:
         self.reply = WorkerReply()
+        self._seal = seal
         self._buffer = bytearray()
         self._output_cap = output_cap
         self._file_cap = file_cap_bytes
@@ -657,8 +670,16 @@ class FrameReader:
             (reply.stdout if kind == b"o" else reply.stderr).extend(body[: max(room, 0)])
             if len(body) > room:
                 reply.over_cap = True
+        elif reply.exit is None and kind != b"x":
+            reply.malformed = f"a {kind!r} frame before the exit frame: not the worker's"
         elif kind == b"x":
-            reply.exit = _json_object(body)
+            exit_info = _json_object(body)
+            if exit_info is None or not hmac.compare_digest(str(exit_info.pop("seal", "")), self._seal):
+                reply.malformed = "an exit frame without this job's seal: not the worker's"
+            elif reply.exit is not None:
+                reply.malformed = "a second exit frame"
+            else:
+                reply.exit = exit_info
         elif kind in (b"f", b"r") and len(reply.files) + len(reply.refused) >= OUT_ENTRIES:
             reply.malformed = f"more than {OUT_ENTRIES} output file entries"
         elif kind == b"f" and len(body) < 4:

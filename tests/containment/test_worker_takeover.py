@@ -149,3 +149,57 @@ def main():
     made = parse_result(result.stdout)
     assert made >= OUT_ENTRIES - 8
     assert (len(result.artifacts), len(result.refused)) == (4, min(made, OUT_ENTRIES) - 4)
+
+
+# Opens the worker's stdin and stdout (allowed under gVisor, whose procfs does not hold a
+# non-dumpable process's fds back from its uid), forges its call's end, stays alive, and waits
+# for the session's next job to steal it and answer it with a forged reply.
+CHANNEL_HIJACK = r"""
+import json, os, struct, time
+def frame(fd, kind, data):
+    os.write(fd, kind + struct.pack(">I", len(data)) + data)
+try:
+    out, inp = os.open("/proc/1/fd/1", os.O_WRONLY), os.open("/proc/1/fd/0", os.O_RDONLY)
+except OSError as exc:
+    print("refused:", exc.errno)
+    raise SystemExit(0)
+forged = json.dumps({"code": 0, "signal": 0, "cpu_s": 0.01, "max_rss_kb": 1, "oom_kills": 0}).encode()
+frame(out, b"o", b"call 1 looks normal\n"); frame(out, b"x", forged); frame(out, b"d", b"")
+os.close(1); os.close(2)
+def read_exact(n):
+    got = b""
+    while len(got) < n:
+        chunk = os.read(inp, n - len(got))
+        if not chunk:
+            raise SystemExit
+        got += chunk
+    return got
+header = json.loads(read_exact(struct.unpack(">I", read_exact(4))[0]))
+stolen = json.dumps({"env": header["env"], "stdin": read_exact(header["stdin_len"]).decode()}).encode()
+frame(out, b"o", b"FORGED; stolen: " + stolen + b"\n"); frame(out, b"x", forged); frame(out, b"d", b"")
+while True:
+    time.sleep(1)
+"""
+
+
+async def test_a_tool_writing_frames_on_the_workers_channel_cannot_end_its_call_or_take_the_next(
+    container: ContainerSandbox,
+) -> None:
+    """Under gVisor the tool can open the worker's channel (/proc/1/fd/0 and 1; runc refuses it).
+    Its forged end of the call is refused (the exit frame lacks the job's seal): the call fails
+    and its container goes with the session, so the session's next call runs in a fresh container,
+    as asked, with nothing read by the tool; and nothing the tool left keeps running."""
+    limits = ResourceLimits(timeout_s=10)
+    hijack = await container.run(SandboxSpec(argv=("python3", "-I", "-c", CHANNEL_HIJACK), limits=limits, session="s"))
+    if hijack.stdout.startswith(b"refused:"):  # runc: the worker's fds are not the tool's to open
+        assert (container.tier, hijack.verdict) == ("docker", Verdict.OK)
+    else:
+        assert (container.tier, hijack.verdict, hijack.start) == ("gvisor", Verdict.ERROR, "cold")
+        assert "not the worker's" in hijack.detail
+    victim = await container.run(SandboxSpec(
+        argv=("python3", "-I", "-c", "import sys; print('ran:', sys.stdin.read())"), stdin=b"private-5e1f",
+        env={"API_TOKEN": "placeholder-77aa"}, session="s", limits=limits,
+    ))  # fmt: skip
+    await container.close_session("s")
+    assert (victim.verdict, victim.stdout) == (Verdict.OK, b"ran: private-5e1f\n")
+    assert b"FORGED" not in victim.stdout
