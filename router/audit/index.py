@@ -797,6 +797,33 @@ def _write_days(
     return days, ""
 
 
+def _write_file_days(
+    connection: duckdb.DuckDBPyConnection, path: Path, stage: Path, expected: tuple[int, int, int],
+    end: int | None = None,
+) -> tuple[dict[str, Path], str]:  # fmt: skip
+    """`_write_days` of the events of the log file ``path`` (with ``end``: a live file, up to that
+    byte and seq ``expected[2]``), read by DuckDB's reader, or in Python where that reader cannot:
+    a line longer than it takes (skipped, every offset after it off), or a file of long lines
+    (1 MiB arguments), whose buffers it holds whole past the memory cap. A DuckDB failure either
+    way is the file's problem, never an internal error."""
+    engine = load_duckdb()
+    upto = "" if end is None else f" WHERE seq <= {int(expected[2])}"  # appended meanwhile: left to readers
+    try:
+        query = f"SELECT * FROM ({_projected(_csv_source([path]))}){upto}"  # noqa: S608  (a quoted path and an int)
+        days, problem = _write_days(connection, query, stage, expected)
+    except engine.Error as exc:
+        problem = _message(exc)
+        _log().info("audit_index_read_in_python", file=path.name, reason=problem[:200])
+    if not problem:
+        return days, ""
+    try:
+        with path.open("rb") as handle:
+            query = f"SELECT * FROM ({_python_source(connection, handle, end)}){upto}"  # noqa: S608  (constant SQL and an int)
+            return _write_days(connection, query, stage, expected)
+    except engine.Error as exc:
+        return {}, f"it could not be indexed: {_message(exc)}; queries read it line by line"
+
+
 def _index_segment(connection: duckdb.DuckDBPyConnection, part: Part, sha256: str, index_dir: Path, temp: Path) -> str:
     """Index one sealed segment; what is wrong with it ("" when indexed)."""
     name = _name(part.first_seq, part.last_seq)
@@ -807,12 +834,7 @@ def _index_segment(connection: duckdb.DuckDBPyConnection, part: Part, sha256: st
             "run `stockade audit verify`. Not indexed; queries read it line by line"
         )
     expected = (part.last_seq - part.first_seq + 1, part.first_seq, part.last_seq)
-    days, problem = _write_days(connection, _projected(_csv_source([part.path])), temp / "stage", expected)
-    if problem:
-        # DuckDB's reader skips a line longer than it takes, and every offset after it would be
-        # off: read the segment in Python instead (a damaged line still fails, and is reported).
-        with part.path.open("rb") as handle:
-            days, problem = _write_days(connection, _python_source(connection, handle), temp / "stage", expected)
+    days, problem = _write_file_days(connection, part.path, temp / "stage", expected)
     if problem:
         return problem
     placed: list[str] = []
@@ -1058,12 +1080,7 @@ def _snapshot(
         return 0
     # Lines past ``end`` (appended meanwhile) are left to the readers: only seqs up to last_seq.
     expected = (last_seq - head[0] + 1, head[0], last_seq)
-    query = f"SELECT * FROM ({_projected(_csv_source([active]))}) WHERE seq <= {int(last_seq)}"  # noqa: S608  (constant SQL, a quoted path and an int)
-    days, problem = _write_days(connection, query, temp / "stage", expected)
-    if problem:  # a line DuckDB's reader does not take: in Python, as a sealed segment's (`_index_segment`)
-        with active.open("rb") as handle:
-            query = f"SELECT * FROM ({_python_source(connection, handle, end)}) WHERE seq <= {int(last_seq)}"  # noqa: S608  (constant SQL and an int)
-            days, problem = _write_days(connection, query, temp / "stage", expected)
+    days, problem = _write_file_days(connection, active, temp / "stage", expected, end)
     if problem:
         _log().warning("audit_index_snapshot_skipped", problem=problem)
         _drop_snapshot(index_dir, marker_path)
@@ -1528,9 +1545,12 @@ class AuditQuery:
             missing: list[tuple[int, int]] = []
             try:
                 projected = _projected(_csv_source([part.path]))
-                self._db.execute(f"INSERT INTO fed SELECT ? AS part, {_columns()} FROM ({projected})", [name])  # noqa: S608  (quoted path)
+                try:
+                    self._db.execute(f"INSERT INTO fed SELECT ? AS part, {_columns()} FROM ({projected})", [name])  # noqa: S608  (quoted path)
+                    got = self._db.execute(_FED_SHAPE, [name]).fetchone()
+                except engine.Error:  # past the memory cap on long lines (see _index_segment): Python reads it
+                    got = None
                 count = part.last_seq - part.first_seq + 1
-                got = self._db.execute(_FED_SHAPE, [name]).fetchone()
                 if got != (count, count, part.first_seq, part.last_seq):
                     # A line skipped (too long, not JSON) or one too many: the running offsets are off.
                     self._db.execute("DELETE FROM fed WHERE part = ?", [name])

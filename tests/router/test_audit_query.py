@@ -1284,3 +1284,38 @@ def test_a_segment_that_spans_midnight_is_split_across_days(tmp_path: Path) -> N
     for document in documents(path):
         by_day[document["timestamp"][:10]] = by_day.get(document["timestamp"][:10], 0) + 1
     assert counted == by_day
+
+
+async def test_a_full_segment_of_one_mib_events_is_read_and_indexed_within_the_memory_caps(tmp_path: Path) -> None:
+    """An agent's ordinary calls with 1 MiB arguments fill a default 64 MiB segment with ~68
+    lines. DuckDB's reader holds such a file's buffers whole: past the reader's 128 MB cap a
+    query of the unindexed segment failed (503 until indexed), and past the indexer's 256 MB cap
+    the segment was never indexed, so every later query, report and export failed. Both now read
+    the file in Python, a chunk of lines at a time, where DuckDB's reader cannot."""
+    path = tmp_path / "audit.jsonl"
+    options = LogOptions(signer=SigningKey.load_or_create(tmp_path / "keys" / "audit.key"), rotate_daily=False)
+    log = JsonlAuditLog(path, durability="relaxed", options=options)
+    blob = "A" * 1_000_000
+    count = 0
+    while not any(p.kind == "sealed" for p in LogLayout(path).parts()):
+        count += 1
+        await log.append(AuditEvent.model_validate({
+            "timestamp": "2026-11-29T09:00:00Z", "kind": "decision", "outcome": "allow", "agent": "agent-1",
+            "session_id": "s-1", "tool": "echo", "decision_id": f"d-{count}",
+            "input": {"args": {"blob": blob}, "tool": {"name": "echo"}},
+        }))  # fmt: skip
+    await log.aclose()
+    sealed = next(p for p in LogLayout(path).parts() if p.kind == "sealed")
+    assert sealed.last_seq > 60  # a whole default segment
+
+    def decisions() -> list[str]:
+        with AuditQuery(path) as query:
+            return [json.loads(line)["decision_id"] for _, _, line in query.events(EventFilter(), limit=None)]
+
+    assert decisions() == [f"d-{n}" for n in range(1, count + 1)]  # unindexed: read line by line
+    report = index_sealed(LogLayout(path), snapshot=False)
+    assert (report.problems, len(report.indexed)) == ([], 1)
+    assert decisions() == [f"d-{n}" for n in range(1, count + 1)]  # from the index
+    with AuditQuery(path) as query:
+        _, rows = query.sql("SELECT count(*), count(DISTINCT decision_id) FROM events WHERE agent = 'agent-1'")
+        assert list(rows) == [(count, count)]
