@@ -105,7 +105,36 @@ def mask(document: dict[str, Any], rules: Sequence[Rule], key: bytes | None = No
     quoted = _quotations(originals)
     if quoted is not None:
         document = _scrubbed_messages(document, quoted, masked)
+    streams = {name for path, _ in rules for name in _streams(pointer_steps(path))}
+    if streams:
+        document = _keyed_stream_digests(document, streams, key, masked)
     return document, masked
+
+
+def _streams(steps: list[str]) -> list[str]:
+    """The output streams (``stdout``, ``stderr``) of an execution a rule's path masks."""
+    if not steps or steps[0] not in ("result", "*"):
+        return []
+    if len(steps) == 1 or steps[1] == "*":
+        return ["stdout", "stderr"]
+    return [steps[1]] if len(steps) == 2 and steps[1] in ("stdout", "stderr") else []
+
+
+def _keyed_stream_digests(document: dict[str, Any], streams: set[str], key: bytes | None,
+                          masked: list[str]) -> dict[str, Any]:  # fmt: skip
+    """``document`` with the digest of each masked output stream (``result.stdout_sha256``) keyed,
+    or erased without a key: a plain digest of a masked output lets anyone test guesses at it."""
+    result = document.get("result")
+    if not isinstance(result, dict):
+        return document
+    changed = dict(result)
+    for stream in sorted(streams):
+        digest = result.get(f"{stream}_sha256")
+        if isinstance(digest, str) and not digest.startswith("hmac-sha256:"):
+            changed[f"{stream}_sha256"] = ERASED if key is None else "hmac-sha256:" + hmac.new(
+                key, digest.encode(), hashlib.sha256).hexdigest()  # fmt: skip
+            masked.append(f"/result/{stream}_sha256")
+    return {**document, "result": changed} if changed != result else document
 
 
 def _argument(steps: list[str]) -> str | None:

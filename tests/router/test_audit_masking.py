@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import stat
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from router.audit.checkpoint import SigningKey
 from router.audit.jsonl import JsonlAuditLog, LogOptions
 from router.audit.masking import load_or_create_key, mask, masked_paths
 from router.settings import AuditSettings, MaskRule, Settings
+from tests.conftest import python_tool
 
 ARGS = {"a/b": "SECRET1", "t~x": "SECRET2", "cards": ["SECRET3", "keep"], "x,y": "SECRET4", "10": "d"}
 
@@ -180,3 +182,32 @@ def test_a_masked_value_the_agent_chose_erases_nothing_else_of_the_record() -> N
     assert masked_paths(written.labels["masked"]) == [
         "/input/args/pin", "/input/args/note", "/result/reasons/0",
     ]  # fmt: skip
+
+
+async def test_a_tools_output_is_kept_as_written_unless_a_rule_masks_it_and_then_its_digest_is_keyed(
+    tmp_path: Path,
+) -> None:
+    """A tool that echoes a masked argument puts it in its execution's stdout and stderr: kept as
+    the tool wrote it (the docs say so) unless rules mask /result/stdout and /result/stderr, whose
+    plain digests would then let anyone test guesses at the output; they are keyed."""
+    echo = "import sys\ndef main(card):\n    print('charged', card)\n    print(card, file=sys.stderr)\n    return 1\n"
+    for rules in ([MaskRule(path="/input/args/card", hash=True)],
+                  [MaskRule(path="/input/args/card", hash=True), MaskRule(path="/result/stdout"),
+                   MaskRule(path="/result/stderr")]):  # fmt: skip
+        log = tmp_path / str(len(rules)) / "audit.jsonl"
+        settings = Settings(audit=AuditSettings(path=log, signing_key=tmp_path / "keys" / "audit.key", mask=rules))
+        async with ControlPlane.from_settings(settings) as plane:
+            await plane.register(python_tool("charge", echo))
+            session = await plane.open_session("bot", "alice@example.com")
+            result = await plane.call(session, "charge", {"card": "4111111111111111"})
+            assert result.status == "completed"
+        [run] = [json.loads(line) for line in log.read_text().splitlines() if '"kind":"execution"' in line]
+        if len(rules) == 1:
+            assert "4111111111111111" in run["result"]["stdout"] + run["result"]["stderr"]
+            assert re.fullmatch("[0-9a-f]{64}", run["result"]["stdout_sha256"])
+        else:
+            assert "4111111111111111" not in json.dumps(run)
+            assert (run["result"]["stdout"], run["result"]["stderr"]) == ("[masked]", "[masked]")
+            assert run["result"]["stdout_sha256"].startswith("hmac-sha256:")
+            assert run["result"]["stderr_sha256"].startswith("hmac-sha256:")
+            assert {"/result/stdout", "/result/stdout_sha256"} <= set(masked_paths(run["labels"]["masked"]))
