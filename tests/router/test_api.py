@@ -21,7 +21,7 @@ import uvicorn
 from policy import PolicySettings
 from router import ControlPlane, InvalidCall, Settings
 from router.audit import AuditFilter
-from router.interfaces.api import create_app
+from router.interfaces.api import audit_query, create_app
 from router.settings import ApiPrincipal, AuditSettings
 from tests.conftest import ECHO, REPO, external_tool, python_tool, stockade_server
 
@@ -415,3 +415,33 @@ async def test_audit_streams_a_client_stops_reading_keep_no_one_elses_query_wait
                 writing.close()
             server.should_exit = True
             await serving
+
+
+async def test_an_audit_page_ends_at_its_byte_budget_and_the_cursor_still_covers_every_event_once(
+    api: tuple[httpx.AsyncClient, ControlPlane], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page was built whole in memory, however large its events (1 MiB arguments and outputs:
+    several GB at the page limit). It now also ends at `MAX_PAGE_BYTES` of event text (never with
+    no event), and the cursor goes on from there."""
+    client, _ = api
+    await client.post("/v1/tools", json=external_tool("lookup"), headers=auth("root"))
+    session = (await client.post("/v1/sessions", json={"principal": "alice"}, headers=auth("agent-1"))).json()
+    for n in range(12):
+        await client.post(f"/v1/sessions/{session['session_id']}/calls", headers=auth("agent-1"),
+                          json={"tool": "lookup", "args": {"q": f"{n}" + "x" * 3000}})  # fmt: skip
+    everything = (await client.get("/v1/audit/events", params={"limit": 1000}, headers=auth("audit"))).json()
+    assert everything["next_after_seq"] is None
+    monkeypatch.setattr(audit_query, "MAX_PAGE_BYTES", 10_000)  # about three of these events
+    seen: list[int] = []
+    cursor: int | None = 0
+    pages = 0
+    while cursor is not None:
+        answer = await client.get("/v1/audit/events", params={"after_seq": cursor, "limit": 1000},
+                                  headers=auth("audit"))  # fmt: skip
+        page = answer.json()
+        assert page["events"], "a page is never empty while events remain"
+        assert len(answer.content) < 10_000 + 8_000  # the budget, and at most the event that passed it
+        seen += [e["seq"] for e in page["events"]]
+        cursor, pages = page["next_after_seq"], pages + 1
+    assert seen == [e["seq"] for e in everything["events"]]
+    assert pages > 4

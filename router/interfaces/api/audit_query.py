@@ -11,10 +11,11 @@ the lines are not parsed to be answered.
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations, which name
 # types made inside `add_query_routes`.
 import asyncio
+import contextlib
 import importlib.util
 import json
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from typing import TYPE_CHECKING, Annotated, Any
 
 import anyio
@@ -44,6 +45,9 @@ log = structlog.get_logger("stockade.api")
 NDJSON = "application/x-ndjson"
 CONCURRENT_QUERIES = 2  # DuckDB uses two threads each: more would crowd out the router on a small host
 MAX_PAGE = 100_000
+# A page also ends once it holds this much event text (at least one event): a page of events with
+# 1 MiB arguments and outputs would otherwise take several times MAX_PAGE MiB to build.
+MAX_PAGE_BYTES = 32 << 20
 _REDIS_CHUNK = 1000  # stream entries per XRANGE
 _CHUNK_LINES = 500  # events per chunk of a streamed answer
 ENGINE_MISSING = (
@@ -112,10 +116,42 @@ class _Reader:
             self._redis = connect(self._redis_url, self._timeout_s)
         return self._redis
 
-    def lines(self, where: EventFilter, limit: int | None) -> Iterator[tuple[int, str]]:
+    def lines(self, where: EventFilter, limit: int | None) -> Generator[tuple[int, str]]:
         """Seq and JSON text (with its hash) of each selected event, from the index (blocking)."""
         for seq, digest, line in self.query().events(where, limit=limit):
             yield seq, event_with_hash(line, digest)
+
+    async def page(self, where: EventFilter, limit: int | None) -> tuple[list[tuple[int, str]], bool]:
+        """Up to ``limit`` selected events (seq, JSON text), fewer once they hold `MAX_PAGE_BYTES`
+        (never none), and whether more are selected after them; without ``limit``, every one."""
+        kept: list[tuple[int, str]] = []
+        size = 0
+
+        def full(text: str) -> bool:
+            return limit is not None and (len(kept) == limit or (bool(kept) and size + len(text) > MAX_PAGE_BYTES))
+
+        wanted = None if limit is None else limit + 1  # one more: is there a next page?
+        async with self.slots:
+            if self.on_redis:
+                async for seq, text in self.redis_lines(where, wanted):
+                    if full(text):
+                        return kept, True
+                    kept.append((seq, text))
+                    size += len(text) + 1
+                return kept, False
+
+            def read() -> bool:
+                nonlocal size
+                with contextlib.closing(self.lines(where, wanted)) as lines:
+                    for seq, text in lines:
+                        if full(text):
+                            return True
+                        kept.append((seq, text))
+                        size += len(text) + 1
+                return False
+
+            more = await anyio.to_thread.run_sync(read)
+            return kept, more
 
     async def redis_lines(self, where: EventFilter, limit: int | None) -> AsyncIterator[tuple[int, str]]:
         """The same from the Redis stream: every entry read in chunks, filtered in a worker thread."""
@@ -178,13 +214,6 @@ def add_query_routes(app: FastAPI, plane: ControlPlane, gate: "Gate") -> None:
         answer = problem(503, "audit.query_unavailable", "Audit queries unavailable", ENGINE_MISSING)
         return await gate.turn_away(request, answer, f"audit.query_unavailable: {ENGINE_MISSING}")
 
-    async def page(where: EventFilter, limit: int | None) -> list[tuple[int, str]]:
-        """Up to ``limit`` selected events (seq, JSON text)."""
-        async with reader.slots:
-            if reader.on_redis:
-                return [found async for found in reader.redis_lines(where, limit)]
-            return await anyio.to_thread.run_sync(lambda: list(reader.lines(where, limit)))
-
     @app.get("/v1/audit/events", tags=["audit"], response_model=AuditEventPage,
              responses={**_EVENTS_ANSWER, **problems(_UNAVAILABLE)})  # fmt: skip
     async def list_audit_events(
@@ -212,9 +241,7 @@ def add_query_routes(app: FastAPI, plane: ControlPlane, gate: "Gate") -> None:
             # The first chunk before the status: a query that cannot start is a 503 problem, as a page's is.
             first = await anext(chunks, b"")
             return StreamingResponse(_ended(first, chunks), media_type=NDJSON)
-        found = await page(where, limit + 1)  # one more: is there a next page?
-        more = len(found) > limit
-        found = found[:limit]
+        found, more = await reader.page(where, limit)
         cursor = found[-1][0] if more else None
         body = '{"events":[' + ",".join(text for _, text in found) + '],"next_after_seq":' + json.dumps(cursor) + "}"
         return Response(body.encode(), media_type="application/json")
@@ -247,7 +274,7 @@ def add_query_routes(app: FastAPI, plane: ControlPlane, gate: "Gate") -> None:
         """Everything joined to one decision: request, approval, credentials, egress, execution."""
         if (missing := await engine_missing(request)) is not None:
             return missing
-        found = await page(EventFilter(decision_id=decision_id), None)
+        found = (await reader.page(EventFilter(decision_id=decision_id), None))[0]
         return Response(("[" + ",".join(text for _, text in found) + "]").encode(), media_type="application/json")
 
 
