@@ -174,17 +174,27 @@ def unfaithful_value(value: Any, path: str = "args") -> tuple[str, str] | None:
 
 
 def _unfaithful_in(value: Any) -> bool:
-    """Whether `unfaithful_value` finds anything in ``value`` (one walk, no paths)."""
+    """Whether `unfaithful_value` finds anything in ``value``: one walk, no paths, the common types
+    tested by identity (it runs on every call's arguments, up to a megabyte of them)."""
+    low, high = EXACT_INTEGERS.start, EXACT_INTEGERS.stop
     stack = [value]
     while stack:
         item = stack.pop()
-        if isinstance(item, dict):
-            if any(isinstance(key, str) and not _utf8(key) for key in item):
+        kind = type(item)
+        if kind is int:
+            if not low <= item < high:
+                return True
+        elif kind is str or kind is float or kind is bool or item is None:
+            continue
+        elif kind is list or kind is tuple:
+            stack.extend(item)
+        elif isinstance(item, dict):
+            if not all(type(key) is not str or _utf8(key) for key in item):
                 return True
             stack.extend(item.values())
         elif isinstance(item, list | tuple):
             stack.extend(item)
-        elif _unfaithful_scalar(item) is not None:
+        elif _unfaithful_scalar(item) is not None:  # an int subclass
             return True
     return False
 
@@ -205,20 +215,15 @@ def _utf8(text: str) -> bool:
     return True
 
 
-def _faithful(value: dict[str, Any]) -> dict[str, Any]:
-    found = unfaithful_value(value)
-    if found is not None:
-        raise ValueError(f"{found[0]}: {found[1]}")
-    return value
-
-
 class PolicyInput(_Frozen):
     """Everything a policy may look at for one call; the ``input`` document of the Rego query."""
 
     subject: SubjectInfo
     session: SessionInfo
     tool: ToolInfo
-    args: Annotated[dict[str, Any], AfterValidator(_faithful)]
+    # Checked where it is decided on (`serialised_input`) and, for a call, as it arrives
+    # (router.tools.parse_args): not a third walk of up to a megabyte here.
+    args: dict[str, Any]
     inputs: list[InputInfo] = Field(default_factory=list)  # the files passed in, by name, sorted
     provenance: dict[str, list[str]] = Field(default_factory=dict)
     # Per value of each destination, amount, sensitive and content argument (a list's elements

@@ -1213,6 +1213,7 @@ class ControlPlane:
         name = tool_name if isinstance(tool_name, str) and len(tool_name) <= 256 else repr(tool_name)[:256]
         if isinstance(exc, StoreError):  # on record as every store failure is, not as a malformed call
             decision_id = str(uuid.uuid4()) if call is None else call.decision_id
+            telemetry.rejected(decision_id)
             await self._audit_store_failure(exc, decision_id, session, name, None if call is None else call.call_id)
             return
         result: dict[str, Any] = {"code": exc.code, "message": str(exc)}

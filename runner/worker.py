@@ -330,7 +330,9 @@ def hand_job(job, payload):
         except OSError:
             pass
     # Gone before its job (it cannot have been killed by a tool: the leftovers were reaped before
-    # it was forked). The job goes to a process forked now, which is what a spare saves.
+    # it was forked). No process is forked from this one in its place: it now holds the job's
+    # seal, which a python tool in such a fork could read (and, under gVisor, forge the worker's
+    # frames with). The job is not run; the next one gets a spare forked before its header.
     for fd in (w_job, *pipes):
         try:
             os.close(fd)
@@ -339,18 +341,20 @@ def hand_job(job, payload):
     if alive:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-    fresh = fork_spare()
-    write_all(message, fresh[1])
-    os.close(fresh[1])
-    return fresh
+    frame(b"e", b"stockade: the sandbox's prepared process was gone before the job; it did not run: retry\n")
+    return None
+
+NOT_RUN = {"code": 127, "signal": 0, "cpu_s": 0.0, "max_rss_kb": 0}
 
 def run_python(job, payload):
     # Forked, not exec'd: the tool's process starts with this interpreter already up. It gets no
     # stdin (a harness's stdin is at its end once it has read its job).
-    return run_child(b"", hand_job(job, payload))
+    child = hand_job(job, payload)
+    return dict(NOT_RUN) if child is None else run_child(b"", child)
 
 def run_exec(job, payload):
-    return run_child(payload, hand_job(job, b""))
+    child = hand_job(job, b"")
+    return dict(NOT_RUN) if child is None else run_child(payload, child)
 
 def run_child(payload, child):
     """Run the job's tool in ``child`` (the spare given the job) with ``payload`` on its stdin and
@@ -674,7 +678,8 @@ class FrameReader:
             reply.malformed = f"a {kind!r} frame before the exit frame: not the worker's"
         elif kind == b"x":
             exit_info = _json_object(body)
-            if exit_info is None or not hmac.compare_digest(str(exit_info.pop("seal", "")), self._seal):
+            seal = exit_info.pop("seal", None) if exit_info is not None else None
+            if not isinstance(seal, str) or not hmac.compare_digest(seal.encode(errors="replace"), self._seal.encode()):
                 reply.malformed = "an exit frame without this job's seal: not the worker's"
             elif reply.exit is not None:
                 reply.malformed = "a second exit frame"

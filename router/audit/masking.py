@@ -111,19 +111,23 @@ def mask(document: dict[str, Any], rules: Sequence[Rule], key: bytes | None = No
     return document, masked
 
 
+_STREAMS = ("stdout", "stderr", "output")  # each recorded beside its digest, ``<name>_sha256``
+
+
 def _streams(steps: list[str]) -> list[str]:
-    """The output streams (``stdout``, ``stderr``) of an execution a rule's path masks."""
+    """The outputs a rule's path masks: a sandboxed run's ``stdout`` and ``stderr``, an external
+    tool's reported ``output``."""
     if not steps or steps[0] not in ("result", "*"):
         return []
     if len(steps) == 1 or steps[1] == "*":
-        return ["stdout", "stderr"]
-    return [steps[1]] if len(steps) == 2 and steps[1] in ("stdout", "stderr") else []
+        return list(_STREAMS)
+    return [steps[1]] if steps[1] in _STREAMS else []
 
 
 def _keyed_stream_digests(document: dict[str, Any], streams: set[str], key: bytes | None,
                           masked: list[str]) -> dict[str, Any]:  # fmt: skip
-    """``document`` with the digest of each masked output stream (``result.stdout_sha256``) keyed,
-    or erased without a key: a plain digest of a masked output lets anyone test guesses at it."""
+    """``document`` with the digest of each masked output (``result.stdout_sha256``) keyed, or
+    erased without a key: a plain digest of a masked output lets anyone test guesses at it."""
     result = document.get("result")
     if not isinstance(result, dict):
         return document

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import subprocess
+import time
 
 from runner import ContainerSandbox, OutputCaps, ResourceLimits, SandboxSpec, Verdict
+from runner.image import default_image
 from runner.python import parse_result, python_job
-from runner.worker import OUT_ENTRIES
+from runner.worker import OUT_ENTRIES, WORKER, FrameReader, encode_job
 
 
 def python_tool(source: str, **spec: object) -> SandboxSpec:
@@ -203,3 +207,55 @@ async def test_a_tool_writing_frames_on_the_workers_channel_cannot_end_its_call_
     await container.close_session("s")
     assert (victim.verdict, victim.stdout) == (Verdict.OK, b"ran: private-5e1f\n")
     assert b"FORGED" not in victim.stdout
+
+
+# Walks the frames of its own process for a variable called ``seal``.
+SEAL_HUNT = """
+import sys
+def main():
+    f = sys._getframe()
+    while f is not None:
+        if "seal" in f.f_locals:
+            return {"frame": f.f_code.co_name, "seal": f.f_locals["seal"]}
+        f = f.f_back
+    return None
+"""
+
+
+def test_a_job_whose_spare_died_is_not_run_in_a_fork_that_holds_its_seal() -> None:
+    """The worker once forked a fresh process for a job whose prepared one (the spare) had died,
+    from itself, after reading the job: a python tool there could read the job's seal from the
+    worker's frames and, under gVisor, forge the worker's exit frame. Such a job is not run."""
+    name = "stockade-test-spare-" + os.urandom(4).hex()
+    worker = subprocess.Popen(
+        ["docker", "run", "--rm", "-i", "--name", name, "--user", "65534:65534", "--cap-drop", "ALL",
+         "--network", "none", default_image(), "env", "-i", "python3", "-I", "-S", "-c", WORKER, "pool"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    )  # fmt: skip
+    assert worker.stdin is not None
+    assert worker.stdout is not None
+    try:
+        assert worker.stdout.read(5)[:1] == b"R"
+        spares = (
+            "for p in /proc/[0-9]*; do n=${p#/proc/}; [ $n != 1 ] && [ $n != $$ ] "
+            "&& grep -q python3 $p/cmdline 2>/dev/null && kill -9 $n; done; true"
+        )
+        subprocess.run(["docker", "exec", name, "sh", "-c", spares], check=True, capture_output=True, timeout=30)
+        time.sleep(0.5)
+        seal = os.urandom(16).hex()
+        job = python_job(SEAL_HUNT, "main", {}, interpreter="/usr/bin/python3", limits=ResourceLimits(timeout_s=20))
+        header = {"kind": "python", "argv": list(job.argv), "cwd": "/tmp", "egress": False, "seal": seal, "env": {},
+                  "outputs": None}  # fmt: skip
+        worker.stdin.write(encode_job(header, job.stdin))
+        worker.stdin.flush()
+        reader = FrameReader(1 << 20, 0, seal=seal)
+        while not (reader.reply.done or reader.reply.malformed) and (data := worker.stdout.read1(65536)):
+            reader.feed(data)
+    finally:
+        worker.stdin.close()
+        worker.wait(timeout=30)
+        worker.stdout.close()
+    assert (reader.reply.malformed, reader.reply.done) == ("", True)
+    assert (reader.reply.exit or {}).get("code") == 127
+    assert b"prepared process was gone" in reader.reply.stderr
+    assert seal.encode() not in reader.reply.stdout + reader.reply.stderr

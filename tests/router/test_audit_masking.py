@@ -211,3 +211,12 @@ async def test_a_tools_output_is_kept_as_written_unless_a_rule_masks_it_and_then
             assert run["result"]["stdout_sha256"].startswith("hmac-sha256:")
             assert run["result"]["stderr_sha256"].startswith("hmac-sha256:")
             assert {"/result/stdout", "/result/stdout_sha256"} <= set(masked_paths(run["labels"]["masked"]))
+
+
+def test_a_rule_on_an_external_tools_reported_output_keys_its_digest_too() -> None:
+    digest = hashlib.sha256(b'{"balance": 1200}').hexdigest()
+    document = {"kind": "execution", "result": {"output": {"balance": 1200}, "output_sha256": digest}}
+    masked, paths = mask(document, [("/result/output", False)], b"k" * 32)
+    assert masked["result"]["output"] == "[masked]"
+    assert masked["result"]["output_sha256"].startswith("hmac-sha256:")
+    assert {"/result/output", "/result/output_sha256"} <= set(paths)

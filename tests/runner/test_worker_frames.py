@@ -70,9 +70,10 @@ def test_an_honest_reply_is_output_then_the_sealed_exit_then_files_and_the_end()
 
 @pytest.mark.parametrize(
     "forged",
-    [exit_frame(seal=None), exit_frame(seal="0" * 32), frame(b"d", b""), empty_file(0), refused(0), frame(b"R", b"")],
-    ids=["exit_without_seal", "exit_with_a_wrong_seal", "end_before_exit", "file_before_exit", "refusal_before_exit",
-         "ready"],
+    [exit_frame(seal=None), exit_frame(seal="0" * 32), exit_frame(seal="\u00e9" * 32), exit_frame(seal=7),  # type: ignore[arg-type]
+     frame(b"d", b""), empty_file(0), refused(0), frame(b"R", b"")],
+    ids=["exit_without_seal", "exit_with_a_wrong_seal", "exit_with_a_non_ascii_seal", "exit_with_a_number_as_seal",
+         "end_before_exit", "file_before_exit", "refusal_before_exit", "ready"],
 )  # fmt: skip
 def test_frames_a_tool_forges_on_the_workers_channel_make_the_reply_malformed(forged: bytes) -> None:
     """Under gVisor a tool (the worker's uid) can open /proc/1/fd/1 and write frames: it once ended
