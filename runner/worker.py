@@ -349,17 +349,17 @@ NOT_RUN = {"code": 127, "signal": 0, "cpu_s": 0.0, "max_rss_kb": 0}
 def run_python(job, payload):
     # Forked, not exec'd: the tool's process starts with this interpreter already up. It gets no
     # stdin (a harness's stdin is at its end once it has read its job).
-    child = hand_job(job, payload)
-    return dict(NOT_RUN) if child is None else run_child(b"", child)
+    return run_child(b"", hand_job(job, payload))
 
 def run_exec(job, payload):
-    child = hand_job(job, b"")
-    return dict(NOT_RUN) if child is None else run_child(payload, child)
+    return run_child(payload, hand_job(job, b""))
 
 def run_child(payload, child):
     """Run the job's tool in ``child`` (the spare given the job) with ``payload`` on its stdin and
     its stdout and stderr sent as frames; when the child ends, kill what it left. Returns its exit,
-    CPU time and peak memory."""
+    CPU time and peak memory (`NOT_RUN` if there was no child to run it: `hand_job`)."""
+    if child is None:
+        return dict(NOT_RUN)
     pid, _, w_in, r_out, r_err = child
     sel = selectors.DefaultSelector()
     sel.register(r_out, selectors.EVENT_READ, b"o")

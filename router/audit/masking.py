@@ -135,8 +135,7 @@ def _keyed_stream_digests(document: dict[str, Any], streams: set[str], key: byte
     for stream in sorted(streams):
         digest = result.get(f"{stream}_sha256")
         if isinstance(digest, str) and not digest.startswith("hmac-sha256:"):
-            changed[f"{stream}_sha256"] = ERASED if key is None else "hmac-sha256:" + hmac.new(
-                key, digest.encode(), hashlib.sha256).hexdigest()  # fmt: skip
+            changed[f"{stream}_sha256"] = _keyed(digest, key)
             masked.append(f"/result/{stream}_sha256")
     return {**document, "result": changed} if changed != result else document
 
@@ -270,14 +269,19 @@ def _keyed_digests(document: dict[str, Any], key: bytes | None, masked: list[str
             for name, item in value.items():
                 if name in _DIGESTS and isinstance(item, str):
                     masked.append(f"{where}/{_escaped(name)}")
-                    copy[name] = ERASED if key is None else "hmac-sha256:" + hmac.new(
-                        key, item.encode(), hashlib.sha256).hexdigest()  # fmt: skip
+                    copy[name] = _keyed(item, key)
                 else:
                     copy[name] = keyed(item, f"{where}/{_escaped(name)}")
             return copy
         return value
 
     return {**document, "result": keyed(result, "/result")}
+
+
+def _keyed(digest: str, key: bytes | None) -> str:
+    """A digest of masked data as the log keeps it: an HMAC of it under the masking key (still
+    equal for equal data), or erased without a key."""
+    return ERASED if key is None else "hmac-sha256:" + hmac.new(key, digest.encode(), hashlib.sha256).hexdigest()
 
 
 def _hashed(value: Any, key: bytes | None) -> str:

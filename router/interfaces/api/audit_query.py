@@ -127,28 +127,26 @@ class _Reader:
         kept: list[tuple[int, str]] = []
         size = 0
 
-        def full(text: str) -> bool:
-            return limit is not None and (len(kept) == limit or (bool(kept) and size + len(text) > MAX_PAGE_BYTES))
+        def took(seq: int, text: str) -> bool:
+            """Whether the event joined the page (False: the page is full, and more follow)."""
+            nonlocal size
+            if limit is not None and (len(kept) == limit or (kept and size + len(text) > MAX_PAGE_BYTES)):
+                return False
+            kept.append((seq, text))
+            size += len(text) + 1
+            return True
 
         wanted = None if limit is None else limit + 1  # one more: is there a next page?
         async with self.slots:
             if self.on_redis:
                 async for seq, text in self.redis_lines(where, wanted):
-                    if full(text):
+                    if not took(seq, text):
                         return kept, True
-                    kept.append((seq, text))
-                    size += len(text) + 1
                 return kept, False
 
             def read() -> bool:
-                nonlocal size
                 with contextlib.closing(self.lines(where, wanted)) as lines:
-                    for seq, text in lines:
-                        if full(text):
-                            return True
-                        kept.append((seq, text))
-                        size += len(text) + 1
-                return False
+                    return not all(took(seq, text) for seq, text in lines)
 
             more = await anyio.to_thread.run_sync(read)
             return kept, more
