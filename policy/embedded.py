@@ -299,8 +299,11 @@ class EmbeddedEngine:
         return self.evaluate(policy_input)
 
     async def aclose(self) -> None:
-        # regorus objects are unsendable: they must be dropped on the thread that made them. Drop
-        # them here, now, rather than whenever (and wherever) the garbage collector gets to them.
+        self.close()
+
+    def close(self) -> None:
+        """Drop the compiled policy now, on this thread: regorus objects are unsendable, and one the
+        garbage collector frees later on another thread raises there. Decisions are then denied."""
         with self._lock:
             self._loaded = _Loaded(self._loaded.bundle, None, None, -1, self._loaded.reasons)
             self._local = threading.local()

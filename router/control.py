@@ -308,10 +308,17 @@ class ControlPlane:
             sandboxes = runner_pkg.make_sandboxes(settings.runner)
         except runner_pkg.SandboxUnavailable as exc:
             raise SandboxUnavailable(str(exc)) from exc
-        tracing = telemetry.configure_tracing(settings, version=VERSION)
-        plane = cls(
-            settings, policy=engine, sandboxes=sandboxes, audit=make_audit_log(settings), store=make_store(settings)
-        )
+        try:
+            tracing = telemetry.configure_tracing(settings, version=VERSION)
+            plane = cls(
+                settings, policy=engine, sandboxes=sandboxes, audit=make_audit_log(settings), store=make_store(settings)
+            )
+        except BaseException:
+            # The traceback keeps the engine alive in a cycle, freed by the collector on whatever
+            # thread runs it next, where an unsendable regorus object raises: drop it here.
+            if isinstance(engine, policy_pkg.EmbeddedEngine):
+                engine.close()
+            raise
         plane._tracing = tracing  # ended with the plane, within a deadline (aclose)
         return plane
 
