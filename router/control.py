@@ -278,6 +278,7 @@ class ControlPlane:
         self._here: set[str] = set()
         self._sweeper: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
+        self._quarantine_sweeper: asyncio.Task[None] | None = None
         # Refusals written one by one up to a burst, then counted (`router.refusals`).
         self._refusals = RefusalBudget(settings.audit.refusal_burst, settings.audit.refusal_window_s)
         self._refusal_counter: asyncio.Task[None] | None = None
@@ -333,7 +334,7 @@ class ControlPlane:
 
     async def aclose(self) -> None:
         """Revoke live credentials; stop sandboxes; close the policy engine, the store and the audit log."""
-        for task in (self._sweeper, self._watcher, self._refusal_counter):
+        for task in (self._sweeper, self._watcher, self._quarantine_sweeper, self._refusal_counter):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -529,13 +530,16 @@ class ControlPlane:
         return session.id
 
     def start(self) -> None:
-        """Start the background work on the running loop: the session sweeper and the policy
-        watcher (`STOCKADE_POLICY__WATCH_INTERVAL_S`). Entering the plane (``async with``) and the
-        HTTP app's start-up call it, so a router that serves no session yet still picks up a new
-        policy; calling it again does nothing."""
+        """Start the background work on the running loop: the session sweeper, the quarantine
+        sweeper (`STOCKADE_RUNNER__QUARANTINE_KEEP_S`) and the policy watcher
+        (`STOCKADE_POLICY__WATCH_INTERVAL_S`). Entering the plane (``async with``) and the HTTP
+        app's start-up call it, so a router that serves no session yet still picks up a new policy;
+        calling it again does nothing."""
         loop = asyncio.get_running_loop()
         if self._sweeper is None:
             self._sweeper = loop.create_task(self._sweep_sessions())
+        if self._quarantine_sweeper is None:
+            self._quarantine_sweeper = loop.create_task(self._sweep_quarantine())
         if self._watcher is None and self.settings.policy.watch_interval_s > 0:
             self._watcher = loop.create_task(self._watch_policy())
 
@@ -579,6 +583,20 @@ class ControlPlane:
                 await self.expire_sessions()
             except Exception as exc:  # the sweeper must outlive a failing sandbox cleanup
                 log.error("session_sweep_failed", error=str(exc))
+
+    async def _sweep_quarantine(self) -> None:
+        """Remove quarantined outputs older than the runner's ``quarantine_keep_s``, now and then
+        every quarter of it (at most hourly), off the event loop."""
+        keep, root = self.settings.runner.quarantine_keep_s, self.settings.runner.quarantine_dir
+        interval = min(max(keep / 4, 0.05), 3600.0)
+        while True:
+            try:
+                removed = await asyncio.to_thread(runner.files.sweep_quarantine, root, keep)
+                if removed:
+                    log.info("quarantine_swept", removed=removed, keep_s=keep)
+            except Exception:  # the sweeper must outlive one failing pass
+                log.exception("quarantine_sweep_failed")
+            await asyncio.sleep(interval)
 
     async def close_session(self, session_id: str, *, agent: str | None = None) -> None:
         """Close a session: its pending external calls can no longer be reported, and its own

@@ -277,7 +277,7 @@ class BwrapSandbox:
             result = await self._run_as(spec, uid, bwrap, staging)
             if spec.outputs is None:
                 return dataclasses.replace(result, inputs=inputs)
-            quarantine = Quarantine(self._settings.state_dir / "quarantine", spec.call_id, spec.outputs)
+            quarantine = Quarantine(self._settings.quarantine_dir, spec.call_id, spec.outputs)
             fresh = not quarantine.directory.exists()
             try:
                 quarantine.collect_tree(staging / "out")

@@ -38,6 +38,9 @@ class RunnerSettings(BaseModel):
     pool_size: int = Field(default=2, ge=0, le=64)
     gvisor_min_pids: int = Field(default=128, ge=64)  # gVisor's own threads count against the limit
     out_mb: int = Field(default=64, gt=0)
+    # How long a call's quarantined outputs (``<state_dir>/quarantine/<call id>/``) are kept after
+    # the call before the router removes them: a week.
+    quarantine_keep_s: float = Field(default=604_800.0, gt=0)
     worker_start_timeout_s: float = Field(default=30.0, gt=0)
     # Pool refills and container removal wait until no call has run for this long.
     housekeeping_grace_s: float = Field(default=0.05, ge=0)
@@ -79,3 +82,8 @@ class RunnerSettings(BaseModel):
     # False: where no cgroup is usable, run bwrap sandboxes with per-process rlimits only (one
     # tool's processes together may then use many times its memory limit). True: the tier is unavailable.
     cgroup_required: bool = True
+
+    @property
+    def quarantine_dir(self) -> Path:
+        """Where calls' outputs are quarantined, a directory per call (`runner.files.Quarantine`)."""
+        return self.state_dir / "quarantine"

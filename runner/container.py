@@ -670,7 +670,7 @@ class ContainerSandbox:
         artifacts: tuple[Any, ...] = ()
         refused = tuple(reader.reply.refused)
         if spec.outputs is not None and (reader.reply.files or reader.reply.refused):
-            q = Quarantine(self._settings.state_dir / "quarantine", spec.call_id, spec.outputs)
+            q = Quarantine(self._settings.quarantine_dir, spec.call_id, spec.outputs)
             fresh = not q.directory.exists()
             try:
                 for path, data in reader.reply.files:

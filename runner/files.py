@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import stat
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -235,6 +236,37 @@ def shown(name: str) -> str:
         return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
     except UnicodeEncodeError:
         return name.encode("utf-8", "backslashreplace").decode()
+
+
+def sweep_quarantine(root: Path, keep_s: float, now: float | None = None) -> int:
+    """Remove the calls' quarantine directories under ``root`` last changed more than ``keep_s``
+    seconds before ``now``; how many went. Quarantined outputs are kept for a while (a framework
+    reads them after the call) but not for ever: every call with outputs leaves a directory, and
+    a disk they fill stops the audit log, and so every call.
+
+    Nothing under ``root`` is followed: a link (the router never makes one) is unlinked, not its
+    target emptied, and `shutil.rmtree` does not follow links inside a tree. An entry that cannot be
+    removed now is left for the next sweep.
+    """
+    cutoff = (time.time() if now is None else now) - keep_s
+    try:
+        entries = list(os.scandir(root))
+    except OSError:  # no quarantine yet (no call had outputs), or not readable: nothing to do
+        return 0
+    removed = 0
+    for entry in entries:
+        try:
+            info = entry.stat(follow_symlinks=False)
+            if info.st_mtime >= cutoff:
+                continue
+            if stat.S_ISDIR(info.st_mode):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                os.unlink(entry.path)
+        except OSError:
+            continue
+        removed += not os.path.lexists(entry.path)
+    return removed
 
 
 def remove_tree(path: Path) -> None:
