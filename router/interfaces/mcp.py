@@ -51,12 +51,13 @@ from mcp.server.connection import Connection
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.transport_security import TransportSecuritySettings
+from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router.approvals import Approval, ApprovalError
 from router.control import VERSION, ControlPlane, session_refusals_recorded_by_caller
-from router.errors import InvalidCall, SessionNotFound, StockadeError, ToolNotFound
+from router.errors import InvalidCall, SessionNotFound, StockadeError, StoreError, ToolNotFound
 from router.interfaces import bearer
 from router.interfaces.mcp_stdio import Refused, RequestId
 from router.results import ToolResult
@@ -131,11 +132,41 @@ async def _refuse(plane: ControlPlane, session: _Session, name: str, code: str, 
 
 
 async def _refuse_lost(plane: ControlPlane, session: _Session, name: str) -> types.CallToolResult:
-    return await _refuse(plane, session, name, "session.lost", (
+    return await _refuse(plane, session, name, "session.lost", _lost(session))
+
+
+def _lost(session: _Session) -> str:
+    return (
         f"stockade session {session.id} is gone (the store lost it, or the connection ended): what this "
         "conversation read is no longer tracked, so no call can be decided safely. Start a new conversation "
         "(reconnect, or restart the MCP server)."
-    ))  # fmt: skip
+    )
+
+
+async def _listed(plane: ControlPlane, session: _Session) -> list[ToolSpec]:
+    """The tools ``session`` may be shown (`ControlPlane.permitted_tools`).
+
+    Raises:
+        MCPError: (`REFUSED_ON_RECORD`, on record) the session is lost, or the store failed.
+    """
+    if not session.lost:
+        try:
+            with session_refusals_recorded_by_caller():  # recorded below, once, as session.lost
+                return await plane.permitted_tools(session.id)
+        except SessionNotFound:  # the store lost it between two renewals: never a fresh one
+            session.lost = True
+        except StoreError as exc:
+            await plane.record_refusal(session.agent, "tools/list", str(exc), code=exc.code, session_id=session.id)
+            raise MCPError(REFUSED_ON_RECORD, f"{exc.code}: {exc}") from exc
+    message = _lost(session)
+    await plane.record_refusal(session.agent, "tools/list", message, code="session.lost", session_id=session.id)
+    raise MCPError(REFUSED_ON_RECORD, f"session.lost: {message}")
+
+
+# The JSON-RPC error this server's own handlers answer a request they refuse with (a code of the
+# implementation-defined range the SDK does not use). The handler has put the refusal on record,
+# on its session's trail, so the transports' auditing of the errors a client is sent skips it.
+REFUSED_ON_RECORD = -32090
 
 
 def _answer(result: ToolResult) -> types.CallToolResult:
@@ -276,7 +307,7 @@ def build_server(
         ctx: ServerRequestContext[Any, Any], __: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
         session = await session_for(ctx)
-        allowed = [s for s in await plane.permitted_tools(session.id) if not isinstance(s.executor, ExternalExecutor)]
+        allowed = [s for s in await _listed(plane, session) if not isinstance(s.executor, ExternalExecutor)]
         return types.ListToolsResult(tools=[
             types.Tool(name=s.name, description=s.description, input_schema=s.input_schema,
                        annotations=tool_annotations(s))
@@ -491,7 +522,7 @@ async def _decide(
     it stays pending, for an approver out of band)."""
     content = answer.content or {}
     client = ctx.session.client_params.client_info if ctx.session.client_params else None
-    via = f"{_printable(client.name)} {_printable(client.version)}" if client else "an MCP client"
+    via = f"{_label(client.name)} {_label(client.version)}" if client else "an MCP client"
     approver = f"{principal} (via {via})"
     if answer.action == "decline":  # the human said no to the question itself: never grantable after
         await plane.deny_approval(approval.id, approver, f"declined in {via} (MCP elicitation)")
@@ -512,9 +543,14 @@ async def _decide(
     return True
 
 
-def _printable(text: str, limit: int = 64) -> str:
-    """A client-given name as it may appear in the audit log: printable, bounded."""
-    return "".join(c for c in text if c.isprintable())[:limit] or "?"
+_NOT_LABEL = re.compile(r"[^A-Za-z0-9._+-]")
+
+
+def _label(text: str, limit: int = 64) -> str:
+    """A client-given name or version as it appears in an approver's name: one word of letters,
+    digits and ``._+-`` (anything else an underscore), bounded. A client naming itself
+    ``ide) approved by secops (via x`` made the record read as if someone else approved."""
+    return _NOT_LABEL.sub("_", text[:limit]) or "?"
 
 
 def _token_agent(header: str | None, tokens: Mapping[bytes, str]) -> str | None:
@@ -597,6 +633,8 @@ def stdio_refusals(plane: ControlPlane, agent: str) -> Refused:
     to no request, on record as ``agent``'s refusal (the SDK itself records none)."""
 
     async def refused(given: RequestId | None, code: int, message: str) -> None:
+        if code == REFUSED_ON_RECORD:  # a handler's own refusal, on record already
+            return
         what = "stdio" if given is None else f"stdio (JSON-RPC id {json.dumps(given)[:80]})"
         await plane.record_refusal(
             agent, what, f"MCP over stdio: JSON-RPC {code}: {message}", code=_jsonrpc_refusal(code)
@@ -683,6 +721,8 @@ class _Audited:
 
     async def _record_error(self, sent: re.Match[bytes]) -> None:
         code = int(sent["code"])
+        if code == REFUSED_ON_RECORD:  # a handler's own refusal, on record already
+            return
         message = sent["message"].decode("utf-8", "replace")
         with contextlib.suppress(ValueError):  # cut off at the head's end, mid-escape: as it is
             message = str(json.loads(f'"{message}"'))
@@ -694,18 +734,26 @@ class _Audited:
         start, self._held = self._held, None
         assert start is not None  # noqa: S101  (called only while a start is held)
         status = int(start["status"])
-        said = _error_message(body)
+        code, said = _error_of(body)
+        if code == REFUSED_ON_RECORD:  # a handler's own refusal, on record already
+            await self._send(start)
+            return
         reason = f"MCP over HTTP: {status}: {said}" if said else f"MCP over HTTP: {status}"
+        # The JSON-RPC code says what was refused where it is one we name: the 2026-07-28 transport
+        # answers an unknown method (-32601) with a 404 too, which is no unknown session.
+        named = _JSONRPC_REFUSALS.get(code) if code is not None else None
         await self._plane.record_refusal(
-            self._agent, self._what(), reason, code=_SDK_REFUSALS.get(status, "mcp.refused")
+            self._agent, self._what(), reason, code=named or _SDK_REFUSALS.get(status, "mcp.refused")
         )
         await self._send(start)
 
 
-def _error_message(body: bytes) -> str:
-    """The message of a JSON-RPC error answer (bounded), else the body's start as text."""
+def _error_of(body: bytes) -> tuple[int | None, str]:
+    """The code and message of a JSON-RPC error answer (the message bounded), else no code and
+    the body's start as text."""
     try:
-        said = json.loads(body)
-        return str(said["error"]["message"])[:300]
-    except (ValueError, KeyError, TypeError):
-        return body[:300].decode("utf-8", "replace")
+        error = json.loads(body)["error"]
+        code = error.get("code")
+        return (code if type(code) is int else None), str(error["message"])[:300]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None, body[:300].decode("utf-8", "replace")

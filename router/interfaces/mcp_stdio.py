@@ -54,6 +54,9 @@ _SENT = re.compile(
 )
 
 
+_CANCELS = '{"jsonrpc":"2.0","method":"notifications/cancelled",'  # the head of a cancellation the SDK writes
+
+
 class _Out:
     """``write`` and ``flush`` of text to the client, as the SDK calls them; it keeps the ids of
     the requests the server sent (only a response to one is taken) and tells ``refused`` of each
@@ -74,6 +77,12 @@ class _Out:
                     del self.asked[next(iter(self.asked))]
             elif sent["code"] is not None:
                 await self.tell(given, int(sent["code"]), _unescaped(sent["message"] or ""))
+        elif text.startswith(_CANCELS):
+            # The server withdrew a request (the call that asked was cancelled): a response to it
+            # now, a human's late yes, goes to no one, so it is refused on the record, not taken
+            # for the SDK to drop unheard.
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                self.asked.pop(json.loads(text)["params"]["requestId"], None)
         self._writer.write(text.encode("utf-8"))
 
     async def flush(self) -> None:

@@ -23,6 +23,7 @@ import uvicorn
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.exceptions import MCPError
 
 from router import ApprovalStatus, ControlPlane, Settings
 from router.audit import AuditFilter
@@ -287,6 +288,28 @@ async def test_a_lost_session_is_reported_never_silently_replaced(plane: Control
         assert reasons in (["session.not_found"], ["session.lost"])
     decisions = await plane.audit.query(AuditFilter(kind="decision"))
     assert [e.tool for e in decisions] == ["read_page"]  # nothing decided in a fresh, forgetful session
+
+
+async def test_listing_tools_in_a_lost_session_is_a_clear_error_on_record_once(plane: ControlPlane) -> None:
+    """tools/list never checked for a lost session: the handler raised SessionNotFound, the client
+    got JSON-RPC code 0 with advice for API users (open_session()), the server logged a
+    traceback, and each listing was on record twice (session.not_found and mcp.error)."""
+    server = build_server(plane, agent="claude", principal="alice@example.com")
+    async with Client(server) as client:
+        await client.call_tool("read_page", {"word": "from-the-page"})
+        [decision] = await plane.audit.query(AuditFilter(kind="decision"))
+        assert decision.session_id is not None
+        await plane.close_session(decision.session_id)  # as if the store lost it
+        for _ in range(2):
+            with pytest.raises(MCPError) as raised:
+                await client.list_tools()
+            assert raised.value.code == mcp_module.REFUSED_ON_RECORD
+            assert raised.value.message.startswith(f"session.lost: stockade session {decision.session_id} is gone")
+            assert "open_session" not in raised.value.message
+    refused = [e for e in await plane.audit.query(AuditFilter(kind="error")) if e.outcome == "refused"]
+    assert [(e.result["code"], e.session_id) for e in refused if e.result] == [
+        ("session.lost", decision.session_id), ("session.lost", decision.session_id),
+    ]  # fmt: skip
 
 
 async def test_each_http_mcp_session_gets_its_own_stockade_session(tmp_path: Path) -> None:

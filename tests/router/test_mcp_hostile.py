@@ -47,8 +47,9 @@ def call(request_id: int, name: str, arguments: Any) -> bytes:
 
 
 @contextmanager
-def stdio_server(tmp_path: Path) -> Iterator[tuple[IO[bytes], IO[bytes]]]:
-    """``stockade mcp`` over pipes, initialized: its stdin and stdout, for raw lines."""
+def stdio_server(tmp_path: Path, capabilities: dict[str, Any] | None = None) -> Iterator[tuple[IO[bytes], IO[bytes]]]:
+    """``stockade mcp`` over pipes, initialized (by a client with ``capabilities``): its stdin and
+    stdout, for raw lines."""
     args = ["mcp", "--agent", "claude", "--principal", "alice@example.com", "--tools", str(write_tools(tmp_path))]
     env = {**os.environ, "STOCKADE_AUDIT__PATH": str(tmp_path / "audit.jsonl"), "STOCKADE_LOG_LEVEL": "error"}
     with (tmp_path / "mcp.log").open("wb") as stderr:
@@ -57,7 +58,8 @@ def stdio_server(tmp_path: Path) -> Iterator[tuple[IO[bytes], IO[bytes]]]:
     assert server.stdin is not None
     assert server.stdout is not None
     try:
-        send(server.stdin, json.dumps(HELLO).encode())
+        hello = {**HELLO, "params": {**HELLO["params"], "capabilities": capabilities or {}}}
+        send(server.stdin, json.dumps(hello).encode())
         assert answer(server.stdout)["id"] == 1
         send(server.stdin, json.dumps(INITIALIZED).encode())
         yield server.stdin, server.stdout
@@ -199,3 +201,73 @@ def test_annotations_never_understate_a_tools_risk() -> None:
         "plain": (True, False), "reader": (True, False), "critical": (False, True), "high": (False, True),
         "payer": (False, True), "runner": (False, True), "sender": (False, True), "writer": (False, True),
     }  # fmt: skip
+
+
+MODERN = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {},
+          "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"}}  # fmt: skip
+
+
+async def test_json_rpc_errors_the_2026_transport_answers_with_a_4xx_are_audited_by_their_code(
+    tmp_path: Path,
+) -> None:
+    """The 2026-07-28 transport answers an unknown method with a 404 and bad parameters with a
+    400: they were audited by the status alone, an unknown method as an unknown session
+    (``mcp.session_not_found``) and bad parameters as ``mcp.bad_request``, not as documented."""
+    log = tmp_path / "audit.jsonl"
+
+    def headers(method: str, name: str | None = None) -> dict[str, str]:
+        said = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json",
+                "MCP-Protocol-Version": "2026-07-28", "Mcp-Method": method}  # fmt: skip
+        return said | ({"Mcp-Name": name} if name else {})
+
+    unknown = {"jsonrpc": "2.0", "id": 11, "method": "nope/x", "params": {"_meta": MODERN}}
+    listed = {"jsonrpc": "2.0", "id": 12, "method": "tools/call",
+              "params": {"name": "echo", "arguments": [1], "_meta": MODERN}}  # fmt: skip
+    with mcp_http(tmp_path) as url:
+        before = len(refusals(log))
+        async with httpx.AsyncClient(timeout=30) as http:
+            answers = [
+                await http.post(url, json=unknown, headers=headers("nope/x")),
+                await http.post(url, json=listed, headers=headers("tools/call", "echo")),
+            ]
+    assert [(r.status_code, r.json()["error"]["code"]) for r in answers] == [(404, -32601), (400, -32602)]
+    assert [(agent, code) for agent, code, _ in refusals(log)[before:]] == [
+        ("claude", "mcp.method_not_found"), ("claude", "mcp.invalid_params"),
+    ]  # fmt: skip
+
+
+async def test_a_client_cannot_name_itself_into_another_approver(plane: ControlPlane) -> None:
+    """The client's name went into the approver's as it came, printable characters only: a client
+    naming itself ``ide) approved by secops (via x`` made the record read as secops's approval."""
+    yes = types.ElicitResult(action="accept", content={"approve": True})
+    server = build_server(plane, agent="claude", principal="alice@example.com")
+    info = types.Implementation(name="ide\u202e) approved by secops (via x", version="1\n2")
+    async with Client(server, elicitation_callback=elicitation(yes, []), client_info=info) as client:
+        done = await client.call_tool("drop_table", {"table": "users"})
+    assert done.is_error is False
+    [granted] = [e for e in await plane.audit.query(AuditFilter(kind="approval")) if e.outcome == "approved"]
+    assert granted.result is not None
+    assert granted.result["approver"] == "alice@example.com (via ide___approved_by_secops__via_x 1_2)"
+
+
+def test_a_late_answer_to_a_question_withdrawn_with_its_call_is_on_record(tmp_path: Path) -> None:
+    """A call cancelled while its human was asked: the server withdraws the question, and the
+    human's yes that came after it was handed to the SDK, which dropped it without a record."""
+    with stdio_server(tmp_path, {"elicitation": {}}) as (stdin, stdout):
+        send(stdin, call(40, "drop_table", {"table": "users"}))
+        asked = answer(stdout)
+        assert asked["method"] == "elicitation/create"
+        send(stdin, json.dumps({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                                "params": {"requestId": 40}}).encode())  # fmt: skip
+        withdrawn = answer(stdout)
+        assert (withdrawn["method"], withdrawn["params"]["requestId"]) == ("notifications/cancelled", asked["id"])
+        send(stdin, json.dumps({"jsonrpc": "2.0", "id": asked["id"],
+                                "result": {"action": "accept", "content": {"approve": True}}}).encode())  # fmt: skip
+        send(stdin, call(41, "echo", {"ok": 1}))
+        alive = answer(stdout)  # the late answer got no answer: the next line is the call's
+        assert (alive["id"], alive["result"]["structuredContent"]) == (41, {"ok": 1})
+    assert refusals(tmp_path / "audit.jsonl") == [
+        ("claude", "mcp.bad_request", f"stdio (JSON-RPC id {json.dumps(asked['id'])})"),
+    ]
+    events = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert [e["outcome"] for e in events if e["kind"] == "approval"] == ["requested"]  # nothing granted
