@@ -9,14 +9,20 @@ value, listed by `secret_forms`:
 - ``raw`` and ``reversed``;
 - ``hex``;
 - ``percent``: URL encoding (``%2F``; a space as ``%20`` or ``+``; ``/`` escaped or kept; the
-  punctuation each common encoder keeps, ``~`` escaped as PHP and Java do, or kept);
-- ``json``: the value inside a JSON string, with its escapes (``\\/`` for ``/`` too);
+  punctuation each common encoder keeps, ``~`` escaped as PHP and Java do, or kept; Go's
+  ``url.PathEscape`` and JavaScript's ``escape`` and ``encodeURI`` too);
+- ``json``: the value inside a JSON string, with its escapes (``\\/`` for ``/`` too; ``+`` and
+  the HTML-sensitive characters as ``\\u00XX``, as .NET writes them; every punctuation character so);
 - ``html``: the value in an HTML page, as the common escapers write it (``&#39;``, ``&#x27;``,
-  ``&apos;``, ``&#34;``, ``&quot;``, ``&#43;``);
+  ``&apos;``, ``&#34;``, ``&quot;``, ``&#43;``; every punctuation character as a hexadecimal or
+  decimal entity, as OWASP's encoders do);
 - ``base64`` and ``base64url``, padded or not, and the value inside a longer base64 text at
   any alignment: ``base64("user:" + value)`` (HTTP Basic) included, for any user;
 
-each matched regardless of ASCII case (so upper-, lower- and mixed-case variants, and hex and
+each also across line breaks (and ``\\n``, ``\\r`` escapes), since base64 is wrapped (MIME,
+PEM, ``openssl base64``): a text with breaks is read without them too (`Matcher.spans`);
+
+and each matched regardless of ASCII case (so upper-, lower- and mixed-case variants, and hex and
 percent escapes in either case). A match is replaced by ``[REDACTED:<label>]``.
 
 Not caught, and not catchable by matching: a value split into pieces (across responses, by
@@ -29,9 +35,11 @@ and lazy reflection, not a boundary against an upstream that computes on the sec
 from __future__ import annotations
 
 import base64
+import bisect
 import functools
 import html
 import json
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import quote, quote_plus
@@ -39,6 +47,9 @@ from urllib.parse import quote, quote_plus
 import re2
 
 MIN_LENGTH = 6  # shorter forms would match ordinary text
+# The narrowest line-wrapped base64 a streamed body is certain to be read whole across (MIME's is
+# 76 columns, PEM's and OpenSSL's 64); a whole text is read across line breaks of any width.
+WRAP_MIN = 60
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +90,9 @@ def secret_forms(value: str) -> dict[bytes, str]:
     # Go's encoding/json (and others, to be safe in HTML) escape <, > and & as \u003c, \u003e, \u0026.
     html_safe = ascii_json.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     add("json", html_safe.encode(), html_safe.replace("/", "\\/").encode())
+    # .NET's System.Text.Json escapes ", &, ', +, <, >, ` and \ as \u00XX by default; some
+    # encoders escape every character but letters and digits so.
+    add("json", _each_escaped(value, "\"&'+<>`\\", "\\u%04x"), _each_escaped(value, _PUNCTUATION, "\\u%04x"))
     # An HTML page (an error page quoting a header) escapes &, <, >, " and ' as entities, each
     # templating stack in its own way (Python's html.escape, MarkupSafe and Jinja, Go's
     # html/template, which also escapes "+", XML's &apos;).
@@ -87,6 +101,10 @@ def secret_forms(value: str) -> dict[bytes, str]:
         html.escape(value, quote=True).encode("utf-8", "surrogatepass"),
         html.escape(value, quote=False).encode("utf-8", "surrogatepass"),
         *(html.escape(value, quote=False).translate(table).encode("utf-8", "surrogatepass") for table in _ENTITIES),
+        # OWASP's encoders (ESAPI, the Java Encoder) and others: every character but letters and
+        # digits as a numeric entity, hexadecimal or decimal.
+        _each_escaped(value, _PUNCTUATION, "&#x%x;"),
+        _each_escaped(value, _PUNCTUATION, "&#%d;"),
     )
     standard, urlsafe = base64.b64encode(raw), base64.urlsafe_b64encode(raw)
     add("base64", standard, standard.rstrip(b"="))
@@ -101,9 +119,10 @@ def secret_forms(value: str) -> dict[bytes, str]:
     return {needle: encoding for needle, encoding in forms.items() if len(needle) >= MIN_LENGTH}
 
 
-_PERCENT_KEPT = (b"", b"-._", b"-._*", b"-._~!'()*")
+_PERCENT_KEPT = (b"", b"-._", b"-._*", b"-._~!'()*", b"-._~$&+,;=:@", b"@*_+-./", b"-._~!*'();/?:@&=+$,#")
 """Besides letters and digits, what each URL encoder in use leaves as it is (Python's ``quote``,
-keeping ``-._~``, is listed apart)."""
+keeping ``-._~``, is listed apart): none; HTML forms; Java's ``URLEncoder``; JavaScript's
+``encodeURIComponent``; Go's ``url.PathEscape``; JavaScript's ``escape``; its ``encodeURI``."""
 _ENTITIES = tuple(
     str.maketrans(table)
     for table in (
@@ -115,6 +134,22 @@ _ENTITIES = tuple(
     )
 )
 """How HTML escapers besides ``html.escape`` write the characters only some of them escape."""
+
+
+_PUNCTUATION = "".join(chr(c) for c in range(0x20, 0x7F) if not chr(c).isalnum())
+
+
+def _each_escaped(value: str, escaped: str, template: str) -> bytes:
+    """``value`` with each character of ``escaped``, and each control or non-ASCII one, written as
+    ``template % code point`` (as JSON or HTML writes it); others as they are. In JSON (a
+    ``\\u`` template) a character beyond the BMP is its UTF-16 pair, as `json.dumps` writes it."""
+    json_ = template.startswith("\\u")
+    return "".join(
+        c if " " <= c <= "~" and c not in escaped
+        else json.dumps(c)[1:-1] if json_ and ord(c) > 0xFFFF
+        else template % ord(c)
+        for c in value
+    ).encode("utf-8", "surrogatepass")  # fmt: skip
 
 
 def _percent(raw: bytes, kept: bytes, space: bytes) -> bytes:
@@ -165,7 +200,27 @@ class Matcher:
 
     def spans(self, folded: bytes) -> list[tuple[int, int, list[Form]]]:
         """Where forms occur in ``folded`` (ASCII lower case): each ``(start, end, forms)`` the
-        union of overlapping occurrences, in order, so overlapping forms are replaced as one."""
+        union of overlapping occurrences, in order, so overlapping forms are replaced as one.
+
+        A text with line breaks (or ``\\n`` and ``\\r`` escapes) is also read without them: MIME,
+        PEM and ``openssl base64`` wrap base64 at 64 or 76 columns, so a long value's base64
+        always crosses a line, and a form found across breaks covers them."""
+        spans = self._spans(folded)
+        if b"\n" not in folded and b"\r" not in folded and b"\\" not in folded:
+            return spans
+        # Read without the breaks (two steps, each in C); where a form is found there, which is
+        # rare, the offsets are mapped back through each step.
+        lines = folded.translate(None, b"\r\n")
+        joined = _ESCAPED_BREAK.sub(b"", lines)
+        across = self._spans(joined)
+        if not across:
+            return spans
+        unescaped, unwrapped = _Removed(lines, _ESCAPED_BREAK), _Removed(folded, _BREAK)
+        back = [(unwrapped.original(unescaped.original(start)), unwrapped.original(unescaped.original(end - 1)) + 1,
+                 forms) for start, end, forms in across]  # fmt: skip
+        return _merged(spans, back)
+
+    def _spans(self, folded: bytes) -> list[tuple[int, int, list[Form]]]:
         spans: list[tuple[int, int, list[Form]]] = []
         if self._candidates is None or len(folded) < self.shortest:
             return spans
@@ -216,6 +271,44 @@ class Matcher:
         return b"".join(pieces), list(found)
 
 
+# Line breaks, and line breaks as a JSON string or a repr writes them (the wrapped base64 of a
+# tool's printed dict): no base64 character is one, and a form found across them is still whole.
+_BREAK = re.compile(rb"[\r\n]")
+_ESCAPED_BREAK = re.compile(rb"\\[rn]")
+
+
+class _Removed:
+    """Where a byte of ``text`` with ``pattern``'s matches removed was in ``text``."""
+
+    def __init__(self, text: bytes, pattern: re.Pattern[bytes]) -> None:
+        self._at: list[int] = []  # each match's place in the result
+        self._removed: list[int] = []  # bytes removed up to and with it
+        gone = 0
+        for match in pattern.finditer(text):
+            self._at.append(match.start() - gone)
+            gone += match.end() - match.start()
+            self._removed.append(gone)
+
+    def original(self, offset: int) -> int:
+        # The byte at ``offset`` of the result comes after every match at or before that place.
+        before = bisect.bisect_right(self._at, offset)
+        return offset + (self._removed[before - 1] if before else 0)
+
+
+def _merged(
+    one: list[tuple[int, int, list[Form]]], other: list[tuple[int, int, list[Form]]]
+) -> list[tuple[int, int, list[Form]]]:
+    """The spans of ``one`` and ``other`` in order, overlapping ones as one (their forms joined)."""
+    merged: list[tuple[int, int, list[Form]]] = []
+    for start, end, forms in sorted(one + other, key=lambda span: span[0]):
+        if merged and start < merged[-1][1]:
+            last_start, last_end, found = merged[-1]
+            merged[-1] = (last_start, max(last_end, end), found + [f for f in forms if f not in found])
+        else:
+            merged.append((start, end, list(forms)))
+    return merged
+
+
 class Forms(tuple[Form, ...]):
     """The forms of a set of secrets, longest first, with the `Matcher` that finds them (built on
     first use, once)."""
@@ -245,7 +338,10 @@ class StreamScrubber:
         if isinstance(forms, Forms):
             forms = forms.matcher
         self._matcher = forms if isinstance(forms, Matcher) else Matcher(forms)
-        self._hold = max((len(form.needle) for form in self._matcher.forms), default=1) - 1
+        longest = max((len(form.needle) for form in self._matcher.forms), default=1)
+        # What a form can span here: its own length, and the line breaks of base64 wrapped at
+        # `WRAP_MIN` columns or more inside it (each at most 4 bytes, an escaped CR LF).
+        self._hold = longest - 1 + 4 * (longest // WRAP_MIN + 1)
         self._pending = b""
         self.found: set[Form] = set()
 

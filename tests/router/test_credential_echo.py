@@ -58,6 +58,13 @@ ENCODE = """
         "percent-php": lambda v: "".join(c if c.isascii() and (c.isalnum() or c in "-._") else quote(c, safe="")
                                          if c != "~" else "%7E" for c in v),
         "html-go": lambda v: v.replace("&", "&amp;").replace("+", "&#43;").replace("'", "&#39;"),
+        "percent-go-path": lambda v: "".join(c if c.isascii() and (c.isalnum() or c in "-._~$&+,;=:@")
+                                             else "".join("%%%02X" % b for b in c.encode()) for c in v),
+        "percent-js-escape": lambda v: "".join(c if c.isascii() and (c.isalnum() or c in "@*_+-./")
+                                               else "".join("%%%02X" % b for b in c.encode()) for c in v),
+        "json-dotnet": lambda v: "".join("\\\\u%04X" % ord(c) if c in "\\"&'+<>`\\\\" else c for c in v),
+        "html-hex": lambda v: "".join(c if c.isalnum() else "&#x%X;" % ord(c) for c in v),
+        "basic-mime": lambda v: base64.encodebytes(("agent-1:" + "x" * 32 + v).encode()).decode(),
     }
 """
 EXFILTRATE = f"""

@@ -4,6 +4,8 @@ and the audit log's second look made cheap (what holds nothing, or was redacted 
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import secrets
 import time
@@ -11,7 +13,7 @@ import time
 import pytest
 
 from router.redact import REMEMBERED_MIN, Redactor
-from runner.egress.scrub import Matcher, compile_forms, scrub
+from runner.egress.scrub import Matcher, StreamScrubber, compile_forms, scrub
 
 
 def _token() -> str:
@@ -117,3 +119,62 @@ def test_an_output_redacted_already_is_not_scanned_again_until_the_secrets_chang
     assert len(output.encode()) not in scanned  # the long output was not scanned again
     redactor.add("later-secret-42", "later")
     assert redactor.deep(event)["result"]["stdout"].endswith("[REDACTED:later]")
+
+
+KEY = "Xq7/Lm+Pz9=Rt4/Wv2+Kb8=Ns5sk"  # a base64-style key, as many API and cloud secret keys are
+# How ordinary escapers write it, each escaping only some of its punctuation (a review found each
+# reflected whole, unscrubbed, by the proxy and the redactor alike).
+PARTLY_ESCAPED = {
+    "Go url.PathEscape": KEY.replace("/", "%2F"),
+    "JavaScript escape()": KEY.replace("=", "%3D"),
+    "JavaScript encodeURI()": KEY,  # keeps all of this key's punctuation
+    ".NET System.Text.Json": KEY.replace("+", "\\u002B"),
+    "JSON, all punctuation as \\u": "".join(c if c.isalnum() else f"\\u{ord(c):04x}" for c in KEY),
+    "HTML, hex entities (OWASP)": "".join(c if c.isalnum() else f"&#x{ord(c):X};" for c in KEY),
+    "HTML, decimal entities": "".join(c if c.isalnum() else f"&#{ord(c)};" for c in KEY),
+}
+
+
+@pytest.mark.parametrize("how", list(PARTLY_ESCAPED))
+def test_a_secret_partly_escaped_by_a_common_encoder_is_found(how: str) -> None:
+    forms = compile_forms([("api-key", KEY)])
+    text = f"reflected: {PARTLY_ESCAPED[how]} (end)".encode()
+    out, found = scrub(text, forms)
+    assert out == b"reflected: [REDACTED:api-key] (end)", out
+    assert found
+
+
+TOKEN = "eyJhbGciOiJFZERTQSJ9." + "Zm9vYmFy-_" * 40  # a minted token's length: its base64 always wraps
+PEM = base64.b64encode(b"x" + TOKEN.encode())
+
+
+@pytest.mark.parametrize(
+    "wrapped",
+    [
+        pytest.param(base64.encodebytes(b"agent-1:" + TOKEN.encode()), id="MIME, 76 columns"),
+        pytest.param(b"\r\n".join(PEM[i : i + 64] for i in range(0, len(PEM), 64)), id="PEM, 64 columns, CR LF"),
+        pytest.param(json.dumps(base64.encodebytes(TOKEN.encode()).decode()).encode(), id="in a JSON string"),
+        pytest.param(("raw " + TOKEN[:200] + "\n" + TOKEN[200:]).encode(), id="the value itself, wrapped"),
+    ],
+)
+def test_a_secret_in_line_wrapped_base64_is_found_whole_and_streamed(wrapped: bytes) -> None:
+    """MIME, PEM and openssl base64 wrap lines: a value longer than a line always crossed a break,
+    and was found by no form (nor was a short one that happened to)."""
+    forms = compile_forms([("token", TOKEN)])
+    text = b"before\n" + wrapped + b"\nafter"
+    out, found = scrub(text, forms)
+    assert b"[REDACTED:token]" in out, out
+    assert found
+    assert out.startswith(b"before\n")
+    assert out.endswith(b"\nafter")
+    stream = StreamScrubber(forms)
+    pieces = b"".join(stream.feed(text[i : i + 5]) for i in range(0, len(text), 5)) + stream.finish()
+    # (streamed, a form is replaced as soon as it is whole: a padding "=" after it may remain)
+    assert pieces.startswith(out[: out.index(b"[REDACTED:token]") + 16])
+    assert len(pieces) <= len(out) + 2
+
+
+def test_reading_across_line_breaks_leaves_text_without_a_secret_alone() -> None:
+    forms = compile_forms([("token", TOKEN)])
+    text = b"".join(b"line %d of an ordinary output, no secret\r\n" % i for i in range(2000)) + b"\\n tail"
+    assert scrub(text, forms) == (text, [])

@@ -25,6 +25,14 @@ from tests.runner.test_egress import HOST, _asyncio_loop_factory, _runs_on_the_l
 
 SECRET = "sk/echo+5f1d=8a3b?9c7e&4d2a~Zx"  # characters that percent- and base64url-encoding change
 PLACEHOLDER = "stockade-placeholder-echo"
+
+
+def _percent_keeping(value: str, kept: str) -> str:
+    """``value`` URL-encoded but for letters, digits and ``kept`` (as Go's and JavaScript's do)."""
+    return "".join(c if c.isascii() and (c.isalnum() or c in kept) else "".join(f"%{b:02X}" for b in c.encode())
+                   for c in value)  # fmt: skip
+
+
 # How a reflecting upstream (or a tool, from what it got back) may hand the secret on.
 ENCODINGS: dict[str, Callable[[str], str]] = {
     "raw": lambda v: v,
@@ -40,10 +48,19 @@ ENCODINGS: dict[str, Callable[[str], str]] = {
         c if c.isascii() and (c.isalnum() or c in "-._") else quote(c, safe="") if c != "~" else "%7E" for c in v
     ),
     "html-go": lambda v: v.replace("&", "&amp;").replace("+", "&#43;").replace("'", "&#39;"),
+    # Encoders that escape only some punctuation, and base64 wrapped as MIME does (the value
+    # crossing a line break): a review had each reach the client whole.
+    "percent-go-path": lambda v: _percent_keeping(v, "-._~$&+,;=:@"),
+    "percent-js-escape": lambda v: _percent_keeping(v, "@*_+-./"),
+    "json-dotnet": lambda v: "".join(f"\\u{ord(c):04X}" if c in "\"&'+<>`\\" else c for c in v),
+    "html-hex": lambda v: "".join(c if c.isalnum() else f"&#x{ord(c):X};" for c in v),
+    "basic-mime": lambda v: base64.encodebytes(f"agent-1:{'x' * 32}{v}".encode()).decode(),
 }
 # The name the proxy's record gives each (case does not matter to it).
 SCRUBBED_AS = {"raw": "raw", "hex": "hex", "HEX": "hex", "reversed": "reversed", "upper": "raw", "basic": "base64",
-               "base64url": "base64url", "percent": "percent", "percent-php": "percent", "html-go": "html"}  # fmt: skip
+               "base64url": "base64url", "percent": "percent", "percent-php": "percent", "html-go": "html",
+               "percent-go-path": "percent", "percent-js-escape": "percent", "json-dotnet": "json",
+               "html-hex": "html", "basic-mime": "base64"}  # fmt: skip
 
 
 def leaked(text: bytes | str) -> list[str]:
@@ -84,7 +101,8 @@ def reflector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Reflector]:
             encode = ENCODINGS.get(url.path.strip("/"), ENCODINGS["raw"])
             body = "".join(f"{name}: {encode(value)}\n" for name, value in self.headers.items()).encode()
             self.send_response(200)
-            self.send_header("X-Reflected", encode(self.headers.get("X-Api-Key", "")))
+            # (a header holds no line break: a wrapped form is sent unwrapped there)
+            self.send_header("X-Reflected", encode(self.headers.get("X-Api-Key", "")).replace("\n", ""))
             if query.get("name") == "hex":  # the secret as a header's name
                 self.send_header("X-" + self.headers.get("X-Api-Key", "").encode().hex(), "reflected")
             coding = query.get("coding")
