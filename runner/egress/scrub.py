@@ -19,8 +19,8 @@ value, listed by `secret_forms`:
 - ``base64`` and ``base64url``, padded or not, and the value inside a longer base64 text at
   any alignment: ``base64("user:" + value)`` (HTTP Basic) included, for any user;
 
-each also across line breaks (and ``\\n``, ``\\r`` escapes), since base64 is wrapped (MIME,
-PEM, ``openssl base64``): a text with breaks is read without them too (`Matcher.spans`);
+the base64 forms also across line breaks, since base64 is wrapped (MIME, PEM, ``openssl
+base64``; `Matcher.spans`);
 
 and each matched regardless of ASCII case (so upper-, lower- and mixed-case variants, and hex and
 percent escapes in either case). A match is replaced by ``[REDACTED:<label>]``.
@@ -35,11 +35,9 @@ and lazy reflection, not a boundary against an upstream that computes on the sec
 from __future__ import annotations
 
 import base64
-import bisect
 import functools
 import html
 import json
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import quote, quote_plus
@@ -185,8 +183,11 @@ class Matcher:
     of the whole forms outgrows RE2's memory (a token's forms are hundreds of bytes each).
     """
 
-    def __init__(self, forms: Sequence[Form]) -> None:
+    def __init__(self, forms: Sequence[Form], *, across_breaks: bool = True) -> None:
+        """``across_breaks``: also find the base64 forms wrapped over lines (see `spans`)."""
         self.forms = tuple(forms)
+        wrapping = [form for form in forms if form.encoding in _WRAPPED] if across_breaks else []
+        self._wrapped = Matcher(wrapping, across_breaks=False) if wrapping else None
         self.shortest = min((len(form.needle) for form in forms), default=0)
         # prefix -> [(length, {needle: form})], longest first: the longest form at a place wins
         index: dict[bytes, dict[int, dict[bytes, Form]]] = {}
@@ -202,23 +203,29 @@ class Matcher:
         """Where forms occur in ``folded`` (ASCII lower case): each ``(start, end, forms)`` the
         union of overlapping occurrences, in order, so overlapping forms are replaced as one.
 
-        A text with line breaks (or ``\\n`` and ``\\r`` escapes) is also read without them: MIME,
-        PEM and ``openssl base64`` wrap base64 at 64 or 76 columns, so a long value's base64
-        always crosses a line, and a form found across breaks covers them."""
+        The base64 forms are also found across line breaks: MIME, PEM and ``openssl base64``
+        wrap base64 at 64 or 76 columns, so a long value's base64 always crosses a line. Only
+        they: a value itself (or its hex, ...) with a break inside is a value split, as the
+        limits say, and ordinary lines joined could spell a short one."""
         spans = self._spans(folded)
-        if b"\n" not in folded and b"\r" not in folded and b"\\" not in folded:
+        if self._wrapped is None or (b"\n" not in folded and b"\r" not in folded):
             return spans
-        # Read without the breaks (two steps, each in C); where a form is found there, which is
-        # rare, the offsets are mapped back through each step.
-        lines = folded.translate(None, b"\r\n")
-        joined = _ESCAPED_BREAK.sub(b"", lines)
-        across = self._spans(joined)
-        if not across:
+        # Read without the breaks (in C); only where a form is found there, which is rare, it is
+        # found again in the text as it is, with breaks allowed between its characters (RE2: linear).
+        found = self._wrapped._spans(folded.translate(None, b"\r\n"))
+        if not found:
             return spans
-        unescaped, unwrapped = _Removed(lines, _ESCAPED_BREAK), _Removed(folded, _BREAK)
-        back = [(unwrapped.original(unescaped.original(start)), unwrapped.original(unescaped.original(end - 1)) + 1,
-                 forms) for start, end, forms in across]  # fmt: skip
-        return _merged(spans, back)
+        by_needle = {form.needle: form for _, _, forms in found for form in forms}
+        wrapped = re2.compile(
+            b"|".join(b"[\r\n]*".join(re2.escape(bytes([c])) for c in needle)
+                      for needle in sorted(by_needle, key=len, reverse=True)),
+            _RE2_OPTIONS,
+        )  # fmt: skip
+        across = [
+            (match.start(), match.end(), [by_needle[folded[match.start() : match.end()].translate(None, b"\r\n")]])
+            for match in wrapped.finditer(folded)
+        ]
+        return _merged(spans, across)
 
     def _spans(self, folded: bytes) -> list[tuple[int, int, list[Form]]]:
         spans: list[tuple[int, int, list[Form]]] = []
@@ -271,28 +278,7 @@ class Matcher:
         return b"".join(pieces), list(found)
 
 
-# Line breaks, and line breaks as a JSON string or a repr writes them (the wrapped base64 of a
-# tool's printed dict): no base64 character is one, and a form found across them is still whole.
-_BREAK = re.compile(rb"[\r\n]")
-_ESCAPED_BREAK = re.compile(rb"\\[rn]")
-
-
-class _Removed:
-    """Where a byte of ``text`` with ``pattern``'s matches removed was in ``text``."""
-
-    def __init__(self, text: bytes, pattern: re.Pattern[bytes]) -> None:
-        self._at: list[int] = []  # each match's place in the result
-        self._removed: list[int] = []  # bytes removed up to and with it
-        gone = 0
-        for match in pattern.finditer(text):
-            self._at.append(match.start() - gone)
-            gone += match.end() - match.start()
-            self._removed.append(gone)
-
-    def original(self, offset: int) -> int:
-        # The byte at ``offset`` of the result comes after every match at or before that place.
-        before = bisect.bisect_right(self._at, offset)
-        return offset + (self._removed[before - 1] if before else 0)
+_WRAPPED = frozenset({"base64", "base64url"})  # the forms encoders wrap over lines
 
 
 def _merged(
@@ -340,8 +326,8 @@ class StreamScrubber:
         self._matcher = forms if isinstance(forms, Matcher) else Matcher(forms)
         longest = max((len(form.needle) for form in self._matcher.forms), default=1)
         # What a form can span here: its own length, and the line breaks of base64 wrapped at
-        # `WRAP_MIN` columns or more inside it (each at most 4 bytes, an escaped CR LF).
-        self._hold = longest - 1 + 4 * (longest // WRAP_MIN + 1)
+        # `WRAP_MIN` columns or more inside it (a CR LF each).
+        self._hold = longest - 1 + 2 * (longest // WRAP_MIN + 1)
         self._pending = b""
         self.found: set[Form] = set()
 
