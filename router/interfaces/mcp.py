@@ -61,7 +61,7 @@ from router.errors import InvalidCall, SessionNotFound, StockadeError, StoreErro
 from router.interfaces import bearer
 from router.interfaces.mcp_stdio import Refused, RequestId
 from router.results import ToolResult
-from router.text import json_escape
+from router.text import encodable, json_escape
 from router.tools import ExternalExecutor, ToolSpec
 
 log = structlog.get_logger(__name__)
@@ -163,10 +163,11 @@ async def _listed(plane: ControlPlane, session: _Session) -> list[ToolSpec]:
     raise MCPError(REFUSED_ON_RECORD, f"session.lost: {message}")
 
 
-# The JSON-RPC error this server's own handlers answer a request they refuse with (a code of the
-# implementation-defined range the SDK does not use). The handler has put the refusal on record,
-# on its session's trail, so the transports' auditing of the errors a client is sent skips it.
-REFUSED_ON_RECORD = -32090
+# The JSON-RPC error this server's own handlers answer a request they refuse with: a code of the
+# implementation-defined band (-32000..-32019; the SDK takes -32000 and -32001, -32002 is retired),
+# never one the spec may allocate. The handler has put the refusal on record, on its session's
+# trail, so the transports' auditing of the errors a client is sent skips it.
+REFUSED_ON_RECORD = -32010
 
 
 def _answer(result: ToolResult) -> types.CallToolResult:
@@ -535,7 +536,8 @@ async def _decide(
     note = f"answered in {via} (MCP elicitation)"
     said = content.get("note")
     if isinstance(said, str) and said.strip():
-        note += f": {said.strip()[:1000]}"
+        # As the client sent it, but for what no note may hold (a NUL, a lone surrogate).
+        note += ": " + "".join(c for c in said.strip()[:1000] if c != "\x00" and encodable(c))
     if content["approve"]:
         await plane.approve(approval.id, approver, note)
     else:
