@@ -26,6 +26,7 @@ from router.audit import AuditEvent, AuditLog, timestamp
 from router.errors import ApprovalError as ApprovalError  # noqa: PLC0414  (re-exported; defined with the others)
 from router.errors import AuditError
 from router.refusals import RecordRefusal, refusal_event
+from router.text import encodable
 from router.tools import show
 from router.wire import Approval as Approval  # noqa: PLC0414  (re-exported; defined in router.wire for the SDK)
 from router.wire import ApprovalStatus as ApprovalStatus  # noqa: PLC0414  (re-exported, as Approval)
@@ -51,12 +52,44 @@ def identity(name: str) -> str:
     characters (a zero-width space or joiner in ``cl\u200baude``) and surrounding whitespace.
     Compare identities, never names as typed: the agent picks how it spells the approver."""
     folded = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", name).casefold())
-    return "".join(c for c in folded if unicodedata.category(c) != "Cf").strip()
+    return "".join(c for c in folded if not invisible(c)).strip()
+
+
+# Characters Unicode says to show as nothing (Default_Ignorable_Code_Point, DerivedCoreProperties)
+# beyond the format ones (Cf), which `invisible` finds by category: the combining grapheme joiner,
+# variation selectors, Hangul and Mongolian fillers. (U+2800, the blank Braille pattern, is not
+# ignorable but shows as blank.)
+_IGNORABLE = frozenset((0x034F, 0x115F, 0x1160, 0x17B4, 0x17B5, 0x2800, 0x3164, 0xFFA0)).union(
+    range(0x180B, 0x1810), range(0xFE00, 0xFE10), range(0xE0100, 0xE01F0), range(0xFFF0, 0xFFF9)
+)
+
+
+def invisible(char: str) -> bool:
+    """Whether ``char`` shows as nothing: a format character (Cf: zero-width spaces and joiners,
+    bidi controls) or another default-ignorable one (`_IGNORABLE`)."""
+    return unicodedata.category(char) == "Cf" or ord(char) in _IGNORABLE
 
 
 def same_identity(one: str, other: str) -> bool:
     """Whether two names stand for one identity (see `identity`)."""
     return identity(one) == identity(other)
+
+
+MAX_APPROVER = 256  # characters of an approver's name, as of a session's principal
+MAX_NOTE = 2000  # characters of a decision's note (the HTTP API's bound too)
+
+
+def _decision_problem(approver: str, note: str) -> str | None:
+    """Why a decision's approver or note cannot be taken (None: they can): each goes into the
+    audit log and the approver into every policy input of the call it releases, where a lone
+    surrogate made the policy fail on every retry, and a name of 60,000 characters rode along."""
+    if len(approver) > MAX_APPROVER or not approver.isprintable():
+        return (f"approver must be a printable name of at most {MAX_APPROVER} characters (no control characters, "
+                f"line breaks or lone surrogates), got {show(approver)}")  # fmt: skip
+    if len(note) > MAX_NOTE or not encodable(note) or "\x00" in note:
+        return (f"note must be text of at most {MAX_NOTE} characters (valid Unicode, no NUL), got {show(note)}: "
+                "shorten it, or link to where the reasons are written")  # fmt: skip
+    return None
 
 
 class ApprovalBook:
@@ -66,9 +99,13 @@ class ApprovalBook:
     def __init__(
         self, store: Store, audit: AuditLog, *, ttl_s: float = 900.0, keep_s: float = 86400.0,
         labels: Mapping[str, str] | None = None, refusals: RecordRefusal | None = None,
+        peer: Mapping[str, Any] | None = None,
     ) -> None:  # fmt: skip
         """``refusals``: how refused decisions are audited (a router passes its `record_refusal`,
-        so a flood of them is counted under its budget); by default each is written to ``audit``."""
+        so a flood of them is counted under its budget); by default each is written to ``audit``.
+        ``peer``: the process every decision made through this book comes from, recorded with each
+        that names no other (the CLI deciding at the shared store: its own uid, login, host)."""
+        self._peer = dict(peer) if peer is not None else None
         self._store = store
         self._audit = audit
         self._ttl_s = ttl_s
@@ -169,13 +206,15 @@ class ApprovalBook:
                 agent that asked (compared as `identity`: ``Claude`` is ``claude``): each refused
                 on record first (`refuse`: ``approval.not_found``, ``approval.not_pending``,
                 ``approval.self_decision``), or no approver named (blank, or only invisible
-                characters: ``approval.no_approver``); or another decision came first (this one is
+                characters: ``approval.no_approver``), or a name or note the log and the policy cannot
+                take (``approval.invalid``: see `_decision_problem`); or another decision came first (this one is
                 then on record as ``not_applied`` too).
             AuditError: the decision could not be audited; it was not made (still pending).
             StoreError: the store failed while the decision was being made: it is on record, and
                 may or may not be in force (`get` says).
         """
         verb = "approve" if approve else "deny"
+        peer = peer if peer is not None else self._peer
         try:
             approval = await self.get(approval_id)
         except ApprovalError as exc:
@@ -195,9 +234,13 @@ class ApprovalBook:
                        "the requesting agent never approves its own calls")  # fmt: skip
             await self.refuse(approver, verb, approval, "approval.self_decision", message, peer=peer)
             raise ApprovalError(message)
+        problem = _decision_problem(approver, note)
+        if problem is not None:
+            await self.refuse(show(approver), verb, approval, "approval.invalid", problem, peer=peer)
+            raise ApprovalError(problem)
         decided = approval.model_copy(update={
             "status": ApprovalStatus.APPROVED if approve else ApprovalStatus.DENIED,
-            "approver": approver, "note": note[:2000], "decided_at": time.time(),
+            "approver": approver, "note": note, "decided_at": time.time(),
         })  # fmt: skip
         if not await self.record(decided, decided.status.value, peer):
             raise AuditError(f"the decision on approval {approval.id} could not be audited; it is still pending")

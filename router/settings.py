@@ -258,6 +258,9 @@ class ApiPrincipal(PrincipalConfig):
         return None
 
 
+_MONTH = 30 * 86400.0  # seconds: the longest a session, an approval or a signing key lives
+
+
 class Settings(BaseSettings):
     """Everything configurable about a stockade router."""
 
@@ -273,19 +276,21 @@ class Settings(BaseSettings):
     max_args_bytes: int = Field(default=1 << 20, gt=0)
     max_report_bytes: int = Field(default=1 << 20, gt=0)
     max_input_bytes: int = Field(default=16 << 20, gt=0)
+    # Each lifetime below is bounded: an infinite one (``inf``, ``1e309``) never expired in the
+    # embedded store and overflowed Redis's expiry, failing every held call.
     # A session unused for this long expires: its calls are refused and its sandboxes destroyed.
-    session_idle_ttl_s: float = Field(default=3600.0, gt=0)
+    session_idle_ttl_s: float = Field(default=3600.0, gt=0, le=_MONTH)
     # How long a human has to decide a held call before its approval expires.
-    approval_ttl_s: float = Field(default=900.0, gt=0)
+    approval_ttl_s: float = Field(default=900.0, gt=0, le=_MONTH)
     # How long a decided, used or expired approval stays listed for review after its expiry.
-    approval_keep_s: float = Field(default=86400.0, ge=0)
+    approval_keep_s: float = Field(default=86400.0, ge=0, le=12 * _MONTH)
     instance: str = Field(default_factory=socket.gethostname)
     # The credentials this router can issue (STOCKADE_CREDENTIALS, a JSON list); policy grants
     # them per call, capped by these entries.
     credentials: list[CredentialConfig] = Field(default_factory=list)
     # How often the token issuer's signing key is replaced (old public keys stay published as
     # long as tokens they signed can live).
-    credential_key_rotation_s: float = Field(default=3600.0, gt=0)
+    credential_key_rotation_s: float = Field(default=3600.0, gt=0, le=_MONTH)
     # Bearer tokens of the services allowed to introspect credentials (RFC 7662 callers).
     introspection_tokens: list[SecretStr] = Field(default_factory=list)
     # The HTTP API's principals (STOCKADE_API_PRINCIPALS, a JSON list); none: every request is refused.

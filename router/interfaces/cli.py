@@ -592,7 +592,7 @@ def _with_approvals(
     from router.approvals import ApprovalBook, ApprovalError  # noqa: PLC0415
     from router.audit.factory import make_side_log  # noqa: PLC0415
     from router.control import VERSION  # noqa: PLC0415
-    from router.interfaces.local import LocalRouters, socket_dirs  # noqa: PLC0415
+    from router.interfaces.local import LocalRouters, socket_dirs, this_process  # noqa: PLC0415
     from router.store import make_store  # noqa: PLC0415
 
     settings = _settings(ctx)
@@ -607,8 +607,9 @@ def _with_approvals(
         audit = make_side_log(settings)
         labels = {"instance": settings.instance, "version": VERSION, "via": "cli"}
         try:
-            return await work(ApprovalBook(store, audit, ttl_s=settings.approval_ttl_s,
-                                           keep_s=settings.approval_keep_s, labels=labels))  # fmt: skip
+            book = ApprovalBook(store, audit, ttl_s=settings.approval_ttl_s, keep_s=settings.approval_keep_s,
+                                labels=labels, peer=this_process())  # fmt: skip
+            return await work(book)
         finally:
             await store.aclose()
             await audit.aclose()

@@ -29,6 +29,7 @@ import contextlib
 import hashlib
 import json
 import os
+import pwd
 import socket
 import stat
 import struct
@@ -283,6 +284,18 @@ class Peer:
         except OSError:
             executable = None
         return {"uid": self.uid, "gid": self.gid, "pid": self.pid, "exe": executable}
+
+
+def this_process() -> dict[str, Any]:
+    """What the audit log keeps of this process as the peer of the decisions it makes at the
+    shared store (the CLI with a store URL: no router checks who it is): its uid, gid, pid and
+    executable as for a socket's peer, the login of its uid and its host. The approver's name is
+    whatever was typed; these say who typed it."""
+    try:
+        login: str | None = pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        login = None
+    return {**Peer(os.getpid(), os.getuid(), os.getgid()).record(), "login": login, "host": socket.gethostname()}
 
 
 def _peer(writer: asyncio.StreamWriter) -> Peer | None:

@@ -15,14 +15,16 @@ from datetime import UTC, datetime
 from rich.table import Table
 from rich.text import Text
 
-from router.approvals import Approval
+from router.approvals import Approval, invisible
 from router.audit import AuditEvent
 from router.text import json_escape
 
 # Format characters (bidi overrides and isolates, zero-width spaces and joiners), line and
 # paragraph separators, private-use, lone surrogates and unassigned code points: none shows as
 # itself, and each can hide, reorder or fake text around it. Whitespace but the ASCII space, tab
-# and newline is escaped too (a no-break or ideographic space reads as a plain one).
+# and newline is escaped too (a no-break or ideographic space reads as a plain one), and so is
+# every other character that shows as nothing (`router.approvals.invisible`: variation selectors,
+# the combining grapheme joiner, Hangul fillers).
 _HIDDEN = frozenset({"Cf", "Zl", "Zp", "Co", "Cs", "Cn"})
 _PLAIN_WHITESPACE = frozenset(" \t\n")
 # Scripts written together in one word in ordinary text (Japanese, Chinese, Korean, with Latin):
@@ -35,7 +37,7 @@ _MAX_NOTES = 8
 def _hidden(char: str) -> bool:
     if char in _PLAIN_WHITESPACE:
         return False
-    return char.isspace() or unicodedata.category(char) in _HIDDEN
+    return char.isspace() or unicodedata.category(char) in _HIDDEN or invisible(char)
 
 
 def _script(char: str) -> str | None:

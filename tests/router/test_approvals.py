@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 from rich.console import Console
 
 from policy import PolicySettings
@@ -90,8 +91,9 @@ async def test_the_requesting_agent_cannot_approve_itself(plane: ControlPlane) -
 
 
 @pytest.mark.parametrize(
-    "spelling", ["DB-Agent", " db-agent ", "\uff24\uff22-agent", "db-\u200bagent", "DB-AGENT\u00a0"]
-)
+    "spelling", ["DB-Agent", " db-agent ", "\uff24\uff22-agent", "db-\u200bagent", "DB-AGENT\u00a0",
+                 "db-agent\u034f", "db-agent\ufe0f", "db\u180b-agent"],  # (the last three: no Cf, yet invisible)
+)  # fmt: skip
 async def test_the_requesting_agent_cannot_approve_itself_spelled_another_way(
     plane: ControlPlane, spelling: str
 ) -> None:
@@ -104,7 +106,7 @@ async def test_the_requesting_agent_cannot_approve_itself_spelled_another_way(
     assert (await plane.approve(approval_id, "DB-Admin")).status is ApprovalStatus.APPROVED
 
 
-@pytest.mark.parametrize("blank", ["", "   ", "\u200b", "\u200d\t"])
+@pytest.mark.parametrize("blank", ["", "   ", "\u200b", "\u200d\t", "\u115f", "\u3164\u2800"])
 async def test_a_blank_approver_is_refused_as_naming_nobody_not_as_the_agent(plane: ControlPlane, blank: str) -> None:
     """A name of nothing but whitespace or invisible characters is nobody's: refused, on record,
     with a code and message of its own (not the agent approving itself)."""
@@ -115,6 +117,37 @@ async def test_a_blank_approver_is_refused_as_naming_nobody_not_as_the_agent(pla
     assert (await plane.get_approval(approval_id)).status is ApprovalStatus.PENDING
     errors = await plane.audit.query(AuditFilter(session_id=session, kind="error"))
     assert [(e.result or {}).get("code") for e in errors] == ["approval.no_approver"]
+
+
+@pytest.mark.parametrize(
+    ("approver", "note"),
+    [("on\ud800call", ""), ("oncall\x00", ""), ("oncall\n(approved by secops)", ""), ("o" * 257, ""),
+     ("oncall", "n" * 2001), ("oncall", "why\x00"), ("oncall", "why \udcff")],
+)  # fmt: skip
+async def test_a_name_or_note_the_log_and_policy_cannot_take_is_refused_and_the_call_still_approvable(
+    plane: ControlPlane, approver: str, note: str
+) -> None:
+    """A lone surrogate in the approver's name was granted, and then the policy failed on it at
+    every retry (policy.error) until the approval expired; control characters, a line break and
+    a 60,000-character name went into the record; a long note was cut without a word."""
+    session, approval_id = await held(plane)
+    with pytest.raises(ApprovalError, match=r"(approver|note) must be"):
+        await plane.approve(approval_id, approver, note)
+    assert (await plane.get_approval(approval_id)).status is ApprovalStatus.PENDING
+    errors = await plane.audit.query(AuditFilter(session_id=session, kind="error"))
+    assert [(e.result or {}).get("code") for e in errors] == ["approval.invalid"]
+    assert (await plane.approve(approval_id, "DB-Admin", "ticket OPS-9")).status is ApprovalStatus.APPROVED
+    ran = await plane.call(session, "drop_table", {"table": "users"})
+    assert ran.ok, ran.reasons
+
+
+def test_approval_and_session_lifetimes_are_finite() -> None:
+    """STOCKADE_APPROVAL_TTL_S=inf was taken: an approval that never expired on the embedded
+    store, and an OverflowError from Redis's expiry that failed every held call."""
+    for field in ("approval_ttl_s", "session_idle_ttl_s", "approval_keep_s", "credential_key_rotation_s"):
+        for value in (float("inf"), 1e309, float("nan"), 1e12):
+            with pytest.raises(ValidationError, match=field):
+                Settings(**{field: value})
 
 
 async def test_a_denied_approval_releases_nothing(plane: ControlPlane) -> None:

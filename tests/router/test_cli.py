@@ -5,13 +5,17 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import pwd
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from mcp import Client, StdioServerParameters
 
 from router import ControlPlane, Settings
+from router.approvals import ApprovalError
 from router.audit import AuditFilter
 from router.interfaces.local import socket_dir
 from router.settings import AuditSettings, StoreSettings
@@ -243,6 +247,43 @@ async def test_an_approver_lists_shows_and_decides_held_calls_from_the_command_l
         assert [(e.outcome, e.labels.get("via")) for e in trail] == [
             ("requested", None), ("approved", "cli"), ("redeemed", None)]  # fmt: skip
         assert (await plane.audit.verify()).ok  # the CLI and the router wrote one chain
+
+
+async def test_a_decision_at_the_shared_store_records_who_made_it_and_refuses_unusable_names(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """At the shared store no router checks who decides: the record held only the name typed
+    (any OS user with the store's URL could sign as anyone, unseen). And a name or note the
+    audit log and the policy cannot take (control characters, a 60,000-character name, a lone
+    surrogate, which then failed the call's policy on every retry) was taken."""
+    audit = tmp_path / "audit.jsonl"
+    settings = Settings(audit=AuditSettings(path=audit), store=StoreSettings(url=redis_url))
+    env = {"STOCKADE_STORE__URL": redis_url, "STOCKADE_AUDIT__PATH": str(audit)}
+    async with ControlPlane.from_settings(settings) as plane:
+        await plane.register(python_tool("drop_table", ECHO, risk="critical", capabilities=["mutates_state"]))
+        session = await plane.open_session("db-agent", "alice@example.com")
+        held = await plane.call(session, "drop_table", {"table": "users"})
+        assert held.approval_id is not None
+        for approver, note in (("oncall\x1b[2J", ""), ("x" * 257, ""), ("oncall", "n" * 2001), ("on\ncall", "")):
+            refused = run("approvals", "approve", held.approval_id, "--approver", approver, "--note", note, env=env)
+            assert refused.returncode == 1, refused.stderr
+            assert ("approver must be a printable name" in refused.stderr) != (approver == "oncall")
+        with pytest.raises(ApprovalError, match="approver must be a printable name"):
+            await plane.approve(held.approval_id, "on\ud800call")  # the SDK's path: refused too
+        granted = run("approvals", "approve", held.approval_id, "--approver", "oncall", "--json", env=env)
+        assert granted.returncode == 0, granted.stderr
+        trail = await plane.audit.query(AuditFilter(decision_id=held.decision_id, kind="approval"))
+    [approved] = [e for e in trail if e.outcome == "approved"]
+    assert approved.result is not None
+    peer = approved.result["peer"]
+    assert (peer["uid"], peer["login"], peer["host"]) == (os.getuid(), pwd.getpwuid(os.getuid()).pw_name,
+                                                          socket.gethostname())  # fmt: skip
+    assert peer["pid"] != os.getpid()  # the CLI's own process
+    assert peer["exe"] is not None
+    events = [json.loads(line) for line in audit.read_text().splitlines()]
+    invalid = [e for e in events if e["kind"] == "error" and e["result"]["code"] == "approval.invalid"]
+    assert len(invalid) == 5
+    assert all(len(json.dumps(e)) < 4000 for e in invalid)  # the 257-character name is not kept whole
 
 
 async def test_an_approvers_decisions_from_the_command_line_go_to_the_redis_audit_stream(
