@@ -75,17 +75,24 @@ def same_identity(one: str, other: str) -> bool:
     return identity(one) == identity(other)
 
 
-MAX_APPROVER = 256  # characters of an approver's name, as of a session's principal
+# Characters of an approver's name: a session's principal (256) and the MCP client's label that
+# elicitation adds to it ("<principal> (via <client> <version>)").
+MAX_APPROVER = 512
 MAX_NOTE = 2000  # characters of a decision's note (the HTTP API's bound too)
+
+
+# What no name holds: control characters (NUL, ESC, line breaks), lone surrogates, line and
+# paragraph separators. (A no-break space, or the joiners some scripts are written with, may.)
+_NOT_IN_A_NAME = frozenset({"Cc", "Cs", "Zl", "Zp"})
 
 
 def _decision_problem(approver: str, note: str) -> str | None:
     """Why a decision's approver or note cannot be taken (None: they can): each goes into the
     audit log and the approver into every policy input of the call it releases, where a lone
     surrogate made the policy fail on every retry, and a name of 60,000 characters rode along."""
-    if len(approver) > MAX_APPROVER or not approver.isprintable():
-        return (f"approver must be a printable name of at most {MAX_APPROVER} characters (no control characters, "
-                f"line breaks or lone surrogates), got {show(approver)}")  # fmt: skip
+    if len(approver) > MAX_APPROVER or any(unicodedata.category(c) in _NOT_IN_A_NAME for c in approver):
+        return (f"approver must be a name of at most {MAX_APPROVER} characters without control characters, "
+                f"line breaks or lone surrogates, got {show(approver)}")  # fmt: skip
     if len(note) > MAX_NOTE or not encodable(note) or "\x00" in note:
         return (f"note must be text of at most {MAX_NOTE} characters (valid Unicode, no NUL), got {show(note)}: "
                 "shorten it, or link to where the reasons are written")  # fmt: skip

@@ -283,7 +283,7 @@ class Settings(BaseSettings):
     # How long a human has to decide a held call before its approval expires.
     approval_ttl_s: float = Field(default=900.0, gt=0, le=_MONTH)
     # How long a decided, used or expired approval stays listed for review after its expiry.
-    approval_keep_s: float = Field(default=86400.0, ge=0, le=12 * _MONTH)
+    approval_keep_s: float = Field(default=86400.0, ge=0, le=365 * 86400.0)
     instance: str = Field(default_factory=socket.gethostname)
     # The credentials this router can issue (STOCKADE_CREDENTIALS, a JSON list); policy grants
     # them per call, capped by these entries.

@@ -12,6 +12,7 @@ as one line on stderr, with its traceback under --debug.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import gc
 import getpass
@@ -200,13 +201,28 @@ def serve(
                 refused.append(f"{tools}: tool #{i} ({str(spec.get('name', '?'))[:64]}) was refused: {exc}")
                 await plane.aclose()
                 return
-        async with approval_socket(plane):  # `stockade approvals` reaches an embedded store here
-            await uvicorn.Server(config).serve(sockets=[listening])
+        async with contextlib.AsyncExitStack() as stack:
+            await stack.enter_async_context(approval_socket(plane))  # `stockade approvals` reaches it here
+            await _server(config, stack).serve(sockets=[listening])
 
     with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:  # uvloop, as uvicorn.run picks
         runner.run(run())
     if refused:
         raise _fail(refused[0])
+
+
+def _server(config: Any, before_exit: contextlib.AsyncExitStack) -> Any:
+    """A uvicorn server that closes ``before_exit`` once it has shut down, before it raises again
+    the signal that stopped it: uvicorn re-raises SIGTERM after serving, which ends the process
+    before any code after ``serve()`` runs (the approval socket's file stayed behind)."""
+    import uvicorn  # noqa: PLC0415  (only the servers pay for it)
+
+    class _Server(uvicorn.Server):
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().shutdown(sockets)
+            await before_exit.aclose()
+
+    return _Server(config)
 
 
 @app.command()
@@ -275,7 +291,10 @@ def mcp(
     refused: list[str] = []
 
     async def run() -> None:
-        async with ControlPlane.from_settings(settings) as plane:
+        # The plane and the approval socket close with this stack: on leaving, or over HTTP as the
+        # server shuts down, before uvicorn raises the stopping signal again (`_server`).
+        async with contextlib.AsyncExitStack() as stack:
+            plane = await stack.enter_async_context(ControlPlane.from_settings(settings))
             for i, spec in enumerate(specs):
                 try:
                     await plane.register(spec)
@@ -286,19 +305,19 @@ def mcp(
             # of a human. Only the stdio client (the user's own app, which started this server) asks.
             server = build_server(plane, agent=agent, principal=principal, trusted_context=trusted or [],
                                   tokens=tokens or None, elicitation=elicitation and not http)  # fmt: skip
-            async with approval_socket(plane):  # `stockade approvals` reaches an embedded store here
-                if http:
-                    asgi = server.streamable_http_app(host=host, transport_security=rebinding_guard(host, tokens))
-                    # What the SDK refuses is on record either way: as each token's agent, or as --agent.
-                    guarded = (require_bearer(asgi, tokens, plane, acting_refused) if tokens
-                               else audit_requests(asgi, plane, agent))  # fmt: skip
-                    config = uvicorn.Config(guarded, host=host, port=port, log_level=settings.log_level,
-                                            access_log=False)  # fmt: skip
-                    await uvicorn.Server(config).serve(sockets=[listening] if listening is not None else None)
-                    return
-                wire_of = stdio_wire(stdio_refusals(plane, agent))  # answers and audits what the SDK would drop
-                async with wire_of as wire, mcp.server.stdio.stdio_server(*(wire or ())) as (read, write):
-                    await server.run(read, write, server.create_initialization_options())
+            await stack.enter_async_context(approval_socket(plane))  # `stockade approvals` reaches it here
+            if http:
+                asgi = server.streamable_http_app(host=host, transport_security=rebinding_guard(host, tokens))
+                # What the SDK refuses is on record either way: as each token's agent, or as --agent.
+                guarded = (require_bearer(asgi, tokens, plane, acting_refused) if tokens
+                           else audit_requests(asgi, plane, agent))  # fmt: skip
+                config = uvicorn.Config(guarded, host=host, port=port, log_level=settings.log_level,
+                                        access_log=False)  # fmt: skip
+                await _server(config, stack).serve(sockets=[listening] if listening is not None else None)
+                return
+            wire_of = stdio_wire(stdio_refusals(plane, agent))  # answers and audits what the SDK would drop
+            async with wire_of as wire, mcp.server.stdio.stdio_server(*(wire or ())) as (read, write):
+                await server.run(read, write, server.create_initialization_options())
 
     try:
         asyncio.run(run())

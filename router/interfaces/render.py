@@ -23,8 +23,8 @@ from router.text import json_escape
 # paragraph separators, private-use, lone surrogates and unassigned code points: none shows as
 # itself, and each can hide, reorder or fake text around it. Whitespace but the ASCII space, tab
 # and newline is escaped too (a no-break or ideographic space reads as a plain one), and so is
-# every other character that shows as nothing (`router.approvals.invisible`: variation selectors,
-# the combining grapheme joiner, Hangul fillers).
+# every other character that shows as nothing (`router.approvals.invisible`: the combining
+# grapheme joiner, Hangul and Mongolian fillers), but for variation selectors.
 _HIDDEN = frozenset({"Cf", "Zl", "Zp", "Co", "Cs", "Cn"})
 _PLAIN_WHITESPACE = frozenset(" \t\n")
 # Scripts written together in one word in ordinary text (Japanese, Chinese, Korean, with Latin):
@@ -37,7 +37,18 @@ _MAX_NOTES = 8
 def _hidden(char: str) -> bool:
     if char in _PLAIN_WHITESPACE:
         return False
-    return char.isspace() or unicodedata.category(char) in _HIDDEN or invisible(char)
+    return char.isspace() or unicodedata.category(char) in _HIDDEN or (invisible(char) and not _selector(char))
+
+
+def _selector(char: str) -> bool:
+    # Variation selectors choose how the character before them looks (an emoji's colour form, a
+    # CJK name's glyph): shown, they would break ordinary text. `identity` still ignores them.
+    return (
+        "\ufe00" <= char <= "\ufe0f"
+        or "\u180b" <= char <= "\u180d"
+        or char == "\u180f"
+        or ("\U000e0100" <= char <= "\U000e01ef")
+    )
 
 
 def _script(char: str) -> str | None:

@@ -19,8 +19,8 @@ value, listed by `secret_forms`:
 - ``base64`` and ``base64url``, padded or not, and the value inside a longer base64 text at
   any alignment: ``base64("user:" + value)`` (HTTP Basic) included, for any user;
 
-the base64 forms also across line breaks, since base64 is wrapped (MIME, PEM, ``openssl
-base64``; `Matcher.spans`);
+the base64 forms also across line breaks (and ``\\n`` escapes), since base64 is wrapped (MIME,
+PEM, ``openssl base64``; `Matcher.spans`);
 
 and each matched regardless of ASCII case (so upper-, lower- and mixed-case variants, and hex and
 percent escapes in either case). A match is replaced by ``[REDACTED:<label>]``.
@@ -40,6 +40,7 @@ import html
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import quote, quote_plus
 
 import re2
@@ -188,6 +189,7 @@ class Matcher:
         self.forms = tuple(forms)
         wrapping = [form for form in forms if form.encoding in _WRAPPED] if across_breaks else []
         self._wrapped = Matcher(wrapping, across_breaks=False) if wrapping else None
+        self._across_patterns: dict[bytes, Any] = {}
         self.shortest = min((len(form.needle) for form in forms), default=0)
         # prefix -> [(length, {needle: form})], longest first: the longest form at a place wins
         index: dict[bytes, dict[int, dict[bytes, Form]]] = {}
@@ -203,29 +205,40 @@ class Matcher:
         """Where forms occur in ``folded`` (ASCII lower case): each ``(start, end, forms)`` the
         union of overlapping occurrences, in order, so overlapping forms are replaced as one.
 
-        The base64 forms are also found across line breaks: MIME, PEM and ``openssl base64``
-        wrap base64 at 64 or 76 columns, so a long value's base64 always crosses a line. Only
-        they: a value itself (or its hex, ...) with a break inside is a value split, as the
-        limits say, and ordinary lines joined could spell a short one."""
+        The base64 forms are also found across line breaks (and ``\\n``, ``\\r`` escapes: a PEM
+        key in a JSON string): MIME, PEM and ``openssl base64`` wrap base64 at 64 or 76 columns,
+        so a long value's base64 always crosses a line. Only they: a value itself (or its hex,
+        ...) with a break inside is a value split, as the limits say, and ordinary lines joined
+        could spell a short one."""
         spans = self._spans(folded)
-        if self._wrapped is None or (b"\n" not in folded and b"\r" not in folded):
+        if self._wrapped is None or (b"\n" not in folded and b"\r" not in folded and b"\\" not in folded):
             return spans
-        # Read without the breaks (in C); only where a form is found there, which is rare, it is
-        # found again in the text as it is, with breaks allowed between its characters (RE2: linear).
-        found = self._wrapped._spans(folded.translate(None, b"\r\n"))
-        if not found:
-            return spans
-        by_needle = {form.needle: form for _, _, forms in found for form in forms}
-        wrapped = re2.compile(
-            b"|".join(b"[\r\n]*".join(re2.escape(bytes([c])) for c in needle)
-                      for needle in sorted(by_needle, key=len, reverse=True)),
-            _RE2_OPTIONS,
-        )  # fmt: skip
-        across = [
-            (match.start(), match.end(), [by_needle[folded[match.start() : match.end()].translate(None, b"\r\n")]])
-            for match in wrapped.finditer(folded)
-        ]
-        return _merged(spans, across)
+        # Read without the breaks (in C); only each form found there, which is rare, is found
+        # again in the text as it is, with breaks allowed between its characters (RE2, linear),
+        # one form at a time (an alternation of many outgrows RE2's memory) and overlaps included.
+        joined = folded.translate(None, b"\r\n").replace(b"\\n", b"").replace(b"\\r", b"")
+        first: dict[Form, int] = {}  # each form found, and where first: it is no earlier in ``folded``
+        for start, _, forms in self._wrapped._spans(joined):
+            for form in forms:
+                first.setdefault(form, start)
+        across = []
+        for form, start in first.items():
+            search, pos = self._across(form.needle).search, start
+            while (match := search(folded, pos)) is not None:
+                across.append((match.start(), match.end(), [form]))
+                pos = match.start() + 1
+        return _merged(spans, across) if across else spans
+
+    def _across(self, needle: bytes) -> Any:
+        """``needle`` with line breaks (CR, LF, and ``\\n``, ``\\r`` as a JSON string writes them)
+        allowed between its characters, compiled once. One form to a pattern: an alternation of
+        a few such forms outgrows RE2's memory (it falls back to a slow matcher, and complains)."""
+        pattern = self._across_patterns.get(needle)
+        if pattern is None:
+            between = rb"(?:[\r\n]|\\[rn])*"
+            pattern = re2.compile(between.join(re2.escape(bytes([c])) for c in needle), _RE2_OPTIONS)
+            self._across_patterns[needle] = pattern
+        return pattern
 
     def _spans(self, folded: bytes) -> list[tuple[int, int, list[Form]]]:
         spans: list[tuple[int, int, list[Form]]] = []
@@ -326,8 +339,8 @@ class StreamScrubber:
         self._matcher = forms if isinstance(forms, Matcher) else Matcher(forms)
         longest = max((len(form.needle) for form in self._matcher.forms), default=1)
         # What a form can span here: its own length, and the line breaks of base64 wrapped at
-        # `WRAP_MIN` columns or more inside it (a CR LF each).
-        self._hold = longest - 1 + 2 * (longest // WRAP_MIN + 1)
+        # `WRAP_MIN` columns or more inside it (each at most 4 bytes: an escaped CR LF).
+        self._hold = longest - 1 + 4 * (longest // WRAP_MIN + 1)
         self._pending = b""
         self.found: set[Form] = set()
 

@@ -121,7 +121,7 @@ async def test_a_blank_approver_is_refused_as_naming_nobody_not_as_the_agent(pla
 
 @pytest.mark.parametrize(
     ("approver", "note"),
-    [("on\ud800call", ""), ("oncall\x00", ""), ("oncall\n(approved by secops)", ""), ("o" * 257, ""),
+    [("on\ud800call", ""), ("oncall\x00", ""), ("oncall\n(approved by secops)", ""), ("o" * 513, ""),
      ("oncall", "n" * 2001), ("oncall", "why\x00"), ("oncall", "why \udcff")],
 )  # fmt: skip
 async def test_a_name_or_note_the_log_and_policy_cannot_take_is_refused_and_the_call_still_approvable(
@@ -139,6 +139,18 @@ async def test_a_name_or_note_the_log_and_policy_cannot_take_is_refused_and_the_
     assert (await plane.approve(approval_id, "DB-Admin", "ticket OPS-9")).status is ApprovalStatus.APPROVED
     ran = await plane.call(session, "drop_table", {"table": "users"})
     assert ran.ok, ran.reasons
+
+
+REAL_NAMES = ["Dana\u00a0Smith", "\u0dc1\u0dca\u200d\u0dbb\u0dd3", "\u0639\u0644\u06cc\u200c\u0631\u0636\u0627",
+              "\uae40\ubbfc\uc900", "Zo\u00eb O'Brien-Smith"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", REAL_NAMES)
+async def test_real_names_are_taken_as_approvers(plane: ControlPlane, name: str) -> None:
+    """A no-break space pasted from a directory, the joiners Sinhala and Persian are written
+    with: a name, not a control character."""
+    _, approval_id = await held(plane)
+    assert (await plane.approve(approval_id, name, "line one\n\tline two")).approver == name
 
 
 def test_approval_and_session_lifetimes_are_finite() -> None:

@@ -5,25 +5,30 @@ listening (router.interfaces.local, through the real CLI)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from router import ControlPlane, Settings
 from router.audit import AuditEvent, AuditFilter
+from router.audit.layout import LogLayout
 from router.errors import AuditError
 from router.interfaces import local
 from router.interfaces.local import approval_socket
 from router.settings import AuditSettings
-from tests.conftest import ECHO, REPO, python_tool
+from tests.conftest import ECHO, REPO, free_port, python_tool
 from tests.router.test_cli import STOCKADE, run
 from tests.router.test_local import squat_tmp
+from tests.router.test_mcp import write_tools
 
 DROP = python_tool("drop_table", ECHO, risk="critical", capabilities=["mutates_state"])
 
@@ -214,3 +219,43 @@ async def test_a_router_that_cannot_audit_the_decision_is_a_failure_not_a_refusa
         assert (await plane.get_approval(approval_id)).status.value == "pending"
         own = await asyncio.to_thread(run, "approvals", "approve", approval_id, "--approver", "db-agent", env=env)
         assert (own.returncode, "never approves its own" in own.stderr) == (1, True)  # a refusal is still 1
+
+
+@pytest.mark.parametrize("command", ["serve", "mcp --http"])
+def test_a_server_stopped_by_sigterm_removes_its_socket_and_closes_its_plane(tmp_path: Path, command: str) -> None:
+    """uvicorn raises the signal that stopped it again once it has served, which ended the
+    process before the approval socket was removed (1,600 stale ones were found on one machine)
+    and, for `stockade mcp --http`, before the plane closed (no checkpoint over the log's tail)."""
+    audit = tmp_path / "audit.jsonl"
+    settings = Settings(audit=AuditSettings(path=audit))
+    port = free_port()
+    argv = [STOCKADE, *command.split(), "--port", str(port)]
+    if command != "serve":
+        argv += ["--agent", "claude", "--principal", "alice@example.com", "--tools", str(write_tools(tmp_path))]
+    env = {**os.environ, "STOCKADE_AUDIT__PATH": str(audit), "STOCKADE_LOG_LEVEL": "error"}
+    server = subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        socket = local.socket_dir(settings) / f"{server.pid}.sock"
+        for _ in range(600):
+            if socket.exists() or server.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert socket.exists(), server.stderr.read().decode()[-2000:] if server.poll() is not None else "no socket"
+        for _ in range(200):  # a refused request: an event on the log, for the shutdown checkpoint to cover
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.post(f"http://127.0.0.1:{port}{'/v1/sessions' if command == 'serve' else '/mcp'}", content=b"{")
+                break
+            time.sleep(0.05)
+        server.send_signal(signal.SIGTERM)
+        server.wait(30)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait(10)
+        if server.stderr is not None:
+            server.stderr.close()
+    assert not socket.exists(), "the stopped server left its approval socket behind"
+    events = len(audit.read_text().splitlines())
+    signed = LogLayout(audit).read_checkpoints()
+    assert signed, "no checkpoint: the plane never closed"
+    assert signed[-1].size == events  # the tail is signed at shutdown

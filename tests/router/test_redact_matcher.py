@@ -5,6 +5,7 @@ and the audit log's second look made cheap (what holds nothing, or was redacted 
 from __future__ import annotations
 
 import base64
+import json
 import os
 import secrets
 import time
@@ -159,6 +160,7 @@ PEM = base64.b64encode(b"x" + TOKEN.encode())
     [
         pytest.param(base64.encodebytes(b"agent-1:" + TOKEN.encode()), id="MIME, 76 columns"),
         pytest.param(b"\r\n".join(PEM[i : i + 64] for i in range(0, len(PEM), 64)), id="PEM, 64 columns, CR LF"),
+        pytest.param(json.dumps(base64.encodebytes(TOKEN.encode()).decode()).encode(), id="in a JSON string"),
     ],
 )
 def test_a_secret_in_line_wrapped_base64_is_found_whole_and_streamed(wrapped: bytes) -> None:
@@ -176,6 +178,19 @@ def test_a_secret_in_line_wrapped_base64_is_found_whole_and_streamed(wrapped: by
     # (streamed, a form is replaced as soon as it is whole: a padding "=" after it may remain)
     assert pieces.startswith(out[: out.index(b"[REDACTED:token]") + 16])
     assert len(pieces) <= len(out) + 2
+
+
+def test_overlapping_forms_across_line_breaks_are_replaced_as_one() -> None:
+    """Two secrets sharing bytes in one wrapped base64 text: both found, as on one line (the
+    first rewrite found only non-overlapping matches, and the second secret's tail leaked)."""
+    one = "AAAA-secret-one-" + "x" * 40 + "shared-tail-0123456789"
+    two = "shared-tail-0123456789" + "y" * 40 + "-secret-two-BBBB"
+    blob = base64.b64encode((one + two[len("shared-tail-0123456789") :]).encode())
+    forms = compile_forms([("a", one), ("b", two)])
+    flat, _ = scrub(blob, forms)
+    out, found = scrub(b"\n".join(blob[i : i + 64] for i in range(0, len(blob), 64)), forms)
+    assert out == flat == b"[REDACTED:a,b]I="
+    assert sorted({form.label for form in found}) == ["a", "b"]
 
 
 @pytest.mark.parametrize(
