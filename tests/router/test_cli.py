@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import pwd
 import socket
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -206,15 +208,22 @@ def test_an_auditor_given_a_path_starts_without_the_settings_or_the_control_plan
 # -- approvals ----------------------------------------------------------------------------
 
 
-async def test_an_approver_lists_shows_and_decides_held_calls_from_the_command_line(
-    tmp_path: Path, redis_url: str
-) -> None:
+@contextlib.asynccontextmanager
+async def shared_store_plane(tmp_path: Path, redis_url: str) -> AsyncIterator[tuple[ControlPlane, str, dict[str, str]]]:
+    """A router at the shared store (Redis), ``drop_table`` registered and a session of db-agent
+    open; and the environment the CLI needs to decide at the same store and log."""
     audit = tmp_path / "audit.jsonl"
     settings = Settings(audit=AuditSettings(path=audit), store=StoreSettings(url=redis_url))
-    env = {"STOCKADE_STORE__URL": redis_url, "STOCKADE_AUDIT__PATH": str(audit)}
     async with ControlPlane.from_settings(settings) as plane:
         await plane.register(python_tool("drop_table", ECHO, risk="critical", capabilities=["mutates_state"]))
         session = await plane.open_session("db-agent", "alice@example.com")
+        yield plane, session, {"STOCKADE_STORE__URL": redis_url, "STOCKADE_AUDIT__PATH": str(audit)}
+
+
+async def test_an_approver_lists_shows_and_decides_held_calls_from_the_command_line(
+    tmp_path: Path, redis_url: str
+) -> None:
+    async with shared_store_plane(tmp_path, redis_url) as (plane, session, env):
         held = await plane.call(session, "drop_table", {"table": "users", "note": "[red]not markup[/red]"})
         other = await plane.call(session, "drop_table", {"table": "orders"})
         assert held.approval_id is not None
@@ -257,11 +266,7 @@ async def test_a_decision_at_the_shared_store_records_who_made_it_and_refuses_un
     audit log and the policy cannot take (control characters, a 60,000-character name, a lone
     surrogate, which then failed the call's policy on every retry) was taken."""
     audit = tmp_path / "audit.jsonl"
-    settings = Settings(audit=AuditSettings(path=audit), store=StoreSettings(url=redis_url))
-    env = {"STOCKADE_STORE__URL": redis_url, "STOCKADE_AUDIT__PATH": str(audit)}
-    async with ControlPlane.from_settings(settings) as plane:
-        await plane.register(python_tool("drop_table", ECHO, risk="critical", capabilities=["mutates_state"]))
-        session = await plane.open_session("db-agent", "alice@example.com")
+    async with shared_store_plane(tmp_path, redis_url) as (plane, session, env):
         held = await plane.call(session, "drop_table", {"table": "users"})
         assert held.approval_id is not None
         for approver, note in (("oncall\x1b[2J", ""), ("x" * 513, ""), ("oncall", "n" * 2001), ("on\ncall", "")):

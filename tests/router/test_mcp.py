@@ -275,13 +275,19 @@ async def test_a_connected_client_keeps_its_session_past_the_idle_limit(tmp_path
             assert len({e.session_id for e in await plane.audit.query(AuditFilter(kind="decision"))}) == 1
 
 
+async def lose_the_session(plane: ControlPlane, client: Client) -> str:
+    """Read a page in ``client``'s session, then lose the session (as a store that lost it); its id."""
+    await client.call_tool("read_page", {"word": "hunter2-from-the-page"})
+    [decision] = await plane.audit.query(AuditFilter(kind="decision"))
+    assert decision.session_id is not None
+    await plane.close_session(decision.session_id)
+    return decision.session_id
+
+
 async def test_a_lost_session_is_reported_never_silently_replaced(plane: ControlPlane) -> None:
     server = build_server(plane, agent="claude", principal="alice@example.com")
     async with Client(server) as client:
-        await client.call_tool("read_page", {"word": "hunter2-from-the-page"})
-        [decision] = await plane.audit.query(AuditFilter(kind="decision"))
-        assert decision.session_id is not None
-        await plane.close_session(decision.session_id)  # as if the store lost it
+        await lose_the_session(plane, client)
         gone = await client.call_tool("set_password", {"word": "hunter2-from-the-page"})
         assert gone.is_error
         reasons = gone.structured_content["reasons"]
@@ -296,19 +302,16 @@ async def test_listing_tools_in_a_lost_session_is_a_clear_error_on_record_once(p
     traceback, and each listing was on record twice (session.not_found and mcp.error)."""
     server = build_server(plane, agent="claude", principal="alice@example.com")
     async with Client(server) as client:
-        await client.call_tool("read_page", {"word": "from-the-page"})
-        [decision] = await plane.audit.query(AuditFilter(kind="decision"))
-        assert decision.session_id is not None
-        await plane.close_session(decision.session_id)  # as if the store lost it
+        session_id = await lose_the_session(plane, client)
         for _ in range(2):
             with pytest.raises(MCPError) as raised:
                 await client.list_tools()
             assert raised.value.code == mcp_module.REFUSED_ON_RECORD
-            assert raised.value.message.startswith(f"session.lost: stockade session {decision.session_id} is gone")
+            assert raised.value.message.startswith(f"session.lost: stockade session {session_id} is gone")
             assert "open_session" not in raised.value.message
     refused = [e for e in await plane.audit.query(AuditFilter(kind="error")) if e.outcome == "refused"]
     assert [(e.result["code"], e.session_id) for e in refused if e.result] == [
-        ("session.lost", decision.session_id), ("session.lost", decision.session_id),
+        ("session.lost", session_id), ("session.lost", session_id),
     ]  # fmt: skip
 
 
