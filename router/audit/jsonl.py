@@ -46,7 +46,15 @@ import structlog
 
 from router.audit.base import AuditEvent, AuditFilter, VerifyReport, as_written, matches, timestamp
 from router.audit.chain import GENESIS_HASH, Unsealed, document_of, head_of, line_hash, sha256_hex
-from router.audit.checkpoint import Checkpoint, Manifest, SigningKey, VerifyKey, sign_checkpoint, sign_tombstone
+from router.audit.checkpoint import (
+    Checkpoint,
+    Manifest,
+    SigningKey,
+    Tombstone,
+    VerifyKey,
+    sign_checkpoint,
+    sign_tombstone,
+)
 from router.audit.layout import LogLayout, last_line_of, lines, sync_directory, timestamp_of, write_json_atomically
 from router.audit.merkle import CompactRange
 from router.errors import AuditError
@@ -259,6 +267,13 @@ class JsonlAuditLog:
                 self._seq, self._head, self._tree = end.last_seq, end.last_hash, CompactRange.from_json(end.tree)
             except (OSError, ValueError) as exc:
                 raise AuditError(f"{part.path} cannot be read ({exc}); run `stockade audit verify`") from exc
+            problem = _unsigned_end(end, self._tree, self.options.signer)
+            if problem is not None:
+                self._forged = self._forged or (
+                    f"{part.path}: {problem}. The writer resumes the chain and the tree where it ends, so it "
+                    "will not sign on top of it, and refuses every append until the log is repaired; run "
+                    "`stockade audit verify`"
+                )
             self._compare_known()
             break
         assert self._active is not None  # noqa: S101  (_load opened it)
@@ -1034,6 +1049,28 @@ def _missing(path: Path, first: int, last: int, why: str) -> AuditEvent:
         result={"code": "audit.segment_missing", "first_seq": first, "last_seq": last, "path": str(path),
                 "message": f"{why}: events {first}..{last} are not in the log's files; the chain goes on"},
     )  # fmt: skip
+
+
+def _unsigned_end(end: Manifest | Tombstone, tree: CompactRange, signer: SigningKey | None) -> str | None:
+    """Why the last sealed segment's manifest (or tombstone) is not where the writer may resume:
+    its tree is not the one its checkpoint signed at its last seq, or this log's key did not sign
+    that checkpoint (or the tombstone). Files changed under a stopped writer (a segment replaced
+    with a manifest of its own making) were otherwise adopted, and signed over. None: it is."""
+    checkpoint = end.checkpoint
+    if tree.size != end.last_seq or checkpoint.size != end.last_seq:
+        return (f"its tree (size {tree.size}) and checkpoint (size {checkpoint.size}) are not at its last seq "
+                f"{end.last_seq}")  # fmt: skip
+    if tree.root().hex() != checkpoint.root:
+        return "its tree's root is not the root its checkpoint signed"
+    if signer is None:
+        return None
+    key = signer.verify_key
+    if not checkpoint.verify(key) or (isinstance(end, Tombstone) and not end.verify(key)):
+        return (
+            f"it is not signed by this log's key {key.key_id} (key {checkpoint.key_id}): forged, or the "
+            "signing key was replaced; verify with the old public key, and start a new log for the new key"
+        )
+    return None
 
 
 def _read_state(path: Path) -> dict[str, Any] | None:

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -29,6 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from router.audit import AuditEvent, line_hash, timestamp
+from router.audit import layout as layout_module
 from router.audit.base import VerifyReport
 from router.audit.chain import GENESIS_HASH, Unsealed, head_of
 from router.audit.checkpoint import Checkpoint, Manifest, SigningKey, Tombstone, sign_checkpoint, sign_tombstone
@@ -1285,3 +1287,88 @@ async def test_the_cli_catches_a_redis_stream_rolled_back_with_its_checkpoints(t
         assert "the Redis stream holds signed checkpoints" in " ".join(unkeyed.stderr.split())
     finally:
         db.close()
+
+
+def _rechained(lines: list[bytes], prev: str, seq: int) -> tuple[list[bytes], str]:
+    """``lines`` edited (tool FORGED), renumbered from ``seq`` and chained from ``prev``."""
+    out = []
+    for i, line in enumerate(lines):
+        document = json.loads(line)
+        for name in ("seq", "prev_hash"):
+            document.pop(name)
+        document["tool"] = "FORGED"
+        body = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        chained = f'{{"seq":{seq + i},"prev_hash":"{prev}",'.encode() + body[1:].encode()
+        out.append(chained)
+        prev = line_hash(chained).hex()
+    return out, prev
+
+
+@pytest.mark.parametrize("manifest", ["the last checkpoint copied", "signed with another key", "a forged tree"])
+async def test_a_restarted_writer_never_resumes_from_a_segment_sealed_under_it(tmp_path: Path, manifest: str) -> None:
+    """With the router stopped, the attacker rewrites the signed events of the active segment
+    (and adds one), seals them as a segment with a manifest of their own making, and restarts the
+    router. The writer resumed the chain and the tree from that manifest unchecked, appended and
+    signed over the forgery (anchor and all); the attacker then put the lines back, and verify
+    and prove vouched for forged events. Now the writer checks the manifest it resumes from (its
+    checkpoint at its last seq, over its tree, signed by the log's key) and refuses."""
+    anchor = tmp_path / "keys" / "anchor.json"
+    key = await _build(tmp_path, [event(n) for n in range(1, N + 1)], publish_dir=None, anchor=anchor)
+    layout = LogLayout(tmp_path / "log" / "audit.jsonl")
+    sealed = [line for part in layout.parts() if part.kind == "sealed" for line in part.path.read_bytes().splitlines()]
+    active = layout.active.read_bytes().splitlines()
+    first, prev = head_of(active[0])
+    added = [*active, active[-1]] if manifest != "a forged tree" else active  # one more event, or as many
+    forged, last = _rechained(added, prev, first)
+    tree = CompactRange()
+    for line in sealed + forged:
+        tree.append(line_hash(line))
+    end = first + len(forged) - 1
+    genuine = layout.read_checkpoints()[-1]
+    # Copied: at size N, while the segment ends at N + 1 (or, with a forged tree, the genuine root).
+    checkpoint = genuine
+    if manifest == "signed with another key":
+        other = SigningKey.load_or_create(tmp_path / "other.key")
+        checkpoint = sign_checkpoint(other, log=genuine.log, size=end, root=tree.root(), prev=genuine)
+    segment = layout.segment_path(first, end)
+    segment.write_bytes(b"".join(line + b"\n" for line in forged))
+    layout.segment_path(first, end, "manifest.json").write_text(Manifest(
+        first_seq=first, last_seq=end, bytes=segment.stat().st_size, sha256="0" * 64, first_prev_hash=prev,
+        last_hash=last, tree=tree.to_json(), checkpoint=checkpoint, first_time="x", last_time="x",
+    ).model_dump_json())  # fmt: skip
+    layout.active.unlink()
+    layout.state.unlink(missing_ok=True)
+
+    log = JsonlAuditLog(layout.active, options=_options(tmp_path, key, publish_dir=None, anchor=anchor))
+    with pytest.raises(AuditError, match="will not sign on top of it"):
+        await log.append(event(N + 2))
+    await log.aclose()
+    assert max(c.size for c in layout.read_checkpoints()) == N  # nothing signed over the forgery
+    assert json.loads(anchor.read_text())["size"] == N
+
+
+@pytest.mark.parametrize("where", ["a sealed segment", "the active segment"])
+def test_a_fifo_in_a_parts_place_is_reported_not_waited_on(baseline: Baseline, fresh: Callable[[], Copy],
+                                                           where: str) -> None:  # fmt: skip
+    """A FIFO put where a segment was made every reader (verify, the API, the indexer) wait for a
+    writer for ever; it is a part that cannot be read, reported as such."""
+    copy = fresh()
+    sealed = [p for p in copy.layout.parts() if p.kind == "sealed"]
+    path = sealed[-1].path if where == "a sealed segment" else copy.layout.active
+    path.unlink()
+    os.mkfifo(path)
+    public = copy.layout.active.parent / "audit.pub"
+    public.write_bytes(baseline.key.public_pem())
+    said = subprocess.run([STOCKADE, "audit", "verify", "--path", str(copy.layout.active), "--public-key", str(public),
+                           "--json"], capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert said.returncode == 2, said.stdout + said.stderr
+    assert "is not a regular file" in said.stderr
+
+
+def test_a_huge_unterminated_last_line_is_read_in_linear_time(tmp_path: Path) -> None:
+    """Each read of a line longer than a read joined it again: 512 MiB took 23 s and 1 GB."""
+    path = tmp_path / "audit.jsonl"
+    path.write_bytes(b'{"seq":1}\n' + b"x" * (256 << 20))
+    started = time.perf_counter()
+    assert [line for _, line in layout_module.lines(path)] == [b'{"seq":1}']
+    assert time.perf_counter() - started < 2  # (0.24 s here; read the square way, 4.9 s)
