@@ -38,7 +38,6 @@ import math
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -58,6 +57,8 @@ from router.errors import AuditError
 from router.text import escape_invalid_text
 
 if TYPE_CHECKING:
+    import subprocess
+
     import duckdb
 
 
@@ -1184,6 +1185,8 @@ def spawn_indexer(audit_path: Path) -> subprocess.Popen[bytes] | None:
     started (None when none was), for the caller to reap. For the writer, after it seals a segment:
     no DuckDB in the caller's process, nothing waited for. None, too, where DuckDB (the `audit`
     extra) is not installed: an indexer could only fail, at every seal."""
+    import subprocess  # noqa: PLC0415  (a reader never starts one: a fresh query does not pay for it)
+
     if importlib.util.find_spec("duckdb") is None:
         _log().warning("audit_indexer_not_started", path=str(audit_path),
                        error="DuckDB (the audit extra) is not installed")  # fmt: skip

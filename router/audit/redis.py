@@ -264,8 +264,11 @@ class RedisAuditLog:
             return None
         if self.regressed is not None:
             raise AuditError(self.regressed)
+        # Held to what was seen before the head is read: an append of this router that ends while
+        # the read is on its way goes past that read (it was taken for a regression mid-load).
+        seen = self._seen
         seq, tree_json, current = await self._redis.hmget(HEAD, ["seq", "tree", "checkpoint"])
-        if int(seq or 0) < self._seen:  # never sign a head behind one already seen: that history lost events
+        if int(seq or 0) < seen:  # never sign a head behind one already seen: that history lost events
             raise self._regressed(int(seq or 0))
         previous = Checkpoint.model_validate_json(current) if current else None
         if previous is not None and previous.verify(self._signer.verify_key):
@@ -469,15 +472,16 @@ class RedisAuditLog:
     async def check(self) -> str | None:
         if self.regressed is not None:
             return self.regressed
+        seen = self._seen  # before the read, as in `checkpoint`
         try:
             head = await self._redis.hget(HEAD, "seq")
         except (redis.exceptions.RedisError, OSError) as exc:
             return f"the audit stream is unreachable: {exc}"
         if not str(head or 0).isdigit():
             return f"the audit stream's head ({HEAD}) holds no seq: {str(head)[:64]!r}"
-        if int(head or 0) < self._seen:
+        if int(head or 0) < seen:
             return str(self._regressed(int(head or 0)))
-        self._seen = int(head or 0)  # each probe (/readyz) notes how far the stream has come
+        self._seen = max(self._seen, int(head or 0))  # each probe (/readyz) notes how far the stream has come
         if self._pending:
             async with self._lock:
                 try:

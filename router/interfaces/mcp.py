@@ -654,6 +654,9 @@ _JSONRPC_REFUSALS = {
 }
 
 
+_METHOD_NOT_FOUND, _INVALID_PARAMS = -32601, -32602
+
+
 def _jsonrpc_refusal(code: int) -> str:
     return _JSONRPC_REFUSALS.get(code, "mcp.error")
 
@@ -741,9 +744,10 @@ class _Audited:
             await self._send(start)
             return
         reason = f"MCP over HTTP: {status}: {said}" if said else f"MCP over HTTP: {status}"
-        # The JSON-RPC code says what was refused where it is one we name: the 2026-07-28 transport
-        # answers an unknown method (-32601) with a 404 too, which is no unknown session.
-        named = _JSONRPC_REFUSALS.get(code) if code is not None else None
+        # An unknown method or bad parameters is named by its JSON-RPC code: the 2026-07-28 transport
+        # answers those with a 404 and a 400 too, which are no unknown session nor bad request.
+        # Otherwise the status says it (an unknown session's 404 carries -32600 too).
+        named = _JSONRPC_REFUSALS[code] if code in (_METHOD_NOT_FOUND, _INVALID_PARAMS) else None
         await self._plane.record_refusal(
             self._agent, self._what(), reason, code=named or _SDK_REFUSALS.get(status, "mcp.refused")
         )

@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import pytest
 import redis
@@ -680,3 +680,35 @@ async def test_a_head_without_a_seq_is_a_readiness_problem_not_an_exception(redi
     finally:
         db.close()
         await log.aclose()
+
+
+@pytest.mark.parametrize("reader", ["checkpoint", "check"])
+async def test_an_append_ending_while_the_head_is_read_is_no_regression(
+    tmp_path: Path, redis_url: str, reader: str
+) -> None:
+    """The timed checkpoint (and the readiness probe) read the head, then held it to what the
+    router had seen by the time the answer came back: one of its own appends ending in between
+    (its answer on another connection) made a head read just before it look like a stream gone
+    backwards, and the router refused every append from then on (seen once in a Redis outage
+    test under load). A read is now held to what was seen before it was sent."""
+    log = RedisAuditLog(redis_url, options=keyed(tmp_path))
+    await log.append(event(1, "r"))
+    command = "hmget" if reader == "checkpoint" else "hget"
+    real = getattr(log._redis, command)
+    appended = asyncio.Event()
+
+    async def head_read_then_delayed(*args: Any) -> Any:
+        answer = await real(*args)  # the head as Redis holds it now
+        await appended.wait()  # its answer arrives after an append of this router has ended
+        return answer
+
+    setattr(log._redis, command, head_read_then_delayed)
+    reading = asyncio.create_task(log.checkpoint() if reader == "checkpoint" else log.check())
+    await asyncio.sleep(0.05)
+    await log.append(event(2, "r"))
+    appended.set()
+    outcome = await reading
+    assert log.regressed is None
+    assert outcome is None if reader == "check" else outcome is not None
+    await log.append(event(3, "r"))  # the router goes on
+    await log.aclose()
