@@ -336,6 +336,9 @@ class RedisAuditLog:
         torn = await self._repair_spool()
         done = self._drained()
         landed: set[str] | None = None
+        # The spool's own chain, followed as it is read: a line deleted, moved or edited while it
+        # waited breaks it, and the break is on record in the stream before the rest goes in.
+        seq, prev, broken = 1, GENESIS_HASH, False
         # Read one event at a time: while Redis is down, the first put fails at once, so an
         # append costs the same whether the spool holds ten events or a day's outage.
         with self._spool.path.open("rb") as handle:
@@ -343,6 +346,10 @@ class RedisAuditLog:
                 if not line.strip():
                     continue
                 document = _spooled_document(line, self._spool.path, number)
+                if not broken and (document["seq"] != seq or document.get("prev_hash") != prev):
+                    broken = True
+                    await self._put(*as_written(_spool_broken(self._spool.path, seq, document)))
+                seq, prev = document["seq"] + 1, line_hash(line.rstrip(b"\n")).hex()
                 if document["seq"] <= done:
                     continue  # chained before a crash cut this drain short
                 labels = {**document.get("labels", {}), "spool": f"{self._spool.path.name}#{document['seq']}"}
@@ -665,6 +672,19 @@ def _raw(value: object) -> bytes:
 def _sealed_body(unsealed: Unsealed) -> str:
     """`_body` of the line a put of ``unsealed`` writes, wherever it is chained."""
     return _body(json.loads(unsealed.seal(1, GENESIS_HASH)[1]))
+
+
+def _spool_broken(spool: Path, expected: int, found: dict[str, Any]) -> AuditEvent:
+    """The record that the spool's chain breaks where seq ``expected`` should be (``found`` is
+    there): it was changed while it waited (the spool has no signature: a rewrite of its whole
+    chain is not seen)."""
+    message = (f"the audit spool {spool} does not chain at seq {expected} (it holds seq {found.get('seq')} there): "
+               "an event deleted, moved or changed while it waited; what it holds is chained in as it is")  # fmt: skip
+    log.error("audit_spool_broken", path=str(spool), seq=expected)
+    return AuditEvent(
+        kind="error", decision_id=str(uuid.uuid4()), timestamp=timestamp(), outcome="audit_spool_broken",
+        result={"code": "audit.spool_broken", "seq": expected, "path": str(spool), "message": message},
+    )  # fmt: skip
 
 
 def _spooled_document(line: bytes, spool: Path, number: int) -> dict[str, Any]:

@@ -333,6 +333,44 @@ async def _spooled_then_drained(redis_url: str, tmp_path: Path) -> None:
         await back.aclose()
 
 
+@pytest.mark.parametrize("change", ["one deleted", "two swapped", "a deny made an allow"])
+def test_a_spool_changed_while_it_waited_is_on_record_when_drained(tmp_path: Path, redis_url: str, change: str) -> None:
+    in_child("_spool_changed", redis_url, str(tmp_path), change)
+
+
+async def _spool_changed(redis_url: str, tmp_path: Path, change: str) -> None:
+    """Refusals spooled while Redis was down, then one deleted, two swapped, or a deny edited to
+    an allow, before the drain: each went into the stream as it was, and verify said nothing.
+    The drain follows the spool's own chain and records where it breaks, before the rest."""
+    spool = tmp_path / "spool"
+    down = RedisAuditLog(f"redis://127.0.0.1:{free_port()}/12", timeout_s=0.3, spool_dir=spool, instance="r1")
+    for i in range(5):
+        with pytest.raises(AuditError, match="Redis"):
+            await down.append(event(i, "while-down", outcome="deny"))
+    await down.aclose()
+    path = spool / "r1.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    if change == "one deleted":
+        del lines[1]
+    elif change == "two swapped":
+        lines[1], lines[2] = lines[2], lines[1]
+    else:
+        lines[3] = lines[3].replace(b'"outcome":"deny"', b'"outcome":"allow"')
+    path.write_bytes(b"".join(lines))
+
+    back = RedisAuditLog(redis_url, spool_dir=spool, instance="r1")
+    try:
+        assert await back.check() is None  # drained
+        events = await back.query(AuditFilter())
+        broken = [e for e in events if e.outcome == "audit_spool_broken"]
+        assert len(broken) == 1, [e.outcome for e in events]
+        assert broken[0].result is not None
+        assert broken[0].result["seq"] == {"one deleted": 2, "two swapped": 2, "a deny made an allow": 5}[change]
+        assert len([e for e in events if e.decision_id.startswith("d-while-down")]) == len(lines)  # nothing dropped
+    finally:
+        await back.aclose()
+
+
 async def _two_spools_on_one_host(_: str, tmp_path: Path) -> None:
     url = f"redis://127.0.0.1:{free_port()}/12"  # nothing listens there
     one = RedisAuditLog(url, timeout_s=0.3, spool_dir=tmp_path, instance="r")
