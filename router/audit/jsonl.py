@@ -721,10 +721,15 @@ class JsonlAuditLog:
         signer = self.options.signer
         if signer is None:
             raise AuditError("this audit log has no signing key")
-        if self._checkpoint is not None and self._checkpoint.size == self._seq and not force:
-            return self._checkpoint
-        if self._checkpoint is not None and self._checkpoint.size == self._seq:
-            return self._checkpoint
+        current = self._checkpoint
+        if (
+            current is not None
+            and current.size == self._seq
+            and current.log == self.options.log_name
+            and current.root == self._tree.root().hex()
+            and current.verify(signer.verify_key)
+        ):
+            return current  # (a seal puts it in its manifest: never one this key did not sign over this tree)
         if self._active is not None:
             os.fsync(self._active.fd)  # a checkpoint never covers bytes that are not durable
         name = self.options.log_name

@@ -346,7 +346,12 @@ class RedisAuditLog:
                 if not line.strip():
                     continue
                 document = _spooled_document(line, self._spool.path, number)
-                if not broken and (document["seq"] != seq or document.get("prev_hash") != prev):
+                # (a break before what an earlier drain chained in is on record from that drain)
+                if (
+                    not broken
+                    and document["seq"] > done
+                    and (document["seq"] != seq or document.get("prev_hash") != prev)
+                ):
                     broken = True
                     await self._put(*as_written(_spool_broken(self._spool.path, seq, document)))
                 seq, prev = document["seq"] + 1, line_hash(line.rstrip(b"\n")).hex()

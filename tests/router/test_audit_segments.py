@@ -611,3 +611,29 @@ async def test_stockade_audit_prove_and_verify_from_the_cli_across_segments(tmp_
     checked = await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True, timeout=60, check=False)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert json.loads(checked.stdout)["ok"] is True
+
+
+async def test_a_seal_never_puts_a_checkpoint_this_key_did_not_sign_in_its_manifest(tmp_path: Path) -> None:
+    """A signing key replaced while the log had no sealed segment yet: the next day's seal reused
+    the checkpoints file's last checkpoint, the old key's, as its manifest's, and the writer's
+    next restart refused the log for good (its manifest not signed by the log's key). A seal now
+    signs afresh unless that checkpoint is this key's, over this tree."""
+    path = tmp_path / "audit.jsonl"
+
+    def stamped(n: int, day: str) -> AuditEvent:
+        fields = {"decision_id": f"d-{day}-{n}", "timestamp": f"{day}T10:00:{n:02d}.000000Z", "kind": "decision",
+                  "outcome": "allow", "agent": "agent-1", "tool": "echo"}  # fmt: skip
+        return AuditEvent.model_validate(fields)
+
+    async def run(key: SigningKey, day: str, n: int) -> None:
+        log = JsonlAuditLog(path, options=LogOptions(signer=key, segment_max_bytes=1 << 20, checkpoint_interval_s=3600))
+        for i in range(n):
+            await log.append(stamped(i, day))
+        await log.aclose()
+
+    old, new = SigningKey.load_or_create(tmp_path / "old.key"), SigningKey.load_or_create(tmp_path / "new.key")
+    await run(old, "2026-11-22", 3)
+    await run(new, "2026-11-23", 2)  # its first append seals yesterday's segment
+    [manifest] = [part.manifest() for part in LogLayout(path).parts() if part.kind == "sealed"]
+    assert manifest.checkpoint.key_id == new.key_id
+    await run(new, "2026-11-23", 1)  # and it restarts
