@@ -59,8 +59,11 @@ def identity(name: str) -> str:
 # beyond the format ones (Cf), which `invisible` finds by category: the combining grapheme joiner,
 # variation selectors, Hangul and Mongolian fillers. (U+2800, the blank Braille pattern, is not
 # ignorable but shows as blank.)
-_IGNORABLE = frozenset((0x034F, 0x115F, 0x1160, 0x17B4, 0x17B5, 0x2800, 0x3164, 0xFFA0)).union(
-    range(0x180B, 0x1810), range(0xFE00, 0xFE10), range(0xE0100, 0xE01F0), range(0xFFF0, 0xFFF9)
+SELECTORS = frozenset((0x180B, 0x180C, 0x180D, 0x180F)).union(range(0xFE00, 0xFE10), range(0xE0100, 0xE01F0))
+"""Variation selectors: they choose how the character before them looks (an emoji's colour form,
+a CJK or Mongolian glyph)."""
+_IGNORABLE = SELECTORS.union(
+    (0x034F, 0x115F, 0x1160, 0x17B4, 0x17B5, 0x180E, 0x2800, 0x3164, 0xFFA0), range(0xFFF0, 0xFFF9)
 )
 
 

@@ -365,3 +365,20 @@ class Manifest(BaseModel):
     """Signed at size ``last_seq`` when the segment was sealed."""
     first_time: str
     last_time: str
+
+
+def unvouched_end(end: Manifest | Tombstone, keys: Sequence[VerifyKey]) -> str | None:
+    """Why no signed checkpoint vouches for where a sealed part ends (its manifest's or
+    tombstone's tree and last seq), which is where a writer resumes the chain and the tree and
+    where `verify --from-seq` starts (None: one does): its tree and checkpoint not at its last seq,
+    the tree's root not the signed one, or (with ``keys``) the checkpoint signed by none of them.
+    A tombstone's own signature is its caller's to check: a genuine checkpoint may be copied in."""
+    tree, checkpoint = CompactRange.from_json(end.tree), end.checkpoint
+    if tree.size != end.last_seq or checkpoint.size != end.last_seq:
+        return (f"its tree (size {tree.size}) and checkpoint (size {checkpoint.size}) are not at its last seq "
+                f"{end.last_seq}")  # fmt: skip
+    if tree.root().hex() != checkpoint.root:
+        return "its tree's root is not the root its checkpoint signed"
+    if keys and not checkpoint.signed_by(keys):
+        return f"its checkpoint is not signed by a trusted key (key {checkpoint.key_id})"
+    return None

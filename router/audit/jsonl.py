@@ -54,6 +54,7 @@ from router.audit.checkpoint import (
     VerifyKey,
     sign_checkpoint,
     sign_tombstone,
+    unvouched_end,
 )
 from router.audit.layout import LogLayout, last_line_of, lines, sync_directory, timestamp_of, write_json_atomically
 from router.audit.merkle import CompactRange
@@ -267,7 +268,7 @@ class JsonlAuditLog:
                 self._seq, self._head, self._tree = end.last_seq, end.last_hash, CompactRange.from_json(end.tree)
             except (OSError, ValueError) as exc:
                 raise AuditError(f"{part.path} cannot be read ({exc}); run `stockade audit verify`") from exc
-            problem = _unsigned_end(end, self._tree, self.options.signer)
+            problem = _unsigned_end(end, self.options.signer)
             if problem is not None:
                 self._forged = self._forged or (
                     f"{part.path}: {problem}. The writer resumes the chain and the tree where it ends, so it "
@@ -1056,26 +1057,18 @@ def _missing(path: Path, first: int, last: int, why: str) -> AuditEvent:
     )  # fmt: skip
 
 
-def _unsigned_end(end: Manifest | Tombstone, tree: CompactRange, signer: SigningKey | None) -> str | None:
-    """Why the last sealed segment's manifest (or tombstone) is not where the writer may resume:
-    its tree is not the one its checkpoint signed at its last seq, or this log's key did not sign
-    that checkpoint (or the tombstone). Files changed under a stopped writer (a segment replaced
-    with a manifest of its own making) were otherwise adopted, and signed over. None: it is."""
-    checkpoint = end.checkpoint
-    if tree.size != end.last_seq or checkpoint.size != end.last_seq:
-        return (f"its tree (size {tree.size}) and checkpoint (size {checkpoint.size}) are not at its last seq "
-                f"{end.last_seq}")  # fmt: skip
-    if tree.root().hex() != checkpoint.root:
-        return "its tree's root is not the root its checkpoint signed"
-    if signer is None:
-        return None
-    key = signer.verify_key
-    if not checkpoint.verify(key) or (isinstance(end, Tombstone) and not end.verify(key)):
-        return (
-            f"it is not signed by this log's key {key.key_id} (key {checkpoint.key_id}): forged, or the "
-            "signing key was replaced; verify with the old public key, and start a new log for the new key"
-        )
-    return None
+def _unsigned_end(end: Manifest | Tombstone, signer: SigningKey | None) -> str | None:
+    """Why the writer may not resume where the last sealed part ends (`unvouched_end`, and a
+    tombstone signed by this log's key): files changed under a stopped writer (a segment replaced
+    with a manifest of its own making) were otherwise adopted, and signed over. None: it may."""
+    keys = [signer.verify_key] if signer is not None else []
+    problem = unvouched_end(end, keys)
+    if problem is None and isinstance(end, Tombstone) and keys and not end.signed_by(keys):
+        problem = "the tombstone is not signed by a trusted key"
+    if problem is not None and keys:
+        problem += (f" (this log's key is {keys[0].key_id}): forged, or the signing key was replaced; verify with "
+                    "the old public key, and start a new log for the new key")  # fmt: skip
+    return problem
 
 
 def _read_state(path: Path) -> dict[str, Any] | None:

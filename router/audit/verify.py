@@ -25,7 +25,7 @@ from pathlib import Path
 
 from router.audit.base import VerifyReport
 from router.audit.chain import GENESIS_HASH, head_of, line_hash
-from router.audit.checkpoint import Checkpoint, Tombstone, VerifyKey, latest_signed
+from router.audit.checkpoint import Checkpoint, Tombstone, VerifyKey, latest_signed, unvouched_end
 from router.audit.layout import LogLayout, Part, last_line_of, line_blocks, lines, read_checkpoint_source, timestamp_of
 from router.audit.merkle import CompactRange, MerkleTree
 from router.errors import AuditError
@@ -389,9 +389,11 @@ def _from(parts: list[Part], seq: int, walk: Walk, keys: Sequence[VerifyKey]) ->
             except (OSError, ValueError) as exc:
                 walk.fail(before.first_seq, f"{before.path.name}: its manifest is unreadable: {exc}")
                 return []
-            tree = CompactRange.from_json(end.tree)
-            if tree.root().hex() != end.checkpoint.root or (keys and not end.checkpoint.signed_by(keys)):
-                walk.fail(before.last_seq, f"{before.path.name}: no signed checkpoint vouches for its end state")
+            problem = unvouched_end(end, keys)
+            if problem is not None:
+                walk.fail(
+                    before.last_seq, f"{before.path.name}: no signed checkpoint vouches for its end state: {problem}"
+                )
                 return []
             if isinstance(end, Tombstone) and keys and not end.signed_by(keys):
                 # The checkpoint inside may be a genuine one, copied: the tombstone itself must be signed.
@@ -399,7 +401,7 @@ def _from(parts: list[Part], seq: int, walk: Walk, keys: Sequence[VerifyKey]) ->
                 return []
             walk.roots.setdefault(end.last_seq, end.checkpoint.root)
             walk.matched = end.last_seq
-            walk.start_at(end.last_seq + 1, end.last_hash, tree)
+            walk.start_at(end.last_seq + 1, end.last_hash, CompactRange.from_json(end.tree))
             return parts[index:]
     return []
 

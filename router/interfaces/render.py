@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from rich.table import Table
 from rich.text import Text
 
-from router.approvals import Approval, invisible
+from router.approvals import SELECTORS, Approval, invisible
 from router.audit import AuditEvent
 from router.text import json_escape
 
@@ -41,14 +41,8 @@ def _hidden(char: str) -> bool:
 
 
 def _selector(char: str) -> bool:
-    # Variation selectors choose how the character before them looks (an emoji's colour form, a
-    # CJK name's glyph): shown, they would break ordinary text. `identity` still ignores them.
-    return (
-        "\ufe00" <= char <= "\ufe0f"
-        or "\u180b" <= char <= "\u180d"
-        or char == "\u180f"
-        or ("\U000e0100" <= char <= "\U000e01ef")
-    )
+    # Shown: escaped, they would break ordinary text (emoji, CJK names). `identity` still ignores them.
+    return ord(char) in SELECTORS
 
 
 def _script(char: str) -> str | None:
