@@ -162,10 +162,8 @@ _LOCAL = "A-Za-z0-9._%+-"  # the characters of an email's local part
 # An '@' whose domain has a TLD-like segment ('.' and two letters): the only '@'s an email can
 # use. The lazy scan is linear: each segment is taken whole, so a step never revisits one.
 _AT_EMAIL = re.compile(r"@(?=[A-Za-z0-9-]++(?:\.[A-Za-z0-9-]++)*?\.[A-Za-z]{2})")
-_DOMAIN_RUN = re.compile(r"[A-Za-z0-9-]++(?:\.[A-Za-z0-9-]++)*+")  # a domain's segments, each whole
 _LOCAL_RUN_REVERSED = re.compile(f"[{_LOCAL}]*+")
-_TLD_REVERSED = re.compile(r"[A-Za-z]{2}\.")  # reversed: the last '.' + two letters of a domain
-_TLD = re.compile(r"[A-Za-z]{2,63}")
+_DOMAIN = re.compile(r"[A-Za-z0-9-]++(?:\.[A-Za-z0-9-]++)*\.[A-Za-z]{2,63}")  # an email's, segments whole
 _URL = re.compile(r"https?://[^\s<>\"'`(){}\[\]]+", re.IGNORECASE)
 # A URL urlsplit reads as scheme, a host of letters, digits, dots and dashes, an optional port,
 # path, query and fragment (printable ASCII): (scheme, host, port, path, query).
@@ -207,6 +205,7 @@ _ACCOUNT_RUN = _compiled(r"\d(?:(?<=(\d))(?<![\w.]\d)(?=[\d -]{7})([\d -]*+)(?=(
 # the word is not whole groups of four (an IBAN ends in such a word, or holds none of it).
 _IBAN_CUT = re.compile(r"[^\dA-Z ]|  |(?<![\dA-Z])(?:[\dA-Z]{4})*+[\dA-Z]{1,3} ")
 _ACCOUNT_CUT = re.compile(r"[^\d -]")
+_NO_SEPARATORS = str.maketrans("", "", " -")
 _SEPARATORS = re.compile(r"[ -]{2,}")
 # `(?<![\w.])-?\d+(?:\.\d+)?(?![\w.])` for tokens of 3 or more written digits (fewer never make
 # a key, `_number_key`), as two scans that skip to a digit or to a '-': unsigned tokens (digit,
@@ -630,9 +629,9 @@ def _url_keys(url: str, budget: _Budget | None = None) -> list[str]:
     if plain is not None and (plain[3] is None or int(plain[3]) <= 65535):
         # What urlsplit gives for this common shape, without its per-call cost (a flood of
         # distinct URLs spends its budget here); anything else goes through urlsplit itself.
-        scheme, host = plain[1].lower(), plain[2].lower().rstrip(".")
-        port: int | None = None if plain[3] is None else int(plain[3])
-        path, query = plain[4] or "", plain[5]
+        scheme, host, written_port, path, query = plain.groups("")
+        scheme, host = scheme.lower(), host.lower().rstrip(".")
+        port: int | None = int(written_port) if written_port else None
     else:
         try:
             parts = urlsplit(url)
@@ -657,36 +656,30 @@ def _url_keys(url: str, budget: _Budget | None = None) -> list[str]:
 def _emails(text: str, budget: _Budget | None) -> list[str]:
     """Every ``local@domain.tld`` in ``text``, left to right, as the pattern
     ``[local]+@[A-Za-z0-9-]+(?:\\.[A-Za-z0-9-]+)*\\.[A-Za-z]{2,63}`` finds them (greedy, no
-    overlaps), in linear time: that pattern retried every start of a long local part."""
+    overlaps), in linear time: that pattern retried every start of a long local part. Each '@'
+    that may start one costs a token."""
+    ats = [at.start() for at in _AT_EMAIL.finditer(text)]
+    if budget is not None and len(ats) > budget.tokens:
+        ats, budget.cut = ats[: budget.tokens], True
+    if budget is not None:
+        budget.tokens -= len(ats)
     found: list[str] = []
-    reversed_text = ""
-    last_end = 0
-    for at in _AT_EMAIL.finditer(text):
-        if budget is not None and not budget.spend():
-            break
-        if not reversed_text:
-            reversed_text = text[::-1]
-        start = at.start()
+    reversed_text = text[::-1] if ats else ""
+    size, last_end = len(text), 0
+    for start in ats:
         # The local part: the run of local characters ending at '@', not reaching into the
         # previous address (the pattern resumes where its last match ended).
-        local = _LOCAL_RUN_REVERSED.match(reversed_text, len(text) - start)
-        begin = max(start - (local.end() - local.start()) if local else start, last_end)
+        local = _LOCAL_RUN_REVERSED.match(reversed_text, size - start)
+        begin = max(size - local.end(), last_end) if local is not None else start
         if begin == start:
             continue
-        # The domain: its whole run of segments, then (as the greedy pattern backs off) its last
-        # segment that starts with two letters; the TLD is up to 63 of those letters.
-        run = _DOMAIN_RUN.match(text, start + 1)
-        if run is None:  # pragma: no cover - _AT_EMAIL saw one
+        # The domain, as the greedy pattern takes it (each segment whole, then backing off to
+        # the last that starts with two letters): linear, as the domains of two '@' never overlap.
+        domain = _DOMAIN.match(text, start + 1)
+        if domain is None:  # pragma: no cover - _AT_EMAIL saw one
             continue
-        first_dot = text.find(".", start + 1, run.end())
-        tld = _TLD_REVERSED.search(reversed_text, len(text) - run.end(), len(text) - first_dot)
-        if tld is None:  # pragma: no cover - _AT_EMAIL saw one after the first segment
-            continue
-        letters = _TLD.match(text, len(text) - tld.end() + 1)
-        if letters is None:  # pragma: no cover - two letters were just found there
-            continue
-        found.append(text[begin : letters.end()])
-        last_end = letters.end()
+        found.append(text[begin : domain.end()])
+        last_end = domain.end()
     return found
 
 
@@ -700,13 +693,16 @@ def _host_key(run: str, after_is_word: bool) -> str | None:
     # The labels stop at the first segment that is empty, starts or ends with '-', or is over
     # 63 characters: find where that segment starts.
     bad = len(run)
-    for mark in ("..", ".-"):
-        at = run.find(mark)
+    at = run.find("..")
+    if at >= 0:
+        bad = at + 1
+    if "-" in run:  # most hosts have none: two scans of a long run saved
+        at = run.find(".-")
         if 0 <= at < bad:
             bad = at + 1
-    at = run.find("-.")
-    if 0 <= at < bad:
-        bad = run.rfind(".", 0, at) + 1
+        at = run.find("-.")
+        if 0 <= at < bad:
+            bad = run.rfind(".", 0, at) + 1
     long = _LONG_LABEL.search(run, 0, bad)
     if long is not None:
         bad = long.start()
@@ -797,7 +793,9 @@ def _string_keys(text: str, indexing: bool, budget: _Budget | None) -> list[str]
     ibans = digits >= 2 and (not ascii_ or "AA99" in outline)
     # Eight digits joined by single separators: eight in a row once separators are dropped.
     accounts = digits >= 8 and (
-        not ascii_ or "99999999" in outline or "99999999" in outline.replace(" ", "").replace("-", "")
+        not ascii_
+        or "99999999" in outline
+        or (("-" in outline or " " in outline) and "99999999" in outline.translate(_NO_SEPARATORS))
     )
     signed = digits >= 3 and (not ascii_ or "-9" in outline)
     unsigned = digits >= 3 and (not ascii_ or "999" in outline or "9.99" in outline or "99.9" in outline)
@@ -866,7 +864,16 @@ def _unsigned_keys(words: _Distinct, grouped: bool, ascii_: bool, budget: _Budge
         # also 2 and 500.5 (read first, then masked out of the plain number scan).
         keys.extend(_grouped_keys(words, budget))
     for digit, rest in _scan(_UNSIGNED[ascii_], words, budget, _SKIPPED2, masked=_GROUPED if grouped else None):
-        keys.extend(_number_keys(digit + rest))
+        token = digit + rest
+        if token.isdigit() and token.isascii():
+            # `_number_keys` of a plain integer, inline: a flood of distinct numbers spends its
+            # whole budget here.
+            significant = token.lstrip("0")
+            if len(significant) <= 28:
+                if len(significant) >= 3:
+                    keys.append("n:" + significant)
+                continue
+        keys.extend(_number_keys(token))
     return keys
 
 
@@ -911,7 +918,7 @@ def _account_keys(run: str, after_is_word: bool, budget: _Budget | None) -> list
     character or '.' follows it), as keys."""
     # The pattern cannot span two separators: it stops, then starts again after them (after a
     # separator, always a valid start).
-    doubled = any(pair in run for pair in ("  ", "--", " -", "- "))
+    doubled = "  " in run.replace("-", " ") if "-" in run else "  " in run
     groups = _SEPARATORS.split(run) if doubled else [run]
     last = groups.pop()
     keys = []
@@ -922,7 +929,7 @@ def _account_keys(run: str, after_is_word: bool, budget: _Budget | None) -> list
             # shorter end inside a group of digits is followed by a digit, and fails too).
             cut = max(group.rfind(" "), group.rfind("-"))
             chain = group[:cut] if cut >= 0 else ""
-        digits = chain.replace(" ", "").replace("-", "")
+        digits = chain.translate(_NO_SEPARATORS)
         if len(digits) >= 8:
             keys.append("a:" + digits)
     return keys

@@ -439,6 +439,13 @@ _piece = st.sampled_from(
         "@@",
         "-.",
         "x" * 64 + ".",
+        # The fast paths for common shapes (a plain URL with a port, an account number with
+        # dashes, an integer with leading zeros or beyond Decimal's precision, a dashed domain).
+        "http://Ex.io:8080/a/?#f",
+        "12-3456-78",
+        "000123",
+        "9" * 30,
+        "a@b-c.d1.ef",
     ]
 )
 _text = st.lists(st.one_of(_hostile, _piece), max_size=8).map("".join)
