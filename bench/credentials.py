@@ -7,7 +7,11 @@
     (the baseline: what a call without credentials pays), and a direct connection for scale;
   - redacting a tool's output with stockade tokens found by their shape (revoked tokens, other
     routers' tokens) against the same redaction without (the baseline), on output holding a
-    token and on a MiB of look-alikes.
+    token and on a MiB of look-alikes;
+  - scrubbing a response from a credential's host at the egress proxy for every form of the
+    secret (raw, reversed, hex, percent, JSON, HTML, base64 at any alignment, also wrapped over
+    lines; any ASCII case), whole and streamed in 16 KiB pieces, against a plain replace of the
+    raw value (the baseline: what scrubbing only the value as sent would cost).
 
 Usage: .venv/bin/python bench/credentials.py [--iterations N] [--redis-url URL] [--json]
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import os
 import ssl
@@ -35,6 +40,7 @@ from router.store import MemoryStore, RedisStore, Store
 from runner import EgressRule, Injection
 from runner.egress import EgressProxy
 from runner.egress.intercept import InterceptCA
+from runner.egress.scrub import Matcher, StreamScrubber, compile_forms, secret_forms
 
 HOST = "api.bench.test"
 PLACEHOLDER = "stockade-placeholder-bench"
@@ -83,6 +89,61 @@ def redaction_rows(n: int) -> dict[str, list[float]]:
                 samples.append(time.perf_counter() - started)
             rows[f"redact {what}, {label}"] = samples
     return rows
+
+
+def scrub_bodies(value: str) -> dict[str, bytes]:
+    """Response bodies a reflecting upstream could send: ordinary lines with the secret in each of
+    its forms; base64 wrapped at 64 columns (PEM, OpenSSL) holding it at every alignment, the
+    hostile case for the search across line breaks; and a body of blank lines."""
+    forms = list(secret_forms(value))
+    lines = [f"line {i}: status ok, nothing to see here, {i * 7919 % 100000:05d}".encode() for i in range(60_000)]
+    for i in range(60):  # 60 secrets, in every form in turn, spread through the text
+        lines[i * 1000 + 17] += b" " + forms[i % len(forms)]
+    mixed = b"\n".join(lines)[: 4 << 20]
+    wrapped_parts = []
+    for i in range(60):
+        chunk = base64.b64encode(os.urandom((3 << 20) // 60) + b"user%d:" % i + value.encode())
+        wrapped_parts.append(b"\n".join(chunk[k : k + 64] for k in range(0, len(chunk), 64)))
+    return {
+        "lines, 60 secrets in mixed forms (4 MiB)": mixed,
+        "base64 at 64 columns, 60 secrets (4 MiB)": b"\n".join(wrapped_parts),
+        "blank lines (16 MiB)": b"\n" * (16 << 20),
+    }
+
+
+def scrub_rows(runs: int) -> tuple[dict[str, list[float]], dict[str, str]]:
+    """Scrubbing each `scrub_bodies` body whole and streamed, against replacing the raw value."""
+    value = "sk-live-4f9c2a7e1b8d6035_Zq/Xw+Yv"
+    raw = value.encode()
+    forms = compile_forms([("bench", value)])
+    matcher = forms.matcher
+    rows: dict[str, list[float]] = {}
+    notes: dict[str, str] = {"scrubbed forms of one secret": str(len(forms))}
+    for name, body in scrub_bodies(value).items():
+        scrubbed, found = matcher.scrub(body)
+        if raw in scrubbed or (b"secrets" in name.encode()) != bool(found):
+            raise RuntimeError(f"{name}: the scrub missed a form, or found one where there is none")
+        notes[f"scrub {name}: occurrences replaced"] = str(scrubbed.count(b"[REDACTED:bench]"))
+        for label, work in (
+            ("baseline: raw value replaced", lambda b=body: b.replace(raw, b"[REDACTED:bench]")),
+            ("every form", lambda b=body: matcher.scrub(b)),
+            ("every form, streamed", lambda b=body: streamed(matcher, b)),
+        ):
+            samples = []
+            for _ in range(runs):
+                started = time.perf_counter()
+                work()
+                samples.append(time.perf_counter() - started)
+            rows[f"scrub {name}: {label}"] = samples
+    return rows, notes
+
+
+def streamed(matcher: Matcher, body: bytes) -> bytes:
+    """``body`` through a `StreamScrubber`, 16 KiB at a time, as the proxy relays a response."""
+    scrubber = StreamScrubber(matcher)
+    out = [scrubber.feed(body[k : k + (16 << 10)]) for k in range(0, len(body), 16 << 10)]
+    out.append(scrubber.finish())
+    return b"".join(out)
 
 
 async def upstream(ca: InterceptCA) -> tuple[asyncio.Server, int]:
@@ -162,6 +223,7 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=500)
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0", help="'' to skip the Redis rows")
+    parser.add_argument("--scrub-runs", type=int, default=5, help="runs of each egress scrub row")
     parser.add_argument("--json", action="store_true")
     opts = parser.parse_args()
     configure_logging("console", "warning")
@@ -177,14 +239,18 @@ async def main() -> None:
     rows.update({name: summarize(samples) for name, samples in proxied.items()})
     redacted = await asyncio.to_thread(redaction_rows, opts.iterations)
     rows.update({name: summarize(samples) for name, samples in redacted.items()})
+    scrubbed, scrub_notes = await asyncio.to_thread(scrub_rows, opts.scrub_runs)
+    rows.update({name: summarize(samples) for name, samples in scrubbed.items()})
     tunnel = rows["baseline: proxy, tunnelled untouched"]["p50_ms"]
     injected = rows["proxy, credential injected (TLS intercepted)"]["p50_ms"]
     report("credentials: mint/revoke and injection at the egress proxy", rows, {
         "token": "EdDSA (Ed25519) JWT, lease recorded in the store, revoked by marking it",
         "injection cost over plain tunnelling (p50)": f"+{injected - tunnel:.3f} ms ({injected / tunnel:.2f}x); "
         "one new connection per request in every row (the proxy serves one request per connection)",
+        "scrub": "every form of one secret; streamed: fed 16 KiB at a time, as the proxy relays a body",
         "token shapes": "a revoked or unregistered stockade token is redacted by its shape; a text without "
                         "'eyJ' is not read for it",
+        **scrub_notes,
     }, opts.json)  # fmt: skip
 
 

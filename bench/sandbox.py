@@ -6,6 +6,11 @@ from the warm pool), and throughput with 2 concurrent workers. The baseline runs
 program with plain ``subprocess.run``. Targets: bwrap within 1.6x of the baseline; warm docker
 and gvisor calls under 5 ms p50.
 
+Also the quarantine sweep (`runner.files.sweep_quarantine`, run by the router in a thread at
+start and every quarter of the keep time): a quarantine of 2,000 calls' outputs, half past the
+keep time, against removing the same directories by a list (`shutil.rmtree`, no scan, no stat),
+and a sweep that finds nothing to remove.
+
 Warm samples come from a pool filled beforehand (then a one-second settle) with refills off, so
 container creation does not compete with the calls measured: in service, the housekeeper
 refills pools and removes used containers only when no call is running.
@@ -18,13 +23,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from runner import ContainerSandbox, ResourceLimits, RunnerSettings, Sandbox, SandboxSpec, make_sandbox, python_job
+from runner.files import sweep_quarantine
 
 SOURCE = "def main(a, b):\n    return a + b\n"
 LIMITS = ResourceLimits(timeout_s=30)
@@ -127,6 +137,46 @@ async def sustained_rate(settings: RunnerSettings, tier: str, n: int) -> float:
     return rate
 
 
+def quarantine(root: Path, calls: int, keep_s: float) -> list[Path]:
+    """``calls`` call directories of three small outputs each under ``root``, every second one
+    last changed before the keep time; those, the ones a sweep removes."""
+    old = time.time() - keep_s - 60
+    aged = []
+    for i in range(calls):
+        call = root / f"c-{i:06d}"
+        (call / "reports").mkdir(parents=True)
+        for name in ("out.json", "reports/a.csv", "reports/b.txt"):
+            (call / name).write_bytes(b"x" * 1024)
+        if i % 2:
+            os.utime(call, (old, old))
+            aged.append(call)
+    return aged
+
+
+def sweep_rows(calls: int = 2000, runs: int = 3) -> dict[str, dict[str, float]]:
+    """The sweep against removing the same directories by a list, and a sweep with nothing to do."""
+    keep_s = RunnerSettings().quarantine_keep_s
+    samples: dict[str, list[float]] = {"baseline: rmtree of the aged, by a list": [], "sweep": [],
+                                       "sweep, nothing aged": []}  # fmt: skip
+    for _ in range(runs):
+        for name, taken in samples.items():
+            with tempfile.TemporaryDirectory() as tmp:
+                root = Path(tmp)
+                aged = quarantine(root, calls, keep_s)
+                started = time.perf_counter()
+                if name.startswith("baseline"):
+                    for call in aged:
+                        shutil.rmtree(call)
+                    removed = len(aged)
+                else:
+                    removed = sweep_quarantine(root, keep_s if name == "sweep" else keep_s * 2)
+                taken.append(time.perf_counter() - started)
+                if removed != (0 if "nothing" in name else len(aged)):
+                    raise RuntimeError(f"{name}: removed {removed} of {len(aged)}")
+    return {name: {"p50_ms": statistics.median(s) * 1e3, "removed": 0 if "nothing" in name else calls // 2}
+            for name, s in samples.items()}  # fmt: skip
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=40)
@@ -138,6 +188,7 @@ async def main() -> None:
     rows["bwrap"] = await bwrap_tier(settings, n)
     for tier in ("docker", "gvisor"):
         rows[tier] = await container_tier(settings, tier, n, not opts.json)
+    sweeps = sweep_rows()
     base = rows["baseline: subprocess.run"]["p50_ms"]
     verdicts = {
         "bwrap within 1.6x of plain subprocess": rows["bwrap"]["p50_ms"] / base <= 1.6,
@@ -145,7 +196,8 @@ async def main() -> None:
         "gvisor warm p50 under 5 ms": rows["gvisor"].get("p50_ms", 1e9) < 5,
     }
     if opts.json:
-        print(json.dumps({"benchmark": "sandbox tiers", "results": rows, "targets": verdicts}, indent=2))
+        print(json.dumps({"benchmark": "sandbox tiers", "results": rows, "quarantine_sweep": sweeps,
+                          "targets": verdicts}, indent=2))  # fmt: skip
         return
     print("\nsandbox tiers: trivial python tool ({'result': 5}); cold = fresh sandbox to its output")
     print(
@@ -163,6 +215,9 @@ async def main() -> None:
     print(f"  bwrap / baseline at p50: {rows['bwrap']['p50_ms'] / base:.2f}x")
     for target, met in verdicts.items():
         print(f"  target: {target}: {'met' if met else 'NOT met'}")
+    print("\nquarantine sweep: 2,000 calls' outputs (3 files each), half past the keep time")
+    for name, r in sweeps.items():
+        print(f"  {name:42} {r['p50_ms']:>9.1f} ms  {r['removed']:>5} removed")
 
 
 if __name__ == "__main__":
