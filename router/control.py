@@ -244,6 +244,17 @@ class _Call:
         self.decision_id = str(uuid.uuid4())
 
 
+def _honour_cancellation() -> None:
+    """Raise `asyncio.CancelledError` if this task was asked to stop and the request was lost on
+    the way: Python 3.11's ``asyncio.wait_for``, which redis-py wraps each socket write in, returns
+    the result of an operation that finished as the cancellation arrived and drops the
+    cancellation (fixed in 3.12). The task still counts the request (`asyncio.Task.cancelling`);
+    code that means to swallow one (a timeout scope) takes it back with ``uncancel``."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 class ControlPlane:
     """Registers tools, opens sessions, and decides, runs and audits every tool call."""
 
@@ -983,6 +994,9 @@ class ControlPlane:
             call.closed = True  # the trail goes on with report()
             return self._result(call, "awaiting_report")
         assert tier is not None  # noqa: S101  (_decide gives every sandboxed call a tier)
+        # Nothing runs for a caller who is gone. Checked here, between steps, where what the steps
+        # made is on the call (its leases, revoked on the way out), not inside one.
+        _honour_cancellation()
         return await self._run(call, decision, tier)
 
     async def report(self, session_id: str, call_id: str, output: Any, *, agent: str | None = None) -> ToolResult:
@@ -1428,25 +1442,29 @@ class ControlPlane:
             grants = self.credentials.grant(decision.obligations.credentials)
             binding = Binding(call.decision_id, call.call_id, session.id, session.agent,
                               sha256_hex(call.canonical_args.encode()))  # fmt: skip
-            leases = await self._store_step(call, self.credentials.mint(grants, binding))
+            # One lease at a time, each in ``call.leases`` (revoked on every exit from here on,
+            # whatever happens next) and audited as soon as it exists: a later grant's failure
+            # leaves none unrecorded.
+            for grant in grants:
+                (lease,) = await self._store_step(call, self.credentials.mint([grant], binding))
+                call.leases.append(lease)
+                self._leases[lease.id] = (call, lease)
+                await self._audit(self._event(
+                    "credential", call.decision_id, session, spec.name, call.call_id,
+                    outcome="minted", result=lease.record(),
+                ))  # fmt: skip
         except CredentialError as exc:
             log.info("credential_refused", code=exc.code, error=str(exc))
             raise _Refused([exc.code], self._event(
                 "credential", call.decision_id, session, spec.name, call.call_id,
                 outcome="refused", result={"code": exc.code, "message": str(exc)},
             )) from exc  # fmt: skip
-        call.leases = leases  # revoked on every exit from here on, whatever happens next
-        for lease in leases:
-            self._leases[lease.id] = (call, lease)
-            await self._audit(self._event(
-                "credential", call.decision_id, session, spec.name, call.call_id,
-                outcome="minted", result=lease.record(),
-            ))  # fmt: skip
 
     async def _revoke(self, call: _Call, leases: list[Lease]) -> None:
         """Revoke the call's leases and audit each revocation (or its failure: the TTL ends it then)."""
         for lease, problem in await self.credentials.revoke(leases):
-            self._leases.pop(lease.id, None)
+            if problem is None:  # else kept for shutdown to try again (`aclose`)
+                self._leases.pop(lease.id, None)
             await self._record(self._event(
                 "credential", call.decision_id, call.session, call.tool.spec.name, call.call_id,
                 outcome="revoked" if problem is None else "revoke_failed",

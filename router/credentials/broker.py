@@ -8,6 +8,7 @@ the redactor until it expires.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Sequence
 
 from policy import CredentialGrant
@@ -26,6 +27,8 @@ from router.credentials.tokens import TokenIssuer
 from router.redact import REDACTOR
 from router.store.base import Store
 
+_REVOKE_PAUSES = (0.05, 0.2)  # before each retry of a lease's revocation that failed
+
 
 class CredentialBroker:
     """Grants, mints and revokes the credentials of calls."""
@@ -36,7 +39,9 @@ class CredentialBroker:
         secrets_issuer = SecretIssuer(store, self._configs.values())
         for name, value in secrets_issuer.values.items():
             REDACTOR.add(value.get_secret_value(), name)
-        if any(c.kind == "token" for c in self._configs.values()):
+        # A token reaching a tool is redacted by its shape whichever router minted it: this one, or
+        # another on the same store (whose token a page the tool reads may reflect).
+        if store.shared or any(c.kind == "token" for c in self._configs.values()):
             REDACTOR.redact_tokens()
         self._issuers: dict[str, Issuer] = {
             "token": TokenIssuer(store, rotation_s=key_rotation_s, max_ttl_s=max_ttl),
@@ -76,19 +81,29 @@ class CredentialBroker:
         return leases
 
     async def revoke(self, leases: Sequence[Lease]) -> list[tuple[Lease, Exception | None]]:
-        """Revoke every lease, each attempted whatever the others do; returns each one's error."""
+        """Revoke every lease, each attempted whatever the others do (a failed attempt is retried
+        twice, briefly: a store's blip must not leave a credential live for its whole TTL); returns
+        each one's error."""
         outcomes: list[tuple[Lease, Exception | None]] = []
         for lease in leases:
-            if lease.grant.config.kind == "token":
+            problem: Exception | None = None
+            for pause in (*_REVOKE_PAUSES, None):
+                try:
+                    await self._issuers[lease.grant.config.kind].revoke(lease)
+                except Exception as exc:  # the TTL is the backstop; the caller audits the failure
+                    problem = exc
+                    if pause is None:
+                        break
+                    await asyncio.sleep(pause)
+                else:
+                    problem = None
+                    break
+            if problem is None and lease.grant.config.kind == "token":
                 # Its value is forgotten, so the search stays as small as the calls in flight; the
-                # token as written is still redacted by its shape (`Redactor.redact_tokens`).
+                # token as written is still redacted by its shape (`Redactor.redact_tokens`). A
+                # token still live is redacted in every form until it expires (`mint`).
                 REDACTOR.discard(lease.value.get_secret_value())
-            try:
-                await self._issuers[lease.grant.config.kind].revoke(lease)
-            except Exception as exc:  # the TTL is the backstop; the caller audits the failure
-                outcomes.append((lease, exc))
-            else:
-                outcomes.append((lease, None))
+            outcomes.append((lease, problem))
         return outcomes
 
     async def aclose(self) -> None:

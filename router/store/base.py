@@ -92,6 +92,10 @@ class Store(Protocol):
     which sources each key was seen in (at most ``MAX_SOURCES``).
     """
 
+    shared: bool
+    """Whether other routers use this store too: credentials they mint can reach this router's
+    tools (through a shared upstream, a reflecting page), so it redacts every stockade token."""
+
     async def create_session(self, session: SessionRecord, provenance_keys: Collection[str]) -> None:
         """Store a new session, its trusted context already indexed as ``user`` content."""
         ...

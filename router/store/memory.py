@@ -36,6 +36,8 @@ class _Session:
 class MemoryStore:
     """`Store` in this process."""
 
+    shared = False
+
     def __init__(self, session_ttl_s: float = 3600.0, rate_periods: Mapping[str, float] = PERIODS) -> None:
         self._session_ttl_s = session_ttl_s
         self._sessions: dict[str, _Session] = {}

@@ -328,6 +328,8 @@ def redacted(url: str) -> str:
 class RedisStore:
     """`Store` in Redis (``redis.asyncio``), shared by every router pointed at the same server."""
 
+    shared = True
+
     def __init__(
         self, url: str, *, session_ttl_s: float = 3600.0, rate_periods: Mapping[str, float] = PERIODS,
         timeout_s: float = 2.0,

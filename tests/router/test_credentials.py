@@ -6,6 +6,7 @@ agent, the logs or the audit log. On the embedded store and Redis."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import hashlib
 import http.server
@@ -432,10 +433,10 @@ async def test_leases_are_revoked_when_the_call_times_out_or_is_cancelled(plane:
 
     cancelled = asyncio.create_task(plane.call(session, "slow", {"seconds": 0.9}))
     for _ in range(200):  # until its credentials are minted and it runs
-        if plane._leases:
+        if len(plane._leases) == 2:
             break
         await asyncio.sleep(0.01)
-    assert plane._leases
+    assert len(plane._leases) == 2
     cancelled.cancel()
     with pytest.raises(asyncio.CancelledError):
         await cancelled
@@ -447,6 +448,36 @@ async def test_leases_are_revoked_when_the_call_times_out_or_is_cancelled(plane:
     for event in events:
         if event.outcome == "minted" and event.result and event.result["kind"] == "token":
             assert (await plane.store.get_lease(event.result["lease_id"]) or ("gone",))[0] in ("revoked", "gone")
+
+
+async def test_a_call_cancelled_while_its_credentials_are_minted_runs_nothing_and_revokes_them(
+    plane: ControlPlane, echo: Echo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled while its second lease is stored, by a store client that drops the cancellation
+    and finishes the write (as redis-py does on Python 3.11: its ``asyncio.wait_for`` returns a
+    write that finished as the cancellation arrived): the call is cancelled all the same, the tool
+    never runs, and both leases are revoked."""
+    await plane.register(fetch_tool(echo, name="slow", executor={"kind": "python", "source": SLOW}))
+    session = await plane.open_session("agent-1", "alice@example.com")
+    put_lease, storing = plane.store.put_lease, asyncio.Event()
+
+    async def dropping_a_cancellation(lease_id: str, record: str, ttl_s: float) -> None:
+        if plane._leases:  # the second lease
+            storing.set()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(5)
+        await put_lease(lease_id, record, ttl_s)
+
+    monkeypatch.setattr(plane.store, "put_lease", dropping_a_cancellation)
+    cancelled = asyncio.create_task(plane.call(session, "slow", {"seconds": 0.1}))
+    await asyncio.wait_for(storing.wait(), 10)
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    assert plane._leases == {}
+    events = await plane.audit.query(AuditFilter(session_id=session))
+    assert [e.outcome for e in events if e.kind == "credential"] == ["minted", "minted", "revoked", "revoked"]
+    assert [(e.kind, e.outcome) for e in events if e.kind == "execution"] == [("execution", "cancelled")]
 
 
 async def test_signing_keys_rotate_and_tokens_signed_by_the_old_key_still_verify(plane: ControlPlane) -> None:
