@@ -192,7 +192,8 @@ def test_reloads_over_http_and_from_the_cli_are_audited_and_reported(tmp_path: P
         assert "broken.rego" in status["files_problem"]
         ready = httpx.get(f"{url}/readyz")
         assert ready.status_code == 200  # the last good policy serves
-        assert "broken.rego" in ready.json()["problems"]["policy_files"]
+        assert ready.json()["problems"]["policy_files"].startswith("the files on disk do not load")
+        assert "broken.rego" not in ready.text  # said to auditors (GET /v1/policy), not to anyone
 
         (root / "stockade" / "broken.rego").unlink()
         edit_catalog(root, auto_allow_risks=[])

@@ -80,8 +80,9 @@ async def test_a_broken_edit_is_reported_by_policy_status_and_readyz_until_fixed
         body = ready.json()
         assert body["ready"] is True
         assert body["checks"] == {"policy": True, "store": True, "audit": True}
-        assert body["degraded"]["policy"].startswith("the files on disk failed to load: ")
-        assert "stockade/broken.rego:3:1" in body["degraded"]["policy"]
+        assert body["degraded"]["policy"].startswith("the files on disk failed to load (GET /v1/policy says why)")
+        # Not why: anyone may ask /readyz, and the engine's error quotes the policy's source.
+        assert "broken.rego" not in ready.text
         assert body["degraded"]["policy"].endswith(f"the previous revision {good} stays in force")
         assert await decided_revision(client, plane, session["session_id"]) == ("allow", good)
 
@@ -132,5 +133,6 @@ async def test_a_watched_bundle_is_hot_reloaded_and_a_tampered_one_reported(tmp_
         assert status["on_disk"]["revision"].startswith("sha256:")
         ready = await client.get("/readyz")
         assert ready.status_code == 200
-        assert "zz_allow.rego" in ready.json()["degraded"]["policy"]
+        assert "zz_allow.rego" not in ready.text
+        assert ready.json()["degraded"]["policy"].startswith("the files on disk failed to load")
         assert await decided_revision(client, plane, session["session_id"]) == ("deny", second.revision)

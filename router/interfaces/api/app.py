@@ -679,13 +679,16 @@ def _errors(app: FastAPI, plane: ControlPlane, gate: Gate) -> None:
         # Unready would gain nothing (a restart cannot load the files either, and would drop the
         # good policy) and would cost everything: every replica reads the same files, so an
         # orchestrator would take them all out of service at once over one broken edit.
+        # Why they failed is not said here: anyone who reaches the port may ask, and the engine's
+        # error quotes the policy's source (an allow-list, a name). GET /v1/policy says it, to auditors.
         degraded: dict[str, str] = {}
-        problem = policy_files_problem(plane)
-        if problem is not None and checks["policy"]:
-            degraded["policy"] = (f"the files on disk failed to load: {problem}; the previous revision "
+        if policy_files_problem(plane) is not None and checks["policy"]:
+            degraded["policy"] = (f"the files on disk failed to load ({_WHY_POLICY}); the previous revision "
                                   f"{plane.policy.revision} stays in force")  # fmt: skip
-        body = Readiness(ready=ready, checks=checks, degraded=degraded,
-                         problems={name: why for name, why in found.items() if why is not None})  # fmt: skip
+        problems = {name: why for name, why in found.items() if why is not None}
+        if "policy_files" in problems:
+            problems["policy_files"] = f"the files on disk do not load ({_WHY_POLICY}); the last good policy decides"
+        body = Readiness(ready=ready, checks=checks, degraded=degraded, problems=problems)
         return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
 
 
@@ -852,6 +855,9 @@ def _audit(app: FastAPI, plane: ControlPlane, gate: Gate) -> None:
         """Reload the policy directory or bundle now; audited (``kind: policy``) whether it loads or not."""
         await plane.reload_policy(source=source, by=principal.name)
         return policy_status(plane)
+
+
+_WHY_POLICY = "GET /v1/policy says why"
 
 
 def policy_files_problem(plane: ControlPlane) -> str | None:
