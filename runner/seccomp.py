@@ -4,7 +4,10 @@ Docker's default profile (20.10) still allows ``io_uring``. Containers here also
 capability, run as uid 65534 with ``no-new-privileges``, so most privileged calls fail anyway;
 this profile refuses, with EPERM, the syscalls that reach kernel attack surface without any
 capability: io_uring, keyrings, bpf, perf events, userfaultfd, new namespaces, mounting,
-ptrace and cross-process memory access, module and kexec loading.
+ptrace and cross-process memory access, module and kexec loading. It also refuses, with
+EAFNOSUPPORT, a socket of any address family but Unix, IPv4, IPv6 and netlink: the network
+namespace isolates those, but not every family (AF_VSOCK reaches the hypervisor and shares the
+VM's port space from inside any namespace).
 """
 
 from __future__ import annotations
@@ -29,6 +32,12 @@ DENIED = (
 
 # clone/clone3 with CLONE_NEWUSER (0x10000000) would create a user namespace; refused by flag.
 _CLONE_NEWUSER = 0x10000000
+# socket(domain, ...): the families a tool may open (AF_UNIX, AF_INET, AF_INET6, AF_NETLINK); every
+# other domain is refused, as the values between them and any from AF_PACKET (17) up. A domain
+# with bits set above its 32 is past 17 as well (seccomp compares all 64).
+_FAMILIES_KEPT = (1, 2, 10, 16)
+_FAMILIES_REFUSED = tuple(family for family in range(17) if family not in _FAMILIES_KEPT)
+_FIRST_FAMILY_PAST = 17
 
 
 def docker_profile() -> str:
@@ -42,6 +51,10 @@ def docker_profile() -> str:
              "args": [{"index": 0, "value": _CLONE_NEWUSER, "valueTwo": _CLONE_NEWUSER, "op": "SCMP_CMP_MASKED_EQ"}]},
             # clone3 passes flags in a struct seccomp cannot read: refuse it, libc falls back to clone.
             {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38},
+            {"names": ["socket"], "action": "SCMP_ACT_ERRNO", "errnoRet": errno.EAFNOSUPPORT,
+             "args": [{"index": 0, "value": _FIRST_FAMILY_PAST, "op": "SCMP_CMP_GE"}]},
+            *({"names": ["socket"], "action": "SCMP_ACT_ERRNO", "errnoRet": errno.EAFNOSUPPORT,
+               "args": [{"index": 0, "value": family, "op": "SCMP_CMP_EQ"}]} for family in _FAMILIES_REFUSED),
         ],
     }  # fmt: skip
     return json.dumps(profile, separators=(",", ":"))
@@ -60,6 +73,10 @@ def bpf_program() -> bytes:
         pyseccomp.ERRNO(errno.EPERM), "clone", pyseccomp.Arg(0, pyseccomp.MASKED_EQ, _CLONE_NEWUSER, _CLONE_NEWUSER)
     )
     seccomp_filter.add_rule(pyseccomp.ERRNO(errno.ENOSYS), "clone3")
+    refused = pyseccomp.ERRNO(errno.EAFNOSUPPORT)
+    seccomp_filter.add_rule(refused, "socket", pyseccomp.Arg(0, pyseccomp.GE, _FIRST_FAMILY_PAST))
+    for family in _FAMILIES_REFUSED:
+        seccomp_filter.add_rule(refused, "socket", pyseccomp.Arg(0, pyseccomp.EQ, family))
     with tempfile.TemporaryFile() as handle:
         seccomp_filter.export_bpf(handle)
         handle.seek(0)

@@ -519,6 +519,26 @@ for family, kind, proto in kinds:
     assert lines(result) == ["refused", "refused"]
 
 
+async def test_sockets_of_families_the_network_namespace_does_not_isolate_are_refused(run: Runner) -> None:
+    """AF_VSOCK reaches the hypervisor and shares the VM's port space from any network namespace
+    (a tool could listen on a host vsock port); AF_ALG, AF_TIPC, AF_BLUETOOTH and the rest are
+    kernel attack surface a tool does not need. Only Unix, IPv4, IPv6 and netlink sockets open."""
+    result = await run.py("""
+import json, socket
+opened = {}
+for family in (0, 3, 4, 5, 9, 15, 17, 30, 31, 38, 40, 44, 45):
+    try:
+        socket.socket(family, socket.SOCK_STREAM if family != 38 else socket.SOCK_SEQPACKET).close()
+        opened[family] = 'opened'
+    except OSError as exc:
+        opened[family] = exc.errno
+for family in (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6):
+    socket.socket(family, socket.SOCK_STREAM).close()
+print(json.dumps([family for family, how in opened.items() if how == 'opened']))
+""")  # fmt: skip
+    assert lines(result) == ["[]"]
+
+
 async def test_new_user_namespaces_are_refused(run: Runner) -> None:
     result = await run.py(_LIBC + "print(libc.unshare(0x10000000))")
     assert lines(result) == ["-1"]
