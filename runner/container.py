@@ -745,10 +745,12 @@ class ContainerSandbox:
         if session is not None:
             self._drop(box, session)
         log.error("sandbox_worker_killed", tier=self.tier, container=box.id[:12], signal=signo)
+        # Under gVisor the tool itself can: its kernel lets a process of PID 1's uid signal it.
+        by_tool = ", or by the tool (gVisor lets it signal the worker)" if self.tier == "gvisor" else ""
         raise SandboxError(
             f"{self.tier} sandbox worker killed (signal {signo}) mid-call, not at the memory limit (the container "
-            "was not OOM-killed): stopped from outside (docker kill, an operator, the host's OOM killer) or its "
-            "runtime failed; the tool's run is lost"
+            "was not OOM-killed): stopped from outside (docker kill, an operator, the host's OOM killer), its "
+            f"runtime failed{by_tool}; the tool's run is lost"
         )
 
     def _kill(self, box: _Box) -> None:

@@ -19,13 +19,16 @@ already up: that is what makes a warm call fast). The child is forked ahead of i
 waiting on a pipe for it, forked at the worker's start; forking, costly under gVisor, is off the
 call path. A session's worker, once a job's reply is sent, its leftovers killed and ``/out``
 emptied, executes itself again: the next job's spare is forked from an interpreter that never held
-an earlier job (a python tool, forked from the worker, could read anything in its memory). Nothing
-a tool does reaches the worker's own process, so a session's worker serves each later job as it
-served the first; when the tool's process ends the worker kills whatever it left running. The
-worker shares the tool's uid, so the host still treats every frame as untrusted output of the
-tool: it is capped, parsed defensively, and file paths are rebuilt by the host, never trusted as
-given. The worker makes itself not dumpable, so a tool cannot read its ``/proc`` entries
-(environment, memory), and as PID 1 of the container it takes no signal from the tool.
+an earlier job (a python tool, forked from the worker, could read anything in its memory). The
+tool runs as the worker's uid, so what it can change of the worker's process, its resource limits
+(prlimit) and its priority, it could hand to every later job of the session: each next job checks
+them against the session's first (`conditions`) and is not run if they changed (the container is
+replaced). When the tool's process ends the worker kills whatever it left running. The host
+treats every frame as untrusted output of the tool: it is capped, parsed defensively, and file
+paths are rebuilt by the host, never trusted as given. The worker makes itself not dumpable, so a
+tool cannot read its ``/proc`` entries (environment, memory), and as PID 1 of the container under
+runc it takes no signal from the tool. gVisor lets a process of its uid signal PID 1: a tool can
+end its own call there (an error, its output lost), never another session's.
 
 A job with egress gets a bridge from ``127.0.0.1:3128`` to the proxy's socket: one process forked
 from the worker for the job's length, serving every connection with a selector loop.
@@ -558,6 +561,17 @@ def empty_out():
     finally:
         os.close(top)
 
+# What a tool (the worker's uid) can change of the worker itself and every later job in a session
+# would inherit: its resource limits (prlimit on PID 1) and its priority (renice). A session's next
+# job finds them as the session's first did, or is not run and the container goes.
+GUARDED = ("RLIMIT_AS", "RLIMIT_CORE", "RLIMIT_CPU", "RLIMIT_DATA", "RLIMIT_FSIZE", "RLIMIT_MEMLOCK",
+           "RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_STACK")
+
+def conditions():
+    import resource
+    return [list(resource.getrlimit(getattr(resource, name))) for name in GUARDED] + [
+        os.getpriority(os.PRIO_PROCESS, 0)]
+
 def main():
     global spare
     # "pool": one job, then wait for the host to hang up. "session": one job, then this program
@@ -566,6 +580,8 @@ def main():
     # memory, freed or not, and a python tool runs in a fork of it: the next job's spare must
     # come from a process that never held them.
     mode = sys.argv[1]
+    # The session's first start records them; each next start gets them on its command line.
+    baseline = json.loads(sys.argv[2]) if mode == "session-next" else conditions()
     # Not dumpable: /proc/<this pid>/{environ,mem,...} become root's, so a tool (the same uid) cannot
     # read the worker's memory, which holds the job's header (its environment, placeholders).
     # The tool's own processes are dumpable again: after their execve, or (python tools) by
@@ -585,6 +601,11 @@ def main():
     # can open /proc/1/fd/1 and write frames of its own; without the seal they are refused.
     seal = header.pop("seal", "")
     payload = read_exact(header["stdin_len"])
+    if conditions() != baseline:
+        # On the worker's own stderr, which the host reads as why the worker ended (not the tool's).
+        os.write(2, b"an earlier call in this session changed the sandbox's own resource limits or priority; "
+                    b"this call did not run, and the session's sandbox is replaced: retry\n")
+        os._exit(3)
     # The container's count is cumulative: this job's kills are those it adds.
     kills_before = oom_kills()
     if header.get("egress"):
@@ -602,7 +623,8 @@ def main():
             pass
         return
     empty_out()
-    os.execve(sys.executable, sys.orig_argv[:-1] + ["session-next"], {})
+    command = sys.orig_argv[: len(sys.orig_argv) - len(sys.argv) + 1]  # the interpreter and this program
+    os.execve(sys.executable, command + ["session-next", json.dumps(baseline)], {})
 
 main()
 '''

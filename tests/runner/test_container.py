@@ -251,6 +251,41 @@ async def test_an_oom_kill_is_the_jobs_verdict_and_not_the_next_session_jobs(box
     assert (plain.verdict, plain.exit_code) == (Verdict.NONZERO_EXIT, 3), plain.detail
 
 
+TAMPER = """
+import os, resource
+
+def main():
+    resource.prlimit(1, resource.RLIMIT_FSIZE, (4096, 4096))
+    os.setpriority(os.PRIO_PROCESS, 1, 19)
+    return "done"
+"""
+LOOK = """
+import os, resource
+
+def main():
+    return [list(resource.getrlimit(resource.RLIMIT_FSIZE)), os.getpriority(os.PRIO_PROCESS, 0)]
+"""
+
+
+async def test_a_session_job_that_changes_the_workers_limits_leaves_them_to_no_later_job(box: ContainerSandbox) -> None:
+    """The tool runs as the worker's uid, so it can lower the worker's rlimits (prlimit on PID 1)
+    and renice it, which every later job of the session would inherit: a file cap of 4 KiB, the
+    lowest priority. The next job is not run (an error naming why) and the container goes; the one
+    after runs in a fresh sandbox as the first did."""
+    tamper, look = job(TAMPER), job(LOOK)
+    first = await box.run(SandboxSpec(argv=look.argv, stdin=look.stdin, kind="python", session="s"))
+    changed = await box.run(SandboxSpec(argv=tamper.argv, stdin=tamper.stdin, kind="python", session="s"))
+    refused = await box.run(SandboxSpec(argv=look.argv, stdin=look.stdin, kind="python", session="s"))
+    fresh = await box.run(SandboxSpec(argv=look.argv, stdin=look.stdin, kind="python", session="s"))
+    await box.close_session("s")
+    assert (changed.verdict, parse_result(changed.stdout)) == (Verdict.OK, "done"), changed.detail
+    assert refused.verdict is Verdict.ERROR
+    assert "changed the sandbox's own resource limits or priority" in refused.detail
+    assert fresh.verdict is Verdict.OK, fresh.detail
+    assert parse_result(fresh.stdout) == parse_result(first.stdout) != [[4096, 4096], 19]
+    assert fresh.start == "cold"
+
+
 SCAN_OWN_MEMORY = r"""
 import os, re
 
