@@ -113,6 +113,7 @@ import asyncio
 import base64
 import functools
 import html
+import itertools
 import re
 import string
 import unicodedata
@@ -658,9 +659,12 @@ def _emails(text: str, budget: _Budget | None) -> list[str]:
     ``[local]+@[A-Za-z0-9-]+(?:\\.[A-Za-z0-9-]+)*\\.[A-Za-z]{2,63}`` finds them (greedy, no
     overlaps), in linear time: that pattern retried every start of a long local part. Each '@'
     that may start one costs a token."""
-    ats = [at.start() for at in _AT_EMAIL.finditer(text)]
+    found_ats = _AT_EMAIL.finditer(text)
+    if budget is not None:  # no further than the budget reads (and one more, to know it was cut)
+        found_ats = itertools.islice(found_ats, max(budget.tokens, 0) + 1)
+    ats = [at.start() for at in found_ats]
     if budget is not None and len(ats) > budget.tokens:
-        ats, budget.cut = ats[: budget.tokens], True
+        ats, budget.cut = ats[: max(budget.tokens, 0)], True
     if budget is not None:
         budget.tokens -= len(ats)
     found: list[str] = []
