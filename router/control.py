@@ -187,6 +187,17 @@ def session_refusals_recorded_by_caller() -> Iterator[None]:
         _SESSION_REFUSAL_RECORDED.reset(token)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _LeaseOwner:
+    """The call a lease was minted for, as the events of its revocation name it: all the plane keeps
+    of a call whose lease it could not revoke yet (not its arguments or inputs)."""
+
+    decision_id: str
+    session: SessionRecord
+    tool: str
+    call_id: str
+
+
 class _Call:
     """One call in flight: the ids and facts every audit event of it shares."""
 
@@ -243,6 +254,11 @@ class _Call:
         self.call_id = "c-" + secrets.token_hex(8)
         self.decision_id = str(uuid.uuid4())
 
+    @property
+    def owner(self) -> _LeaseOwner:
+        """The call as its leases' revocation events name it (what shutdown keeps of it)."""
+        return _LeaseOwner(self.decision_id, self.session, self.tool.spec.name, self.call_id)
+
 
 def _honour_cancellation() -> None:
     """Raise `asyncio.CancelledError` if this task was asked to stop and the request was lost on
@@ -283,7 +299,7 @@ class ControlPlane:
         self.credentials = CredentialBroker(
             settings.credentials, self.store, key_rotation_s=settings.credential_key_rotation_s
         )
-        self._leases: dict[str, tuple[_Call, Lease]] = {}  # minted and not yet revoked, for shutdown
+        self._leases: dict[str, tuple[_LeaseOwner, Lease]] = {}  # minted, not revoked, not expired: for shutdown
         # Sessions this router opened or served: the ones whose sandboxes it may hold and must
         # destroy when the session closes or expires, wherever that happens.
         self._here: set[str] = set()
@@ -351,11 +367,11 @@ class ControlPlane:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         await self._write_refusal_counts(every=True)  # the counts of windows still open
-        by_call: dict[str, tuple[_Call, list[Lease]]] = {}
-        for call, lease in list(self._leases.values()):
-            by_call.setdefault(call.call_id, (call, []))[1].append(lease)
-        for call, leases in by_call.values():
-            await self._revoke(call, leases)
+        by_call: dict[str, tuple[_LeaseOwner, list[Lease]]] = {}
+        for owner, lease in list(self._leases.values()):
+            by_call.setdefault(owner.call_id, (owner, []))[1].append(lease)
+        for owner, leases in by_call.values():
+            await self._revoke(owner, leases)
         await self.credentials.aclose()
         for sandbox in self.sandboxes.values():
             await sandbox.aclose()
@@ -942,7 +958,7 @@ class ControlPlane:
                 return self._result(call, "error" if call.going_ahead else "denied", reasons=["router.error"])
             finally:
                 if call.leases:  # every exit: success, refusal, error, timeout, cancellation
-                    await asyncio.shield(self._revoke(call, call.leases))
+                    await asyncio.shield(self._revoke(call.owner, call.leases))
 
     async def _steps(self, call: _Call) -> ToolResult:
         """Steps 3-11 of DESIGN §2 for a prepared call. Raises `_Refused`."""
@@ -1448,7 +1464,7 @@ class ControlPlane:
             for grant in grants:
                 (lease,) = await self._store_step(call, self.credentials.mint([grant], binding))
                 call.leases.append(lease)
-                self._leases[lease.id] = (call, lease)
+                self._leases[lease.id] = (call.owner, lease)
                 await self._audit(self._event(
                     "credential", call.decision_id, session, spec.name, call.call_id,
                     outcome="minted", result=lease.record(),
@@ -1460,17 +1476,21 @@ class ControlPlane:
                 outcome="refused", result={"code": exc.code, "message": str(exc)},
             )) from exc  # fmt: skip
 
-    async def _revoke(self, call: _Call, leases: list[Lease]) -> None:
-        """Revoke the call's leases and audit each revocation (or its failure: the TTL ends it then)."""
+    async def _revoke(self, owner: _LeaseOwner, leases: list[Lease]) -> None:
+        """Revoke a call's leases and audit each revocation (or its failure: the TTL ends it then).
+        One that failed is kept for shutdown to try again (`aclose`) until it expires."""
         for lease, problem in await self.credentials.revoke(leases):
-            if problem is None:  # else kept for shutdown to try again (`aclose`)
+            if problem is None:
                 self._leases.pop(lease.id, None)
             await self._record(self._event(
-                "credential", call.decision_id, call.session, call.tool.spec.name, call.call_id,
+                "credential", owner.decision_id, owner.session, owner.tool, owner.call_id,
                 outcome="revoked" if problem is None else "revoke_failed",
                 result={"lease_id": lease.id, "name": lease.grant.config.name, "expires_at": lease.expires_at,
                         **({"error": str(problem)} if problem else {})},
             ))  # fmt: skip
+        now = time.time()  # what the store's TTL ended needs no revocation
+        for lease_id in [lease_id for lease_id, (_, lease) in self._leases.items() if lease.expires_at <= now]:
+            del self._leases[lease_id]
 
     def _job(self, call: _Call, decision: Decision) -> runner_pkg.SandboxSpec:
         """What the sandbox runs: the tool's executor with its limits, inputs, egress and credentials."""

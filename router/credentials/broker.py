@@ -27,7 +27,7 @@ from router.credentials.tokens import TokenIssuer
 from router.redact import REDACTOR
 from router.store.base import Store
 
-_REVOKE_PAUSES = (0.05, 0.2)  # before each retry of a lease's revocation that failed
+_REVOKE_RETRY_S = 0.1  # the pause before the one retry of a lease's revocation that failed
 
 
 class CredentialBroker:
@@ -41,7 +41,8 @@ class CredentialBroker:
             REDACTOR.add(value.get_secret_value(), name)
         # A token reaching a tool is redacted by its shape whichever router minted it: this one, or
         # another on the same store (whose token a page the tool reads may reflect).
-        if store.shared or any(c.kind == "token" for c in self._configs.values()):
+        # (A store of another make that does not say: taken as shared, the side that redacts more.)
+        if getattr(store, "shared", True) or any(c.kind == "token" for c in self._configs.values()):
             REDACTOR.redact_tokens()
         self._issuers: dict[str, Issuer] = {
             "token": TokenIssuer(store, rotation_s=key_rotation_s, max_ttl_s=max_ttl),
@@ -81,30 +82,29 @@ class CredentialBroker:
         return leases
 
     async def revoke(self, leases: Sequence[Lease]) -> list[tuple[Lease, Exception | None]]:
-        """Revoke every lease, each attempted whatever the others do (a failed attempt is retried
-        twice, briefly: a store's blip must not leave a credential live for its whole TTL); returns
-        each one's error."""
-        outcomes: list[tuple[Lease, Exception | None]] = []
-        for lease in leases:
-            problem: Exception | None = None
-            for pause in (*_REVOKE_PAUSES, None):
-                try:
-                    await self._issuers[lease.grant.config.kind].revoke(lease)
-                except Exception as exc:  # the TTL is the backstop; the caller audits the failure
-                    problem = exc
-                    if pause is None:
-                        break
-                    await asyncio.sleep(pause)
-                else:
-                    problem = None
-                    break
-            if problem is None and lease.grant.config.kind == "token":
-                # Its value is forgotten, so the search stays as small as the calls in flight; the
-                # token as written is still redacted by its shape (`Redactor.redact_tokens`). A
-                # token still live is redacted in every form until it expires (`mint`).
-                REDACTOR.discard(lease.value.get_secret_value())
-            outcomes.append((lease, problem))
-        return outcomes
+        """Revoke every lease, all at once, each whatever the others do; returns each one's error.
+        A failed attempt is tried once more after a short pause (a store's blip must not leave a
+        credential live for its whole TTL): however many leases, a store that does not answer
+        holds the caller for two of its timeouts, not two per lease."""
+        outcomes = await asyncio.gather(*(self._revoke_one(lease) for lease in leases))
+        return list(zip(leases, outcomes, strict=True))
+
+    async def _revoke_one(self, lease: Lease) -> Exception | None:
+        issuer = self._issuers[lease.grant.config.kind]
+        try:
+            await issuer.revoke(lease)
+        except Exception:  # the TTL is the backstop; the caller audits a failure that lasts
+            await asyncio.sleep(_REVOKE_RETRY_S)
+            try:
+                await issuer.revoke(lease)
+            except Exception as exc:
+                return exc
+        if lease.grant.config.kind == "token":
+            # Its value is forgotten, so the search stays as small as the calls in flight; the
+            # token as written is still redacted by its shape (`Redactor.redact_tokens`). A token
+            # still live is redacted in every form until it expires (`mint`).
+            REDACTOR.discard(lease.value.get_secret_value())
+        return None
 
     async def aclose(self) -> None:
         for issuer in self._issuers.values():

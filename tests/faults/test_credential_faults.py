@@ -8,6 +8,7 @@ import asyncio
 import base64
 import contextlib
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ def _settings(tmp_path: Path, runner_state: Path, url: str, credentials: list[Cr
 
 def _stall(server: RedisServer, seconds: float) -> threading.Thread:
     """Redis stops answering for ``seconds`` (DEBUG SLEEP), from a thread; started and returned."""
+
     def sleep() -> None:
         client = redis.Redis.from_url(server.url)
         with contextlib.suppress(redis.exceptions.ConnectionError):  # the test ended and killed Redis
@@ -133,3 +135,25 @@ async def test_a_router_on_a_shared_store_redacts_a_token_another_router_minted(
         assert result.status == "completed"
         assert token not in str(result.output)
         assert "[REDACTED:stockade-token]" in str(result.output)
+
+
+async def test_revoking_many_leases_in_a_store_stall_holds_the_caller_for_two_timeouts_not_two_per_lease(
+    tmp_path: Path, runner_state: Path, redis_server: RedisServer
+) -> None:
+    """A call's leases are revoked all at once, each tried twice: with Redis stalled past the
+    store's 0.2 s timeout, eight leases fail in about two timeouts (0.5 s), not eight times that;
+    the call's exit and a shutdown are held no longer."""
+    settings = _settings(tmp_path, runner_state, redis_server.url, [
+        CredentialConfig(name="api-token", kind="token", hosts=[HOST], scopes=["read"], max_ttl_s=60)])  # fmt: skip
+    async with ControlPlane.from_settings(settings) as plane:
+        config = CredentialConfig(name="api-token", kind="token", hosts=[HOST], scopes=["read"], max_ttl_s=60)
+        binding = Binding("d", "c", "s", "agent", "0" * 64)
+        leases = await plane.credentials.mint([Grant(config, ("read",), 60)] * 8, binding)
+        stall = await asyncio.to_thread(_stall, redis_server, 3.0)
+        started = time.perf_counter()
+        outcomes = await plane.credentials.revoke(leases)
+        took = time.perf_counter() - started
+        assert all(problem is not None for _, problem in outcomes)
+        assert took < 1.5, took  # one after another, each tried twice: 8 x 0.5 s
+        await asyncio.to_thread(stall.join)
+        assert all(problem is None for _, problem in await plane.credentials.revoke(leases))
