@@ -22,12 +22,15 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import html
+import json
 import os
 import ssl
 import sys
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _stats import report, summarize
@@ -40,7 +43,7 @@ from router.store import MemoryStore, RedisStore, Store
 from runner import EgressRule, Injection
 from runner.egress import EgressProxy
 from runner.egress.intercept import InterceptCA
-from runner.egress.scrub import Matcher, StreamScrubber, compile_forms, secret_forms
+from runner.egress.scrub import Matcher, StreamScrubber, compile_forms
 
 HOST = "api.bench.test"
 PLACEHOLDER = "stockade-placeholder-bench"
@@ -91,18 +94,33 @@ def redaction_rows(n: int) -> dict[str, list[float]]:
     return rows
 
 
+def encodings(value: str) -> list[bytes]:
+    """The secret as an upstream would hand it back: as sent, and encoded as common encoders write
+    it (their own letter case), `secret_forms`'s kinds in turn."""
+    raw = value.encode()
+    return [raw, raw[::-1], raw.hex().encode(), raw.hex().upper().encode(), quote(value, safe="").encode(),
+            json.dumps(value)[1:-1].replace("/", "\\/").encode(), html.escape(value).encode(),
+            base64.b64encode(raw), base64.urlsafe_b64encode(raw).rstrip(b"="), base64.b64encode(b"user:" + raw),
+            value.upper().encode()]  # fmt: skip
+
+
 def scrub_bodies(value: str) -> dict[str, bytes]:
-    """Response bodies a reflecting upstream could send: ordinary lines with the secret in each of
-    its forms; base64 wrapped at 64 columns (PEM, OpenSSL) holding it at every alignment, the
-    hostile case for the search across line breaks; and a body of blank lines."""
-    forms = list(secret_forms(value))
-    lines = [f"line {i}: status ok, nothing to see here, {i * 7919 % 100000:05d}".encode() for i in range(60_000)]
-    for i in range(60):  # 60 secrets, in every form in turn, spread through the text
-        lines[i * 1000 + 17] += b" " + forms[i % len(forms)]
-    mixed = b"\n".join(lines)[: 4 << 20]
+    """Response bodies a reflecting upstream could send: 4 MiB of ordinary lines with 60 copies of
+    the secret (`encodings` in turn); 4 MiB of base64 wrapped at 64 columns (PEM, OpenSSL) holding
+    60 copies, at each of base64's three alignments, the hostile case for the search across line
+    breaks; and 16 MiB of blank lines. Each with how many copies it holds."""
+    forms, size = encodings(value), 4 << 20
+    lines: list[bytes] = []
+    written = 0
+    while written < size:
+        lines.append(f"line {len(lines)}: status ok, nothing to see here, {len(lines) * 7919 % 100000:05d}".encode())
+        written += len(lines[-1]) + 1
+    for i in range(60):  # spread through the text
+        lines[i * (len(lines) // 61) + 17] += b" " + forms[i % len(forms)]
+    mixed = b"\n".join(lines)[:size]
     wrapped_parts = []
-    for i in range(60):
-        chunk = base64.b64encode(os.urandom((3 << 20) // 60) + b"user%d:" % i + value.encode())
+    for i in range(60):  # a random prefix of 3n, 3n+1 or 3n+2 bytes: every alignment
+        chunk = base64.b64encode(os.urandom((3 << 20) // 60 + i % 3) + b"user:" + value.encode())
         wrapped_parts.append(b"\n".join(chunk[k : k + 64] for k in range(0, len(chunk), 64)))
     return {
         "lines, 60 secrets in mixed forms (4 MiB)": mixed,
@@ -112,7 +130,8 @@ def scrub_bodies(value: str) -> dict[str, bytes]:
 
 
 def scrub_rows(runs: int) -> tuple[dict[str, list[float]], dict[str, str]]:
-    """Scrubbing each `scrub_bodies` body whole and streamed, against replacing the raw value."""
+    """Scrubbing each `scrub_bodies` body whole and streamed, against replacing the raw value. Each
+    scrub must replace every copy the body holds, streamed as whole, and leave no raw value."""
     value = "sk-live-4f9c2a7e1b8d6035_Zq/Xw+Yv"
     raw = value.encode()
     forms = compile_forms([("bench", value)])
@@ -120,10 +139,12 @@ def scrub_rows(runs: int) -> tuple[dict[str, list[float]], dict[str, str]]:
     rows: dict[str, list[float]] = {}
     notes: dict[str, str] = {"scrubbed forms of one secret": str(len(forms))}
     for name, body in scrub_bodies(value).items():
-        scrubbed, found = matcher.scrub(body)
-        if raw in scrubbed or (b"secrets" in name.encode()) != bool(found):
-            raise RuntimeError(f"{name}: the scrub missed a form, or found one where there is none")
-        notes[f"scrub {name}: occurrences replaced"] = str(scrubbed.count(b"[REDACTED:bench]"))
+        held = 60 if "60 secrets" in name else 0
+        scrubbed, _ = matcher.scrub(body)
+        replaced = scrubbed.count(b"[REDACTED:bench]")
+        if replaced != held or raw in scrubbed or streamed(matcher, body) != scrubbed:
+            raise RuntimeError(f"{name}: {replaced} of {held} copies replaced (whole), or streamed differs")
+        notes[f"scrub {name}: MiB, copies replaced"] = f"{len(body) / (1 << 20):.1f}, {replaced}"
         for label, work in (
             ("baseline: raw value replaced", lambda b=body: b.replace(raw, b"[REDACTED:bench]")),
             ("every form", lambda b=body: matcher.scrub(b)),

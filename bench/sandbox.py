@@ -158,6 +158,7 @@ def sweep_rows(calls: int = 2000, runs: int = 3) -> dict[str, dict[str, float]]:
     keep_s = RunnerSettings().quarantine_keep_s
     samples: dict[str, list[float]] = {"baseline: rmtree of the aged, by a list": [], "sweep": [],
                                        "sweep, nothing aged": []}  # fmt: skip
+    counts: dict[str, int] = {}
     for _ in range(runs):
         for name, taken in samples.items():
             with tempfile.TemporaryDirectory() as tmp:
@@ -171,10 +172,12 @@ def sweep_rows(calls: int = 2000, runs: int = 3) -> dict[str, dict[str, float]]:
                 else:
                     removed = sweep_quarantine(root, keep_s if name == "sweep" else keep_s * 2)
                 taken.append(time.perf_counter() - started)
-                if removed != (0 if "nothing" in name else len(aged)):
+                if removed != (0 if "nothing" in name else len(aged)) or any(call.exists() for call in aged) != (
+                    "nothing" in name
+                ):
                     raise RuntimeError(f"{name}: removed {removed} of {len(aged)}")
-    return {name: {"p50_ms": statistics.median(s) * 1e3, "removed": 0 if "nothing" in name else calls // 2}
-            for name, s in samples.items()}  # fmt: skip
+                counts[name] = removed
+    return {name: {"p50_ms": statistics.median(s) * 1e3, "removed": counts[name]} for name, s in samples.items()}
 
 
 async def main() -> None:
