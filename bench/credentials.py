@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import base64
 import contextlib
-import html
 import json
 import os
 import ssl
@@ -99,7 +98,8 @@ def encodings(value: str) -> list[bytes]:
     it (their own letter case), `secret_forms`'s kinds in turn."""
     raw = value.encode()
     return [raw, raw[::-1], raw.hex().encode(), raw.hex().upper().encode(), quote(value, safe="").encode(),
-            json.dumps(value)[1:-1].replace("/", "\\/").encode(), html.escape(value).encode(),
+            json.dumps(value)[1:-1].replace("/", "\\/").encode(),
+            "".join(f"&#x{ord(c):X};" if c in "/+" else c for c in value).encode(),  # OWASP's HTML encoder
             base64.b64encode(raw), base64.urlsafe_b64encode(raw).rstrip(b"="), base64.b64encode(b"user:" + raw),
             value.upper().encode()]  # fmt: skip
 

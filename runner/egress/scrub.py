@@ -15,7 +15,7 @@ value, listed by `secret_forms`:
   the HTML-sensitive characters as ``\\u00XX``, as .NET writes them; every punctuation character so);
 - ``html``: the value in an HTML page, as the common escapers write it (``&#39;``, ``&#x27;``,
   ``&apos;``, ``&#34;``, ``&quot;``, ``&#43;``; every punctuation character as a hexadecimal or
-  decimal entity, as OWASP's encoders do);
+  decimal entity, or all but ``,.-_`` and space as OWASP's ESAPI writes them);
 - ``base64`` and ``base64url``, padded or not, and the value inside a longer base64 text at
   any alignment: ``base64("user:" + value)`` (HTTP Basic) included, for any user;
 
@@ -100,10 +100,12 @@ def secret_forms(value: str) -> dict[bytes, str]:
         html.escape(value, quote=True).encode("utf-8", "surrogatepass"),
         html.escape(value, quote=False).encode("utf-8", "surrogatepass"),
         *(html.escape(value, quote=False).translate(table).encode("utf-8", "surrogatepass") for table in _ENTITIES),
-        # OWASP's encoders (ESAPI, the Java Encoder) and others: every character but letters and
-        # digits as a numeric entity, hexadecimal or decimal.
+        # Encoders that write every character but letters and digits as a numeric entity,
+        # hexadecimal or decimal; and OWASP's ESAPI (encodeForHTML), which keeps ",.-_ " too.
         _each_escaped(value, _PUNCTUATION, "&#x%x;"),
         _each_escaped(value, _PUNCTUATION, "&#%d;"),
+        _each_escaped(value, _ESAPI_ESCAPED, "&#x%x;"),
+        _each_escaped(value, _ESAPI_ESCAPED, "&#%d;"),
     )
     standard, urlsafe = base64.b64encode(raw), base64.urlsafe_b64encode(raw)
     add("base64", standard, standard.rstrip(b"="))
@@ -136,6 +138,7 @@ _ENTITIES = tuple(
 
 
 _PUNCTUATION = "".join(chr(c) for c in range(0x20, 0x7F) if not chr(c).isalnum())
+_ESAPI_ESCAPED = "".join(c for c in _PUNCTUATION if c not in ",.-_ ")  # what ESAPI's encodeForHTML escapes
 
 
 def _each_escaped(value: str, escaped: str, template: str) -> bytes:

@@ -121,7 +121,7 @@ def test_an_output_redacted_already_is_not_scanned_again_until_the_secrets_chang
     assert redactor.deep(event)["result"]["stdout"].endswith("[REDACTED:later]")
 
 
-KEY = "Xq7/Lm+Pz9=Rt4/Wv2+Kb8=Ns5sk"  # a base64-style key, as many API and cloud secret keys are
+KEY = "Xq7/Lm+Pz9=Rt4/Wv2-Kb8_Ns5sk"  # a key with base64 and base64url punctuation, as many secret keys have
 # How ordinary escapers write it, each escaping only some of its punctuation (a review found each
 # reflected whole, unscrubbed, by the proxy and the redactor alike).
 PARTLY_ESCAPED = {
@@ -131,6 +131,9 @@ PARTLY_ESCAPED = {
     "JSON, all punctuation as \\u": "".join(c if c.isalnum() else f"\\u{ord(c):04x}" for c in KEY),
     "HTML, hex entities (OWASP)": "".join(c if c.isalnum() else f"&#x{ord(c):X};" for c in KEY),
     "HTML, decimal entities": "".join(c if c.isalnum() else f"&#{ord(c)};" for c in KEY),
+    # ESAPI's encodeForHTML keeps ",.-_ " (found by bench/credentials.py's scrub rows).
+    "HTML, ESAPI hex entities": "".join(c if c.isalnum() or c in ",.-_ " else f"&#x{ord(c):x};" for c in KEY),
+    "HTML, ESAPI decimal entities": "".join(c if c.isalnum() or c in ",.-_ " else f"&#{ord(c)};" for c in KEY),
 }
 
 
