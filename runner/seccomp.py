@@ -38,6 +38,8 @@ _CLONE_NEWUSER = 0x10000000
 _FAMILIES_KEPT = (1, 2, 10, 16)
 _FAMILIES_REFUSED = tuple(family for family in range(17) if family not in _FAMILIES_KEPT)
 _FIRST_FAMILY_PAST = 17
+# socketpair creates its two sockets before it asks the family for a pair: it reaches each family too.
+_SOCKET_CALLS = ("socket", "socketpair")
 
 
 def docker_profile() -> str:
@@ -51,9 +53,9 @@ def docker_profile() -> str:
              "args": [{"index": 0, "value": _CLONE_NEWUSER, "valueTwo": _CLONE_NEWUSER, "op": "SCMP_CMP_MASKED_EQ"}]},
             # clone3 passes flags in a struct seccomp cannot read: refuse it, libc falls back to clone.
             {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38},
-            {"names": ["socket"], "action": "SCMP_ACT_ERRNO", "errnoRet": errno.EAFNOSUPPORT,
+            {"names": list(_SOCKET_CALLS), "action": "SCMP_ACT_ERRNO", "errnoRet": errno.EAFNOSUPPORT,
              "args": [{"index": 0, "value": _FIRST_FAMILY_PAST, "op": "SCMP_CMP_GE"}]},
-            *({"names": ["socket"], "action": "SCMP_ACT_ERRNO", "errnoRet": errno.EAFNOSUPPORT,
+            *({"names": list(_SOCKET_CALLS), "action": "SCMP_ACT_ERRNO", "errnoRet": errno.EAFNOSUPPORT,
                "args": [{"index": 0, "value": family, "op": "SCMP_CMP_EQ"}]} for family in _FAMILIES_REFUSED),
         ],
     }  # fmt: skip
@@ -74,9 +76,10 @@ def bpf_program() -> bytes:
     )
     seccomp_filter.add_rule(pyseccomp.ERRNO(errno.ENOSYS), "clone3")
     refused = pyseccomp.ERRNO(errno.EAFNOSUPPORT)
-    seccomp_filter.add_rule(refused, "socket", pyseccomp.Arg(0, pyseccomp.GE, _FIRST_FAMILY_PAST))
-    for family in _FAMILIES_REFUSED:
-        seccomp_filter.add_rule(refused, "socket", pyseccomp.Arg(0, pyseccomp.EQ, family))
+    for call in _SOCKET_CALLS:
+        seccomp_filter.add_rule(refused, call, pyseccomp.Arg(0, pyseccomp.GE, _FIRST_FAMILY_PAST))
+        for family in _FAMILIES_REFUSED:
+            seccomp_filter.add_rule(refused, call, pyseccomp.Arg(0, pyseccomp.EQ, family))
     with tempfile.TemporaryFile() as handle:
         seccomp_filter.export_bpf(handle)
         handle.seek(0)

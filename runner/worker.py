@@ -562,15 +562,19 @@ def empty_out():
         os.close(top)
 
 # What a tool (the worker's uid) can change of the worker itself and every later job in a session
-# would inherit: its resource limits (prlimit on PID 1) and its priority (renice). A session's next
-# job finds them as the session's first did, or is not run and the container goes.
-GUARDED = ("RLIMIT_AS", "RLIMIT_CORE", "RLIMIT_CPU", "RLIMIT_DATA", "RLIMIT_FSIZE", "RLIMIT_MEMLOCK",
-           "RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_STACK")
+# would inherit: its resource limits (prlimit on PID 1), its priority (renice), scheduling policy
+# (SCHED_IDLE), CPU affinity and I/O priority. A session's next job finds them as the session's
+# first did, or is not run and the container goes.
+GUARDED = ("RLIMIT_AS", "RLIMIT_CORE", "RLIMIT_CPU", "RLIMIT_DATA", "RLIMIT_FSIZE", "RLIMIT_LOCKS",
+           "RLIMIT_MEMLOCK", "RLIMIT_MSGQUEUE", "RLIMIT_NICE", "RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_RSS",
+           "RLIMIT_RTPRIO", "RLIMIT_RTTIME", "RLIMIT_SIGPENDING", "RLIMIT_STACK")
+IOPRIO_GET, IOPRIO_WHO_PROCESS = 252, 1  # x86_64
 
 def conditions():
     import resource
     return [list(resource.getrlimit(getattr(resource, name))) for name in GUARDED] + [
-        os.getpriority(os.PRIO_PROCESS, 0)]
+        os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0), sorted(os.sched_getaffinity(0)),
+        ctypes.CDLL(None, use_errno=True).syscall(IOPRIO_GET, IOPRIO_WHO_PROCESS, 0)]
 
 def main():
     global spare
