@@ -565,7 +565,7 @@ def empty_out():
 # would inherit: its resource limits (prlimit on PID 1), its priority (renice), scheduling policy
 # (SCHED_IDLE), CPU affinity and I/O priority. A session's next job finds them as the session's
 # first did, or is not run and the container goes.
-GUARDED = ("RLIMIT_AS", "RLIMIT_CORE", "RLIMIT_CPU", "RLIMIT_DATA", "RLIMIT_FSIZE", "RLIMIT_LOCKS",
+GUARDED = ("RLIMIT_AS", "RLIMIT_CORE", "RLIMIT_CPU", "RLIMIT_DATA", "RLIMIT_FSIZE",
            "RLIMIT_MEMLOCK", "RLIMIT_MSGQUEUE", "RLIMIT_NICE", "RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_RSS",
            "RLIMIT_RTPRIO", "RLIMIT_RTTIME", "RLIMIT_SIGPENDING", "RLIMIT_STACK")
 IOPRIO_GET, IOPRIO_WHO_PROCESS = 252, 1  # x86_64
