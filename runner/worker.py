@@ -584,8 +584,9 @@ def main():
     # memory, freed or not, and a python tool runs in a fork of it: the next job's spare must
     # come from a process that never held them.
     mode = sys.argv[1]
-    # The session's first start records them; each next start gets them on its command line.
-    baseline = json.loads(sys.argv[2]) if mode == "session-next" else conditions()
+    # The session's first start records them; each next start gets them on its command line. (A
+    # pool container serves one job, which nothing ran before: it has none to check.)
+    baseline = json.loads(sys.argv[2]) if mode == "session-next" else conditions() if mode == "session" else None
     # Not dumpable: /proc/<this pid>/{environ,mem,...} become root's, so a tool (the same uid) cannot
     # read the worker's memory, which holds the job's header (its environment, placeholders).
     # The tool's own processes are dumpable again: after their execve, or (python tools) by
@@ -605,7 +606,7 @@ def main():
     # can open /proc/1/fd/1 and write frames of its own; without the seal they are refused.
     seal = header.pop("seal", "")
     payload = read_exact(header["stdin_len"])
-    if conditions() != baseline:
+    if mode == "session-next" and conditions() != baseline:
         # On the worker's own stderr, which the host reads as why the worker ended (not the tool's).
         os.write(2, b"an earlier call in this session changed the sandbox's own resource limits or priority; "
                     b"this call did not run, and the session's sandbox is replaced: retry\n")
